@@ -1,0 +1,19 @@
+"""zoo: a configurable Transformer architecture zoo.
+
+>>> import zoo
+>>> spec = zoo.load_spec("gpt2-small", overrides=["position.kind=rope"])
+>>> model = zoo.build(spec)
+>>> zoo.registry("position").names()
+['alibi', 'learned', 'none', 'rope', 'sincos2d', 'sinusoidal']
+"""
+
+from zoo.registry import Registry, RegistryError, register, registry
+from zoo.spec import SpecError, json_schema, load_spec, parse_spec, preset_names, to_yaml
+from zoo.build import build, count_parameters
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "build", "count_parameters", "load_spec", "parse_spec", "preset_names", "to_yaml", "json_schema",
+    "registry", "register", "Registry", "RegistryError", "SpecError", "__version__",
+]

@@ -1,0 +1,141 @@
+"""Attention: one module for MHA, GQA and MQA, self or cross, on F.scaled_dot_product_attention.
+
+Shapes: B batch, T query length, S key length, D model width, H query heads, G key/value heads
+(H for MHA, 1 for MQA, a divisor of H for GQA), K query/key size per head, V value size per head.
+
+Masks follow one convention everywhere in zoo: a boolean padding mask is ``[B, T]`` with True for a
+real token and False for padding (HF's ``attention_mask``; the opposite of PyTorch's
+``key_padding_mask``). :func:`attention_mask` turns causality, padding and a position bias into the
+one ``attn_mask`` SDPA takes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.components.position import Position
+from zoo.registry import register
+
+
+class Attention(nn.Module):
+    """Multi-head attention with ``n_kv_heads`` key/value heads shared by groups of query heads.
+
+    Self-attention fuses the q, k, v projections into one ``qkv`` linear; cross-attention has ``q``
+    on the queries and a fused ``kv`` on the memory.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        v_head_dim: int,
+        bias: bool = True,
+        dropout: float = 0.0,
+        cross: bool = False,
+        kv_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim, self.v_head_dim = head_dim, v_head_dim
+        self.dropout, self.cross = dropout, cross
+        q_size, k_size, v_size = n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * v_head_dim
+        self.splits = (q_size, k_size, v_size)
+        if cross:
+            self.q = nn.Linear(dim, q_size, bias=bias)
+            self.kv = nn.Linear(kv_dim or dim, k_size + v_size, bias=bias)
+        else:
+            self.qkv = nn.Linear(dim, q_size + k_size + v_size, bias=bias)
+        self.out = nn.Linear(n_heads * v_head_dim, dim, bias=bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        pos: Position | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """x [B, T, D] (and memory [B, S, Dm] for cross-attention) -> [B, T, D].
+
+        ``mask``: boolean (True = may attend) or additive, broadcastable to [B, H, T, S].
+        ``pos``/``positions``: the model's position module rotates q and k (self-attention only).
+        """
+        B, T, _ = x.shape
+        _, k_size, v_size = self.splits
+        if self.cross:
+            q = self.q(x)
+            k, v = self.kv(memory).split([k_size, v_size], dim=-1)
+        else:
+            q, k, v = self.qkv(x).split(self.splits, dim=-1)
+        S = k.shape[1]
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, K)
+        k = k.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, G, S, K)
+        v = v.view(B, S, self.n_kv_heads, self.v_head_dim).transpose(1, 2)  # (B, G, S, V)
+        if pos is not None:
+            q, k = pos.rotate(q, k, positions)
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal and mask is None,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )  # (B, H, T, V)
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim))
+
+
+def attention_mask(
+    *,
+    q_len: int,
+    k_len: int,
+    causal: bool,
+    key_padding: Tensor | None = None,
+    bias: Tensor | None = None,
+    device: torch.device | None = None,
+) -> tuple[Tensor | None, bool]:
+    """Combine causality, key padding ([B, S], True = real) and an additive bias ([B|1, H, T, S]).
+
+    Returns ``(mask, is_causal)`` for SDPA. With nothing to combine, the mask is None and causality is
+    left to SDPA's ``is_causal`` flag (its fastest path). The last query attends to the last key, so
+    with a KV cache (k_len > q_len) the causal diagonal is shifted. A padded query in a square
+    self-attention may attend to itself, so no row is empty (empty rows make NaN); real tokens'
+    outputs do not change.
+    """
+    if key_padding is None and bias is None:
+        return None, causal and q_len > 1
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if causal:
+        allowed = allowed.tril(diagonal=k_len - q_len)
+    allowed = allowed[None, None]  # (1, 1, T, S)
+    if key_padding is not None:
+        allowed = allowed & key_padding[:, None, None, :].to(torch.bool)  # (B, 1, T, S)
+        if q_len == k_len:
+            allowed = allowed | torch.eye(q_len, dtype=torch.bool, device=allowed.device)
+    if bias is None:
+        return allowed, False
+    return bias.masked_fill(~allowed, float("-inf")), False
+
+
+@register("attention", "mha")
+@register("attention", "gqa")
+@register("attention", "mqa")
+def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = False, kv_dim: int | None = None, **_) -> Attention:
+    return Attention(
+        dim,
+        n_heads=spec.n_heads,
+        n_kv_heads=spec.kv_heads,
+        head_dim=spec.qk_size(d_model),
+        v_head_dim=spec.v_size(d_model),
+        bias=spec.bias,
+        dropout=dropout,
+        cross=cross,
+        kv_dim=kv_dim,
+    )

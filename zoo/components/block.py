@@ -1,0 +1,89 @@
+"""Transformer blocks and stacks: self-attention [+ cross-attention] + FFN, with residuals.
+
+Post-Norm (the paper)::            Pre-Norm (GPT-2, LLaMA, ViT)::
+
+    x = norm(x + drop(attn(x)))        x = x + drop(attn(norm(x)))
+    x = norm(x + drop(ffn(x)))         x = x + drop(ffn(norm(x)))
+                                       ... and the stack ends with a final norm
+
+Shapes: B batch, T tokens, S memory tokens, D model width.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from zoo.components.attention import Attention
+from zoo.components.position import Position
+
+
+class Block(nn.Module):
+    """The parts of one layer. ``cross_attn`` (with ``cross_norm``) only in encoder-decoder decoders."""
+
+    def __init__(
+        self,
+        *,
+        attn: Attention,
+        ffn: nn.Module,
+        attn_norm: nn.Module,
+        ffn_norm: nn.Module,
+        cross_attn: Attention | None = None,
+        cross_norm: nn.Module | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.attn_norm, self.attn = attn_norm, attn
+        if cross_attn is not None:
+            self.cross_norm, self.cross_attn = cross_norm, cross_attn
+        else:
+            self.cross_attn = None
+        self.ffn_norm, self.ffn = ffn_norm, ffn
+        self.drop = nn.Dropout(dropout)
+
+    def _self(self, x: Tensor, ctx: dict) -> Tensor:
+        return self.attn(x, mask=ctx["mask"], is_causal=ctx["is_causal"], pos=ctx["pos"], positions=ctx["positions"])
+
+    def _cross(self, x: Tensor, ctx: dict) -> Tensor:
+        return self.cross_attn(x, ctx["memory"], mask=ctx["memory_mask"])
+
+
+class PreNormBlock(Block):
+    def forward(self, x: Tensor, ctx: dict) -> Tensor:
+        x = x + self.drop(self._self(self.attn_norm(x), ctx))
+        if self.cross_attn is not None:
+            x = x + self.drop(self._cross(self.cross_norm(x), ctx))
+        return x + self.drop(self.ffn(self.ffn_norm(x)))
+
+
+class PostNormBlock(Block):
+    def forward(self, x: Tensor, ctx: dict) -> Tensor:
+        x = self.attn_norm(x + self.drop(self._self(x, ctx)))
+        if self.cross_attn is not None:
+            x = self.cross_norm(x + self.drop(self._cross(x, ctx)))
+        return self.ffn_norm(x + self.drop(self.ffn(x)))
+
+
+class Stack(nn.Module):
+    """Blocks in sequence, then the final norm (Pre-Norm) or nothing (Post-Norm)."""
+
+    def __init__(self, blocks: list[Block], norm: nn.Module | None) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = norm if norm is not None else nn.Identity()
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        pos: Position,
+        positions: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+    ) -> Tensor:
+        """x [B, T, D] -> [B, T, D]; ``memory`` [B, S, D] and ``memory_mask`` feed cross-attention."""
+        ctx = dict(mask=mask, is_causal=is_causal, pos=pos, positions=positions, memory=memory, memory_mask=memory_mask)
+        for block in self.blocks:
+            x = block(x, ctx)
+        return self.norm(x)

@@ -1,0 +1,59 @@
+"""Position-wise feed-forward networks. Every FFN is ``(dim, hidden, *, bias, dropout)``.
+
+Two-layer: ``fc2(drop(act(fc1(x))))`` with ReLU (the paper) or GELU (BERT, GPT-2, ViT).
+Gated (Shazeer 2020): ``fc2(drop(act(gate) * up))`` where ``fc1`` computes [gate | up] in one
+matmul; SwiGLU uses SiLU (LLaMA), GeGLU uses GELU.
+
+Shapes: B batch, T tokens, D dim, F hidden.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.registry import register
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        self.act = activation
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
+        return self.fc2(self.drop(self.act(self.fc1(x))))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, *, bias: bool = False, dropout: float = 0.0, activation: nn.Module) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias)  # [gate | up]
+        self.act = activation
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.fc1(x).chunk(2, dim=-1)  # (B, T, F) each
+        return self.fc2(self.drop(self.act(gate) * up))
+
+
+
+def _activation(kind: str, approximate: str = "none") -> nn.Module:
+    return {"relu": nn.ReLU, "swiglu": nn.SiLU}.get(kind, lambda: nn.GELU(approximate=approximate))()
+
+
+@register("ffn", "relu")
+@register("ffn", "gelu")
+def _mlp(spec, *, dim: int, dropout: float, **_) -> MLP:
+    act = _activation(spec.kind, getattr(spec, "approximate", "none"))
+    return MLP(dim, spec.hidden_size(dim), bias=spec.bias, dropout=dropout, activation=act)
+
+
+@register("ffn", "swiglu")
+@register("ffn", "geglu")
+def _gated(spec, *, dim: int, dropout: float, **_) -> GatedMLP:
+    act = _activation(spec.kind, getattr(spec, "approximate", "none"))
+    return GatedMLP(dim, spec.hidden_size(dim), bias=spec.bias, dropout=dropout, activation=act)

@@ -1,0 +1,185 @@
+"""Positions: one interface for three mechanisms.
+
+Absolute positions are *added* to the embeddings, RoPE *rotates* queries and keys, ALiBi *biases*
+attention scores. Every position module has all three hooks with identity defaults, so blocks call
+all three and never branch on the kind. Positions are explicit integer tensors (``[T]`` or
+``[B, T]``), so padded batches and cached decoding work the same for every kind.
+
+Shapes: B batch, T sequence, D model width, H heads, K head size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from zoo.registry import register
+
+
+class Position(nn.Module):
+    """Identity hooks; subclasses override the ones their mechanism uses."""
+
+    max_len: int | None = None  # the longest sequence a table covers; None: any length
+
+    def add(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x [B, T, D] -> x with absolute position information added."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """q [B, H, T, K], k [B, G, T, K] at ``positions`` -> rotated q, k."""
+        return q, k
+
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """An additive attention-score bias [B or 1, H, Tq, Tk], or None."""
+        return None
+
+
+class NoPosition(Position):
+    """No order information (a bag of tokens, or a model that learns it another way)."""
+
+
+class TablePosition(Position):
+    """Adds row ``positions`` of a [max_len, D] table: learned (a parameter) or fixed (a buffer)."""
+
+    @property
+    def max_len(self) -> int:
+        return self.weight.shape[0]
+
+    def add(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x + nn.functional.embedding(positions, self.weight).to(x.dtype)
+
+
+class LearnedPosition(TablePosition):
+    def __init__(self, dim: int, max_len: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_len, dim))
+        nn.init.normal_(self.weight, std=0.02)
+
+
+def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/D)), PE(pos, 2i+1) = cos(...) (Vaswani et al. 2017, sec. 3.5).
+
+    ``interleaved`` puts sin/cos in alternate columns as the formula reads; ``concat`` puts all sines
+    first, then all cosines (tensor2tensor, fairseq, Marian). Odd D gets a final sine column.
+    """
+    half = (dim + 1) // 2
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float64) * 2 / dim)  # (half,)
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, half)
+    sin, cos = angles.sin(), angles.cos()[:, : dim // 2]
+    if layout == "interleaved":
+        table = torch.zeros(max_len, dim, dtype=torch.float64)
+        table[:, 0::2], table[:, 1::2] = sin, cos
+    else:
+        table = torch.cat([sin, cos], dim=1)
+    return table.float()
+
+
+class SinusoidalPosition(TablePosition):
+    def __init__(self, dim: int, max_len: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
+        super().__init__()
+        self.register_buffer("weight", sinusoid_table(max_len, dim, base=base, layout=layout), persistent=False)
+
+
+def sincos_2d_table(grid: tuple[int, int], dim: int, *, base: float = 10000.0, extra_tokens: int = 0) -> Tensor:
+    """MAE's 2-D table: half the channels encode the row, half the column, each as 1-D sin|cos.
+
+    Rows are patches in raster order, after ``extra_tokens`` zero rows (the class token).
+    """
+    if dim % 4:
+        raise ValueError(f"sincos2d needs d_model divisible by 4, got {dim}")
+    gh, gw = grid
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
+    inv_freq = base ** (-torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))  # (D/4,)
+    parts = []
+    for coord in (xs.flatten(), ys.flatten()):  # MAE: first half width, second half height
+        angles = coord[:, None] * inv_freq  # (N, D/4)
+        parts += [angles.sin(), angles.cos()]
+    table = torch.cat(parts, dim=1)  # (N, D)
+    return torch.cat([torch.zeros(extra_tokens, dim, dtype=torch.float64), table]).float()
+
+
+class SinCos2dPosition(TablePosition):
+    def __init__(self, dim: int, grid: tuple[int, int], *, base: float = 10000.0, extra_tokens: int = 0) -> None:
+        super().__init__()
+        self.register_buffer("weight", sincos_2d_table(grid, dim, base=base, extra_tokens=extra_tokens), persistent=False)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class RotaryPosition(Position):
+    """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX and HF LLaMA: dimension i pairs
+    with i + K/2, and the pair turns by angle position * base^(-2i/K)."""
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (K/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        angles = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # ([B,] T, K/2)
+        angles = torch.cat([angles, angles], dim=-1)
+        if angles.dim() == 3:  # per-row positions: (B, T, K) -> (B, 1, T, K)
+            angles = angles[:, None]
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """Head slopes of ALiBi (Press et al. 2022): a geometric sequence 2^(-8/n), 2^(-16/n), ...; for a
+    head count that is not a power of two, the closest smaller power's slopes plus every other slope
+    of the next power (the paper's recipe)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(closest)
+    if closest < n_heads:
+        slopes += power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return slopes
+
+
+class AlibiPosition(Position):
+    """Linear distance penalty on attention scores: score(i, j) -= slope_h * |i - j|."""
+
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        slopes = torch.tensor(alibi_slopes(n_heads), device=q_positions.device)  # (H,)
+        distance = (q_positions[..., :, None] - k_positions[..., None, :]).abs()  # ([B,] Tq, Tk)
+        bias = -slopes[:, None, None] * distance[..., None, :, :].float()  # ([B,] H, Tq, Tk)
+        return bias if bias.dim() == 4 else bias[None]
+
+
+@register("position", "none")
+def _none(spec, **_) -> Position:
+    return NoPosition()
+
+
+@register("position", "learned")
+def _learned(spec, *, dim: int, max_len: int, **_) -> Position:
+    return LearnedPosition(dim, max_len)
+
+
+@register("position", "sinusoidal")
+def _sinusoidal(spec, *, dim: int, max_len: int, **_) -> Position:
+    return SinusoidalPosition(dim, max_len, base=spec.base, layout=spec.layout)
+
+
+@register("position", "rope")
+def _rope(spec, *, head_dim: int, **_) -> Position:
+    return RotaryPosition(head_dim, base=spec.base)
+
+
+@register("position", "alibi")
+def _alibi(spec, **_) -> Position:
+    return AlibiPosition()
+
+
+@register("position", "sincos2d")
+def _sincos2d(spec, *, dim: int, grid: tuple[int, int], max_len: int, **_) -> Position:
+    return SinCos2dPosition(dim, grid, base=spec.base, extra_tokens=max_len - grid[0] * grid[1])

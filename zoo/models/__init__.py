@@ -1,0 +1,8 @@
+"""The four model families; importing this package registers their builders."""
+
+from zoo.models.decoder import DecoderLM
+from zoo.models.encoder import Encoder
+from zoo.models.encoder_decoder import EncoderDecoder
+from zoo.models.vit import VisionTransformer
+
+__all__ = ["DecoderLM", "Encoder", "EncoderDecoder", "VisionTransformer"]

@@ -1,0 +1,122 @@
+"""What every family builder shares: parts from specs, stacks, input checks, initialisation."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from zoo.components.block import PostNormBlock, PreNormBlock, Stack
+from zoo.components.embedding import PatchEmbedding
+from zoo.components.position import LearnedPosition, Position
+from zoo.registry import registry
+from zoo.spec import FamilySpec
+
+
+def build_part(part: str, spec, **context) -> nn.Module:
+    """The module the ``part`` registry builds for ``spec.kind``."""
+    return registry(part).builder(spec.kind)(spec, **context)
+
+
+def build_position(spec: FamilySpec, *, max_len: int, grid: tuple[int, int] | None = None) -> Position:
+    att = spec.block.attention
+    return build_part(
+        "position", spec.position,
+        dim=spec.d_model, max_len=max_len, n_heads=att.n_heads, head_dim=att.qk_size(spec.d_model), grid=grid,
+    )
+
+
+def build_stack(spec: FamilySpec, n_layers: int, *, cross: bool = False, final_norm: bool | None = None) -> Stack:
+    """``n_layers`` blocks as the spec says; ``cross`` adds cross-attention (decoders of encoder-decoders)."""
+    d, b, drop = spec.d_model, spec.block, spec.dropout
+    pre = spec.norm_placement == "pre"
+
+    def norm() -> nn.Module:
+        return build_part("norm", b.norm, dim=d)
+
+    def attention(aspec, is_cross: bool) -> nn.Module:
+        return build_part("attention", aspec, dim=d, kv_dim=d, d_model=d, dropout=drop.attention, cross=is_cross)
+
+    block_cls = PreNormBlock if pre else PostNormBlock
+    blocks = [
+        block_cls(
+            attn=attention(b.attention, False),
+            ffn=build_part("ffn", b.ffn, dim=d, dropout=drop.ffn),
+            attn_norm=norm(),
+            ffn_norm=norm(),
+            cross_attn=attention(b.cross, True) if cross else None,
+            cross_norm=norm() if cross else None,
+            dropout=drop.residual,
+        )
+        for _ in range(n_layers)
+    ]
+    return Stack(blocks, norm() if (pre if final_norm is None else final_norm) else None)
+
+
+def positions_for(mask: Tensor | None, length: int, device: torch.device) -> Tensor:
+    """Token positions: 0..T-1 ([T]), or with a padding mask the count of real tokens before each
+    one ([B, T]), so a left-padded row gets the positions it would have unpadded."""
+    if mask is None:
+        return torch.arange(length, device=device)
+    return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def check_tokens(tokens: object, name: str, *, vocab_size: int, max_len: int | None) -> None:
+    """Refuse what the embedding would fail on deep inside torch, with the field and the fix."""
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"{name}: expected integer token ids of shape [batch, length], got {got}")
+    if tokens.shape[1] == 0:
+        raise ValueError(f"{name}: empty sequence (length 0)")
+    if max_len is not None and tokens.shape[1] > max_len:
+        raise ValueError(
+            f"{name}: length {tokens.shape[1]} exceeds max_seq_len ({max_len}) of the position table; "
+            f"truncate the input or build the model with a larger max_seq_len"
+        )
+    if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) (vocab_size), got ids from {lo} to {hi}")
+
+
+def check_mask(mask: object, tokens: Tensor, name: str) -> Tensor | None:
+    """A padding mask [B, T], True (or 1) for real tokens, as a bool tensor."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.shape != tokens.shape:
+        got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(
+            f"{name}: expected a boolean mask of shape {tuple(tokens.shape)} (True = real token, False = padding), got {got}"
+        )
+    return mask.to(torch.bool)
+
+
+def init_weights(model: nn.Module, spec: FamilySpec) -> None:
+    """Initialise linear, embedding and learned position weights as ``spec.init`` says; biases zero."""
+    init, d = spec.init, spec.d_model
+    residual_std = init.std / math.sqrt(2 * spec.n_layers) if init.scaled_residual else init.std
+    residual = {id(m.out.weight) for m in model.modules() if hasattr(m, "qkv") or hasattr(m, "kv")}
+    residual |= {id(m.fc2.weight) for m in model.modules() if hasattr(m, "fc1") and hasattr(m, "fc2")}
+
+    def normal(w: Tensor, std: float) -> None:
+        if init.scheme == "trunc_normal":
+            nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+        else:
+            nn.init.normal_(w, std=std)
+
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            w = m.weight if isinstance(m, nn.Linear) else m.weight.view(m.weight.shape[0], -1)
+            if init.scheme == "xavier" or isinstance(m, nn.Conv2d):
+                nn.init.xavier_uniform_(w)
+            else:
+                normal(m.weight, residual_std if id(m.weight) in residual else init.std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    # Embeddings last: a tied output projection shares their weight and must keep their init.
+    for m in model.modules():
+        if isinstance(m, nn.Embedding):
+            normal(m.weight, d**-0.5 if init.scheme == "xavier" else init.std)
+        elif isinstance(m, LearnedPosition):
+            normal(m.weight, init.std)

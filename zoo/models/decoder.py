@@ -1,0 +1,54 @@
+"""GPT-style decoder-only language model (GPT-2, LLaMA-style presets).
+
+    tokens [B, T] -> embed (+ absolute positions) -> causal blocks -> final norm -> logits [B, T, V]
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from zoo.components.attention import attention_mask
+from zoo.components.embedding import TokenEmbedding
+from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, positions_for
+from zoo.registry import register
+from zoo.spec import DecoderSpec
+
+
+class DecoderLM(nn.Module):
+    """``model(tokens[B,T], padding_mask=None) -> logits[B,T,V]``; position t sees tokens <= t only.
+
+    ``padding_mask`` ([B, T], True = real token) allows left-padded batches: each row's real tokens
+    get the positions and outputs they would have unpadded.
+    """
+
+    is_causal = True
+
+    def __init__(self, spec: DecoderSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        d = spec.d_model
+        self.tok_emb = TokenEmbedding(spec.vocab_size, d, scale=spec.embedding.scale)
+        self.position = build_position(spec, max_len=spec.max_seq_len)
+        self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
+        self.drop = nn.Dropout(spec.dropout.embedding)
+        self.stack = build_stack(spec, spec.n_layers)
+        self.head = nn.Linear(d, spec.vocab_size, bias=spec.head_bias)
+        init_weights(self, spec)
+        if spec.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size, max_len=self.position.max_len)
+        padding_mask = check_mask(padding_mask, tokens, "padding_mask")
+        T = tokens.shape[1]
+        positions = positions_for(padding_mask, T, tokens.device)
+        x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), positions)))  # (B, T, D)
+        bias = self.position.bias(self.spec.block.attention.n_heads, positions, positions)
+        mask, is_causal = attention_mask(q_len=T, k_len=T, causal=True, key_padding=padding_mask, bias=bias, device=tokens.device)
+        x = self.stack(x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal)
+        return self.head(x)  # (B, T, V)
+
+
+@register("family", "decoder")
+def _build(spec: DecoderSpec) -> DecoderLM:
+    return DecoderLM(spec)

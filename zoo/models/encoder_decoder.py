@@ -1,0 +1,97 @@
+"""The original Transformer (Vaswani et al. 2017): an encoder over the source, a decoder over the
+target that attends to it.
+
+    src [B, S] -> embed -> encoder blocks -> memory [B, S, D]
+    tgt_in [B, T] -> embed -> causal blocks with cross-attention to memory -> logits [B, T, V]
+
+The paper shares one matrix between the source embedding, the target embedding and the output
+projection (sec. 3.4), and multiplies embeddings by sqrt(d_model).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from zoo.components.attention import attention_mask
+from zoo.components.embedding import TokenEmbedding
+from zoo.models.common import build_position, build_stack, check_mask, check_tokens, init_weights, positions_for
+from zoo.registry import register
+from zoo.spec import EncoderDecoderSpec
+
+
+class EncoderDecoder(nn.Module):
+    """``model(src[B,S], tgt_in[B,T], src_padding_mask=None, tgt_padding_mask=None) -> logits[B,T,V]``.
+
+    Masks are True for real tokens. ``encode`` and ``decode`` are the two halves, for decoding.
+    """
+
+    is_causal = True
+
+    def __init__(self, spec: EncoderDecoderSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        d = spec.d_model
+        self.tgt_emb = TokenEmbedding(spec.vocab_size, d, scale=spec.embedding.scale)
+        if spec.share_embeddings:
+            self.src_emb = self.tgt_emb
+        else:
+            self.src_emb = TokenEmbedding(spec.source_vocab_size, d, scale=spec.embedding.scale)
+        self.position = build_position(spec, max_len=spec.max_seq_len)
+        self.drop = nn.Dropout(spec.dropout.embedding)
+        self.encoder = build_stack(spec, spec.encoder_layers)
+        self.decoder = build_stack(spec, spec.decoder_layers, cross=True)
+        self.head = nn.Linear(d, spec.vocab_size, bias=spec.head_bias)
+        init_weights(self, spec)
+        if spec.tie_embeddings:
+            self.head.weight = self.tgt_emb.weight
+
+    @property
+    def n_heads(self) -> int:
+        return self.spec.block.attention.n_heads
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """Source ids [B, S] -> memory [B, S, D]."""
+        check_tokens(src, "src", vocab_size=self.spec.source_vocab_size, max_len=self.position.max_len)
+        src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
+        S = src.shape[1]
+        positions = positions_for(src_padding_mask, S, src.device)
+        x = self.drop(self.position.add(self.src_emb(src), positions))
+        bias = self.position.bias(self.n_heads, positions, positions)
+        mask, _ = attention_mask(q_len=S, k_len=S, causal=False, key_padding=src_padding_mask, bias=bias, device=src.device)
+        return self.encoder(x, pos=self.position, positions=positions, mask=mask)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Target ids [B, T] and memory [B, S, D] -> logits [B, T, V]."""
+        check_tokens(tgt_in, "tgt_in", vocab_size=self.spec.vocab_size, max_len=self.position.max_len)
+        tgt_padding_mask = check_mask(tgt_padding_mask, tgt_in, "tgt_padding_mask")
+        T = tgt_in.shape[1]
+        positions = positions_for(tgt_padding_mask, T, tgt_in.device)
+        x = self.drop(self.position.add(self.tgt_emb(tgt_in), positions))
+        bias = self.position.bias(self.n_heads, positions, positions)
+        mask, is_causal = attention_mask(q_len=T, k_len=T, causal=True, key_padding=tgt_padding_mask, bias=bias, device=tgt_in.device)
+        memory_mask = None if src_padding_mask is None else src_padding_mask.to(bool)[:, None, None, :]  # (B, 1, 1, S)
+        x = self.decoder(
+            x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal, memory=memory, memory_mask=memory_mask
+        )
+        return self.head(x)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        memory = self.encode(src, src_padding_mask)
+        return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
+
+
+@register("family", "encoder_decoder")
+def _build(spec: EncoderDecoderSpec) -> EncoderDecoder:
+    return EncoderDecoder(spec)
