@@ -1,0 +1,36 @@
+"""The zoo command: tables, listings, YAML, schema, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import zoo
+from zoo.cli import main
+
+
+def test_presets_table(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name in zoo.preset_names():
+        assert name in out
+    assert "124,439,808" in out and "109,514,298" in out and "6+6" in out
+
+
+def test_list_show_schema(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "position: alibi, learned, none, rope, sincos2d, sinusoidal" in out
+    assert main(["show", "llama-small", "--set", "n_layers=3"]) == 0
+    text = capsys.readouterr().out
+    spec = zoo.load_spec(zoo.spec.read_yaml(text, "show"))
+    assert spec.n_layers == 3 and spec == zoo.load_spec("llama-small", ["n_layers=3"])
+    assert main(["schema"]) == 0
+    assert "oneOf" in json.loads(capsys.readouterr().out)
+
+
+def test_errors_are_one_line_with_exit_2(capsys):
+    assert main(["show", "gpt2-smal"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zoo: error: unknown preset 'gpt2-smal'; did you mean 'gpt2-small'") and "Traceback" not in err
+    assert main(["show", "gpt2-small", "--set", "block.attention.n_heads=7"]) == 2
+    assert "block.attention.n_heads: d_model (768) must be divisible by n_heads (7)" in capsys.readouterr().err

@@ -1,0 +1,182 @@
+"""Each part against its math: hand computations and closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zoo.components import (
+    Attention,
+    GatedMLP,
+    MLP,
+    PostNormBlock,
+    PreNormBlock,
+    RMSNorm,
+    RotaryPosition,
+    SinusoidalPosition,
+    attention_mask,
+)
+from zoo.components.position import AlibiPosition, NoPosition, alibi_slopes, sincos_2d_table
+
+
+def test_sinusoidal_is_the_papers_formula():
+    d, n = 6, 9
+    table = SinusoidalPosition(d, n).weight
+    for pos in range(n):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    concat = SinusoidalPosition(d, n, layout="concat").weight
+    torch.testing.assert_close(concat, torch.cat([table[:, 0::2], table[:, 1::2]], dim=1))
+    x = torch.zeros(2, 4, d)
+    torch.testing.assert_close(SinusoidalPosition(d, n).add(x, torch.tensor([[0, 1, 2, 3], [5, 6, 7, 8]])),
+                               torch.stack([table[0:4], table[5:9]]))
+
+
+def test_sincos_2d_rows_and_columns():
+    table = sincos_2d_table((2, 3), 8, extra_tokens=1)
+    assert table.shape == (7, 8) and torch.equal(table[0], torch.zeros(8))
+    patch = 1 + 1 * 3 + 2  # row 1, column 2
+    omega = 1 / 10000 ** (torch.arange(2) / 2)
+    expected = torch.cat([torch.sin(2 * omega), torch.cos(2 * omega), torch.sin(1 * omega), torch.cos(1 * omega)])
+    torch.testing.assert_close(table[patch], expected.float())
+
+
+def test_rope_rotates_pairs_keeps_norms_and_depends_only_on_offset():
+    K = 8
+    rope = RotaryPosition(K, base=10000.0)
+    q, k = torch.randn(1, 2, 5, K), torch.randn(1, 2, 5, K)
+    pos = torch.arange(5)
+    rq, rk = rope.rotate(q, k, pos)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    # by hand: pair (i, i + K/2) turns by angle pos * base^(-2i/K)
+    t, i = 3, 1
+    theta = t * 10000 ** (-2 * i / K)
+    a, b = q[0, 0, t, i], q[0, 0, t, i + K // 2]
+    assert rq[0, 0, t, i].item() == pytest.approx((a * math.cos(theta) - b * math.sin(theta)).item(), abs=1e-5)
+    assert rq[0, 0, t, i + K // 2].item() == pytest.approx((b * math.cos(theta) + a * math.sin(theta)).item(), abs=1e-5)
+    # q.k depends only on the offset: shift every position by 7
+    sq, sk = rope.rotate(q, k, pos + 7)
+    torch.testing.assert_close(rq @ rk.transpose(-1, -2), sq @ sk.transpose(-1, -2), atol=1e-5, rtol=1e-5)
+    # per-row positions [B, T] match the shared [T] ones row by row
+    bq, bk = rope.rotate(q.expand(2, -1, -1, -1), k.expand(2, -1, -1, -1), torch.stack([pos, pos + 7]))
+    torch.testing.assert_close(bq[0], rq[0])
+    torch.testing.assert_close(bq[1] @ bk[1].transpose(-1, -2), rq[0] @ rk[0].transpose(-1, -2), atol=1e-5, rtol=1e-5)
+
+
+def test_alibi_slopes_and_bias():
+    assert alibi_slopes(8) == pytest.approx([2 ** -(i + 1) for i in range(8)])
+    # 12 heads: the 8-head slopes, then every other slope of the 16-head sequence
+    assert alibi_slopes(12) == pytest.approx([2 ** -(i + 1) for i in range(8)] + [2 ** -(0.5 + i) for i in range(4)])
+    bias = AlibiPosition().bias(2, torch.arange(3), torch.arange(3))
+    expected = -torch.tensor([2**-4, 2**-8])[:, None, None] * torch.tensor([[0, 1, 2], [1, 0, 1], [2, 1, 0]])
+    torch.testing.assert_close(bias, expected[None])
+    none = NoPosition()
+    assert none.bias(2, torch.arange(3), torch.arange(3)) is None
+
+
+def reference_attention(q, k, v, allowed):
+    """softmax(q k^T / sqrt(K) masked) v, with key/value heads repeated to the query heads."""
+    H, G = q.shape[1], k.shape[1]
+    k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (False, True), (True, True)])
+def test_attention_equals_reference_math(n_kv_heads, causal, padded):
+    B, T, D, H, K, V = 2, 5, 16, 4, 6, 3
+    attn = Attention(D, n_heads=H, n_kv_heads=n_kv_heads, head_dim=K, v_head_dim=V).eval()
+    x = torch.randn(B, T, D)
+    pad = torch.ones(B, T, dtype=torch.bool)
+    if padded:
+        pad[0, -2:] = False
+    mask, is_causal = attention_mask(q_len=T, k_len=T, causal=causal, key_padding=pad if padded else None)
+    out = attn(x, mask=mask, is_causal=is_causal)
+    q, k, v = attn.qkv(x).split([H * K, n_kv_heads * K, n_kv_heads * V], dim=-1)
+    q = q.view(B, T, H, K).transpose(1, 2)
+    k = k.view(B, T, n_kv_heads, K).transpose(1, 2)
+    v = v.view(B, T, n_kv_heads, V).transpose(1, 2)
+    allowed = torch.ones(T, T, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    allowed = allowed[None, None] & pad[:, None, None, :]
+    ref = reference_attention(q, k, v, allowed).transpose(1, 2).reshape(B, T, H * V)
+    ref = attn.out(ref)
+    real = pad  # padded query rows are free to differ
+    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)
+
+
+def test_gqa_equals_mha_with_repeated_key_value_heads():
+    D, H, G, K = 16, 4, 2, 4
+    gqa = Attention(D, n_heads=H, n_kv_heads=G, head_dim=K, v_head_dim=K).eval()
+    mha = Attention(D, n_heads=H, n_kv_heads=H, head_dim=K, v_head_dim=K).eval()
+    wq, wk, wv = gqa.qkv.weight.split([H * K, G * K, G * K])
+    bq, bk, bv = gqa.qkv.bias.split([H * K, G * K, G * K])
+
+    def repeat(w):  # (G*K, ...) -> (H*K, ...): each kv head serves H/G query heads
+        return w.view(G, K, *w.shape[1:]).repeat_interleave(H // G, dim=0).reshape(H * K, *w.shape[1:])
+
+    with torch.no_grad():
+        mha.qkv.weight.copy_(torch.cat([wq, repeat(wk), repeat(wv)]))
+        mha.qkv.bias.copy_(torch.cat([bq, repeat(bk), repeat(bv)]))
+        mha.out.load_state_dict(gqa.out.state_dict())
+    x = torch.randn(2, 6, D)
+    torch.testing.assert_close(gqa(x, is_causal=True), mha(x, is_causal=True), atol=1e-6, rtol=1e-5)
+
+
+def test_cross_attention_reads_memory_and_its_padding():
+    attn = Attention(8, n_heads=2, n_kv_heads=2, head_dim=4, v_head_dim=4, cross=True, kv_dim=8).eval()
+    x, memory = torch.randn(1, 3, 8), torch.randn(1, 5, 8)
+    keep = torch.tensor([[True, True, True, False, False]])
+    masked = attn(x, memory, mask=keep[:, None, None, :])
+    torch.testing.assert_close(masked, attn(x, memory[:, :3]), atol=1e-6, rtol=1e-5)
+
+
+def test_causal_mask_with_more_keys_than_queries():
+    mask, _ = attention_mask(q_len=2, k_len=5, causal=True, key_padding=torch.ones(1, 5, dtype=torch.bool))
+    assert mask[0, 0].tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+    assert attention_mask(q_len=4, k_len=4, causal=True) == (None, True)
+
+
+def test_ffns_by_hand():
+    x = torch.randn(2, 3, 8)
+    mlp = MLP(8, 12, activation=torch.nn.ReLU())
+    torch.testing.assert_close(mlp(x), F.relu(x @ mlp.fc1.weight.T + mlp.fc1.bias) @ mlp.fc2.weight.T + mlp.fc2.bias)
+    glu = GatedMLP(8, 12, bias=False, activation=torch.nn.SiLU())
+    gate, up = glu.fc1.weight[:12], glu.fc1.weight[12:]
+    torch.testing.assert_close(glu(x), (F.silu(x @ gate.T) * (x @ up.T)) @ glu.fc2.weight.T)
+
+
+def test_rmsnorm_formula():
+    norm = RMSNorm(6, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_()
+    x = torch.randn(3, 6)
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    torch.testing.assert_close(norm(x), expected)
+
+
+@pytest.mark.parametrize("block_cls", [PreNormBlock, PostNormBlock])
+def test_block_placement_formulas(block_cls):
+    D = 8
+    attn = Attention(D, n_heads=2, n_kv_heads=2, head_dim=4, v_head_dim=4)
+    ffn = MLP(D, 16, activation=torch.nn.GELU())
+    n1, n2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
+    block = block_cls(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=n2).eval()
+    x = torch.randn(2, 4, D)
+    ctx = dict(mask=None, is_causal=True, pos=NoPosition(), positions=torch.arange(4), memory=None, memory_mask=None)
+    a = lambda h: attn(h, is_causal=True)  # noqa: E731
+    if block_cls is PreNormBlock:
+        h = x + a(n1(x))
+        expected = h + ffn(n2(h))
+    else:
+        h = n1(x + a(x))
+        expected = n2(h + ffn(h))
+    torch.testing.assert_close(block(x, ctx), expected)

@@ -1,0 +1,230 @@
+"""Every component combination, for every family it applies to: builds, shapes, gradients,
+causality, padding invariance, determinism."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import zoo
+from conftest import example_inputs, tiny_model
+
+POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi"]
+VIT_POSITIONS = ["none", "learned", "sincos2d"]
+FFNS = ["relu", "gelu", "swiglu", "geglu"]
+NORMS = ["layernorm", "rmsnorm"]
+PLACEMENTS = ["pre", "post"]
+ATTENTIONS = {"mha": [], "gqa": ["block.attention.n_kv_heads=2"], "mqa": []}
+
+
+def combo_overrides(position: str, ffn: str, norm: str, placement: str, attention: str) -> list[str]:
+    return [
+        f"position.kind={position}",
+        f"block.ffn.kind={ffn}",
+        f"block.norm.kind={norm}",
+        f"block.norm.placement={placement}",
+        f"block.attention.kind={attention}",
+        *ATTENTIONS[attention],
+    ]
+
+
+def combos(positions):
+    for p, f, n, pl, a in itertools.product(positions, FFNS, NORMS, PLACEMENTS, ATTENTIONS):
+        yield pytest.param(p, f, n, pl, a, id=f"{p}-{f}-{n}-{pl}-{a}")
+
+
+CASES = [("decoder", *c.values) for c in combos(POSITIONS)]
+CASES += [("encoder", *c.values) for c in combos(POSITIONS)]
+CASES += [("encoder_decoder", *c.values) for c in combos(POSITIONS)]
+CASES += [("vit", *c.values) for c in combos(VIT_POSITIONS)]
+IDS = ["-".join(c) for c in CASES]
+
+
+def output_shape(model, inputs) -> tuple:
+    spec = model.spec
+    if spec.family == "vit":
+        return (inputs[0].shape[0], spec.num_classes)
+    tokens = inputs[-1]
+    return (*tokens.shape, spec.vocab_size)
+
+
+@pytest.mark.parametrize("family,position,ffn,norm,placement,attention", CASES, ids=IDS)
+def test_combination(family, position, ffn, norm, placement, attention):
+    model = tiny_model(family, combo_overrides(position, ffn, norm, placement, attention))
+    assert model.spec.position.kind == position and model.spec.block.ffn.kind == ffn
+    inputs = example_inputs(model)
+    out = model(*inputs)
+    assert out.shape == output_shape(model, inputs)
+    assert torch.isfinite(out).all()
+
+    # every parameter gets a finite, non-zero gradient
+    (out.float().square().mean()).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
+        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+    # eval mode is deterministic
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(*inputs), model(*inputs))
+        if family in ("decoder", "encoder_decoder"):
+            check_causal(model, inputs)
+        if family != "vit":
+            check_padding(model, inputs)
+
+
+def check_causal(model, inputs):
+    """Changing tokens after position t never changes the logits up to t."""
+    tokens = inputs[-1]
+    t = tokens.shape[1] // 2
+    changed = tokens.clone()
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 1) % model.spec.vocab_size
+    before, after = model(*inputs[:-1], tokens), model(*inputs[:-1], changed)
+    torch.testing.assert_close(before[:, : t + 1], after[:, : t + 1], rtol=0, atol=1e-5)
+    assert not torch.allclose(before[:, t + 1 :], after[:, t + 1 :])
+
+
+def check_padding(model, inputs):
+    """Appending padding (or, for decoders, prepending it) never changes the outputs of real tokens."""
+    pad = 4
+    spec = model.spec
+    if spec.family == "decoder":
+        tokens = inputs[0]
+        padded = torch.cat([torch.full((tokens.shape[0], pad), 3), tokens], dim=1)  # left padding
+        mask = torch.ones_like(padded, dtype=torch.bool)
+        mask[:, :pad] = False
+        torch.testing.assert_close(model(padded, mask)[:, pad:], model(tokens), rtol=0, atol=1e-5)
+    elif spec.family == "encoder":
+        tokens = inputs[0]
+        padded = torch.cat([tokens, torch.full((tokens.shape[0], pad), 5)], dim=1)
+        mask = torch.ones_like(padded, dtype=torch.bool)
+        mask[:, -pad:] = False
+        torch.testing.assert_close(model(padded, mask)[:, :-pad], model(tokens), rtol=0, atol=1e-5)
+    else:
+        src, tgt = inputs
+        src_p = torch.cat([src, torch.full((src.shape[0], pad), 5)], dim=1)
+        tgt_p = torch.cat([tgt, torch.full((tgt.shape[0], pad), 5)], dim=1)
+        src_m = torch.ones_like(src_p, dtype=torch.bool)
+        src_m[:, -pad:] = False
+        tgt_m = torch.ones_like(tgt_p, dtype=torch.bool)
+        tgt_m[:, -pad:] = False
+        out = model(src_p, tgt_p, src_padding_mask=src_m, tgt_padding_mask=tgt_m)
+        torch.testing.assert_close(out[:, :-pad], model(src, tgt), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
+def test_rows_of_a_ragged_batch_equal_their_unpadded_selves(family):
+    """A batch with rows of different lengths gives each row what it gives alone."""
+    model = tiny_model(family, ["position.kind=rope"] if family == "decoder" else []).eval()
+    lengths = [3, 7, 5]
+    T = max(lengths)
+    rows = [torch.randint(0, model.spec.vocab_size, (1, n)) for n in lengths]
+    batch = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        if family == "decoder":  # left padding, as for generation
+            batch[i, T - lengths[i]:], mask[i, T - lengths[i]:] = r[0], True
+        else:
+            batch[i, : lengths[i]], mask[i, : lengths[i]] = r[0], True
+    with torch.no_grad():
+        if family == "encoder_decoder":
+            tgt = torch.randint(0, model.spec.vocab_size, (len(rows), 4))
+            out = model(batch, tgt, src_padding_mask=mask)
+            for i, r in enumerate(rows):
+                torch.testing.assert_close(out[i : i + 1], model(r, tgt[i : i + 1]), rtol=0, atol=1e-5)
+            return
+        out = model(batch, mask)
+        for i, r in enumerate(rows):
+            real = out[i : i + 1][mask[i : i + 1]]
+            torch.testing.assert_close(real, model(r)[0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder", "vit"])
+def test_dropout_acts_in_training_only(family):
+    model = tiny_model(family, ["dropout.residual=0.5", "dropout.attention=0.5"])
+    inputs = example_inputs(model)
+    model.train()
+    assert not torch.equal(model(*inputs), model(*inputs))
+    model.eval()
+    assert torch.equal(model(*inputs), model(*inputs))
+
+
+def test_weight_tying():
+    dec = tiny_model("decoder")
+    assert dec.head.weight is dec.tok_emb.weight
+    ed = tiny_model("encoder_decoder")
+    assert ed.src_emb.weight is ed.tgt_emb.weight is ed.head.weight
+    untied = tiny_model("encoder_decoder", ["share_embeddings=false", "tie_embeddings=false", "src_vocab_size=40"])
+    assert untied.src_emb.weight is not untied.tgt_emb.weight and untied.head.weight is not untied.tgt_emb.weight
+    assert untied.src_emb.weight.shape[0] == 40
+    enc = tiny_model("encoder")
+    assert enc.head.proj.weight is enc.tok_emb.weight
+    # counts: a tied matrix counts once
+    n_tied, n_untied = zoo.count_parameters(dec), zoo.count_parameters(tiny_model("decoder", ["tie_embeddings=false"]))
+    assert n_untied - n_tied == dec.spec.vocab_size * dec.spec.d_model
+
+
+def test_embedding_scale_multiplies_by_sqrt_d_model():
+    scaled = tiny_model("encoder_decoder", ["embedding.scale=true"])
+    tokens = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(scaled.src_emb(tokens), scaled.src_emb.weight[tokens] * 32**0.5)
+
+
+def test_encoder_classifier_and_segments():
+    model = tiny_model("encoder", ["classifier.num_labels=3"]).eval()
+    tokens = torch.randint(0, 61, (2, 6))
+    assert model.classify(tokens).shape == (2, 3)
+    types = torch.zeros_like(tokens)
+    types[:, 3:] = 1
+    assert not torch.allclose(model(tokens, token_types=types), model(tokens))
+    no_head = tiny_model("encoder")
+    with pytest.raises(ValueError, match="no classification head; set classifier"):
+        no_head.classify(tokens)
+
+
+def test_vit_mean_pooling_with_fc_norm_and_no_class_token():
+    model = tiny_model("vit", ["pool=mean", "class_token=false", "fc_norm=true"])
+    assert model.cls_token is None and isinstance(model.stack.norm, torch.nn.Identity)
+    assert model(*example_inputs(model)).shape == (3, 7)
+
+
+@pytest.mark.parametrize(
+    "family,call,message",
+    [
+        ("decoder", lambda m: m(torch.randn(2, 5)), "tokens: expected integer token ids of shape"),
+        ("decoder", lambda m: m(torch.tensor([[1, 2, 99]])), r"token ids must be in \[0, 61\)"),
+        ("decoder", lambda m: m(torch.zeros(1, 40, dtype=torch.long)), "exceeds max_seq_len \\(32\\)"),
+        ("decoder", lambda m: m(torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 4)), "padding_mask: expected a boolean mask"),
+        ("encoder", lambda m: m(torch.zeros(2, 5, dtype=torch.long), token_types=torch.ones(2, 5, dtype=torch.long)),
+         "no segment embeddings"),
+        ("encoder_decoder", lambda m: m(torch.zeros(5, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), "src: expected"),
+        ("vit", lambda m: m(torch.randn(2, 3, 32, 32)), r"images: expected a float tensor \[batch, 3, 16, 16\]"),
+    ],
+)
+def test_bad_inputs_fail_clearly(family, call, message):
+    extra = ["type_vocab_size=0"] if family == "encoder" else []
+    model = tiny_model(family, extra)
+    with pytest.raises(ValueError, match=message):
+        call(model)
+
+
+def test_rope_and_alibi_allow_sequences_longer_than_max_seq_len():
+    for kind in ("rope", "alibi"):
+        model = tiny_model("decoder", [f"position.kind={kind}"])
+        assert model(torch.zeros(1, 40, dtype=torch.long)).shape == (1, 40, 61)
+
+
+def test_build_on_meta_device_and_dtype_and_seed():
+    meta = zoo.build("gpt2-small", device="meta")
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    assert zoo.count_parameters(meta) == 124_439_808
+    half = zoo.build("gpt2-small", ["d_model=32", "n_layers=1", "block.attention.n_heads=2"], dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters())
+    a, b = tiny_model("decoder", seed=3), tiny_model("decoder", seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    c = tiny_model("decoder", seed=4)
+    assert not torch.equal(a.tok_emb.weight, c.tok_emb.weight)
+    assert a.spec == zoo.load_spec(a.spec)

@@ -1,0 +1,108 @@
+"""Presets reproduce the reference models' sizes exactly; the paper's Table 3 rows as overrides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+
+EXACT = {
+    # HF GPT2LMHeadModel(GPT2Config()), tied
+    "gpt2-small": 124_439_808,
+    # HF BertForMaskedLM(BertConfig())
+    "bert-base": 109_514_298,
+    # timm vit_{tiny,small,base}_patch16_224
+    "vit-tiny-16": 5_717_416,
+    "vit-small-16": 22_050_664,
+    "vit-base-16": 86_567_656,
+}
+
+
+def n_params(name: str, overrides=()) -> int:
+    return zoo.count_parameters(zoo.build(name, overrides, device="meta"))
+
+
+@pytest.mark.parametrize("name,count", EXACT.items())
+def test_reference_counts(name, count):
+    assert n_params(name) == count
+
+
+def test_every_preset_is_in_the_table_and_builds():
+    assert set(zoo.preset_names()) >= {*EXACT, "transformer-base", "transformer-big", "llama-small"}
+    for name in zoo.preset_names():
+        model = zoo.build(name, device="meta")
+        assert model.spec.name == name
+
+
+def transformer_by_hand(d: int, ff: int, n: int, vocab: int, d_k: int | None = None, h: int = 8) -> int:
+    """The original Transformer's parameters: 3 attentions per decoder layer, 1 per encoder layer."""
+    d_k = d_k or d // h
+    attn = 2 * (d * h * d_k + h * d_k) + (d * d + d) + (d * d + d)  # q, k (d_k) + v (d_v = d/h) + output
+    ffn = d * ff + ff + ff * d + d
+    enc = attn + ffn + 2 * 2 * d
+    dec = 2 * attn + ffn + 3 * 2 * d
+    return n * (enc + dec) + vocab * d  # one embedding shared by source, target and output
+
+
+def test_paper_sizes():
+    base, big = n_params("transformer-base"), n_params("transformer-big")
+    assert base == transformer_by_hand(512, 2048, 6, 37000) == 63_082_496  # the paper reports ~65M
+    assert big == transformer_by_hand(1024, 4096, 6, 37000) == 214_245_376  # the paper reports ~213M
+    assert 60e6 < base < 66e6 and 205e6 < big < 220e6
+
+
+TABLE3 = {
+    # (B): d_k shrinks, d_v stays 64
+    "B d_k=16": (["block.attention.head_dim=16"], -7_091_712),
+    "B d_k=32": (["block.attention.head_dim=32"], -4_727_808),
+    # (C): depth and width
+    "C N=2": (["n_layers=2"], -29_425_664),
+    "C N=4": (["n_layers=4"], -14_712_832),
+    "C N=8": (["n_layers=8"], +14_712_832),
+    "C d_ff=1024": (["block.ffn.hidden=1024"], -12_595_200),
+    "C d_ff=4096": (["block.ffn.hidden=4096"], +25_190_400),
+    # (A): heads change, d_k = d_v = d_model / h, count unchanged
+    "A h=1": (["block.attention.n_heads=1"], 0),
+    "A h=4": (["block.attention.n_heads=4"], 0),
+    "A h=16": (["block.attention.n_heads=16"], 0),
+    "A h=32": (["block.attention.n_heads=32"], 0),
+    # (E): learned positions instead of sinusoids: max_seq_len x d_model more
+    "E learned": (["position.kind=learned"], 1024 * 512),
+}
+
+
+@pytest.mark.parametrize("row", TABLE3)
+def test_table3_deltas(row):
+    overrides, delta = TABLE3[row]
+    assert n_params("transformer-base", overrides) - n_params("transformer-base") == delta
+    # vocabulary-independent
+    small = ["vocab_size=1000"]
+    assert n_params("transformer-base", small + overrides) - n_params("transformer-base", small) == delta
+
+
+def test_llama_small_shape():
+    spec = zoo.load_spec("llama-small")
+    assert (spec.position.kind, spec.block.ffn.kind, spec.block.norm.kind, spec.norm_placement) == ("rope", "swiglu", "rmsnorm", "pre")
+    assert spec.block.attention.kv_heads == 4 and not spec.block.attention.bias and not spec.block.ffn.bias
+    model = zoo.build(spec, device="meta")
+    assert not any(name.endswith(".bias") for name, _ in model.named_parameters())
+    assert model.stack.blocks[0].attn.qkv.weight.shape == (768 + 2 * 4 * 64, 768)
+
+
+@pytest.mark.reference
+def test_counts_equal_reference_classes():
+    import timm
+    import transformers
+
+    with torch.device("meta"):
+        refs = {
+            "gpt2-small": transformers.GPT2LMHeadModel(transformers.GPT2Config()),
+            "bert-base": transformers.BertForMaskedLM(transformers.BertConfig()),
+            "llama-small": transformers.LlamaForCausalLM(transformers.LlamaConfig(
+                vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False)),
+            "vit-tiny-16": timm.create_model("vit_tiny_patch16_224"),
+        }
+    for name, ref in refs.items():
+        assert n_params(name) == sum(p.numel() for p in ref.parameters()), name

@@ -1,0 +1,29 @@
+"""The README's tour runs as written, and its set-up commands are the ones CI uses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tour_runs(capsys):
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "README has no python tour"
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "['alibi', 'learned', 'none', 'rope', 'sincos2d', 'sinusoidal']" in out
+    assert "124439808" in out
+    assert "did you mean 'swiglu'" in out
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    assert len(commands) == 2, "the README has exactly two set-up commands"
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_command = commands[1].strip().split("&&")[-1].strip()
+    assert test_command in ci

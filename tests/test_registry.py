@@ -1,0 +1,102 @@
+"""Registries: names, lookups with suggestions, and a user's own component used from a spec file."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+from zoo.registry import REGISTRIES, Registry, RegistryError
+from zoo.spec import FFNSpec, SpecError
+
+
+@pytest.fixture(autouse=True)
+def _restore_registries():
+    """Registrations made by a test do not leak into others."""
+    saved = {name: (dict(r._specs), dict(r._builders)) for name, r in REGISTRIES.items()}
+    yield
+    for name, (specs, builders) in saved.items():
+        r = zoo.registry(name)
+        r._specs.clear(), r._specs.update(specs)
+        r._builders.clear(), r._builders.update(builders)
+
+
+def test_names():
+    assert zoo.registry("position").names() == ["alibi", "learned", "none", "rope", "sincos2d", "sinusoidal"]
+    assert zoo.registry("attention").names() == ["gqa", "mha", "mqa"]
+    assert zoo.registry("ffn").names() == ["geglu", "gelu", "relu", "swiglu"]
+    assert zoo.registry("norm").names() == ["layernorm", "rmsnorm"]
+    assert zoo.registry("family").names() == ["decoder", "encoder", "encoder_decoder", "vit"]
+
+
+def test_lookup_errors_suggest():
+    with pytest.raises(RegistryError, match="no registry named 'postion'; did you mean 'position'"):
+        zoo.registry("postion")
+    with pytest.raises(KeyError, match="unknown ffn kind 'swigl'; did you mean 'swiglu'"):
+        zoo.registry("ffn").spec("swigl")
+    with pytest.raises(RegistryError, match="known: geglu, gelu, relu, swiglu"):
+        zoo.registry("ffn").builder("nothing-like-it")
+
+
+def test_registration_is_checked():
+    reg = Registry("ffn")
+    reg.spec_base = FFNSpec
+    with pytest.raises(RegistryError, match="must be a subclass of zoo.spec.FFNSpec"):
+        reg.register("x", spec=dict)(lambda spec: None)
+    with pytest.raises(RegistryError, match="pass its spec class"):
+        reg.register("y")(lambda spec: None)
+    with pytest.raises(RegistryError, match="already registered"):
+        zoo.register("ffn", "relu", spec=type("Other", (FFNSpec,), {"__annotations__": {"kind": Literal["relu"]}}))(
+            lambda spec, **_: None
+        )
+
+
+class ScaledReluSpec(FFNSpec):
+    """A user's FFN: relu(x W1) W2 * scale."""
+
+    kind: Literal["scaled_relu"] = "scaled_relu"
+    scale: float = 0.5
+
+
+class ScaledRelu(nn.Module):
+    def __init__(self, dim: int, hidden: int, *, scale: float) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.scale = nn.Linear(dim, hidden), nn.Linear(hidden, dim), scale
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))) * self.scale
+
+
+def test_user_component_from_a_spec_file(tmp_path):
+    @zoo.register("ffn", "scaled_relu", spec=ScaledReluSpec, replace=True)
+    def build_scaled_relu(spec, *, dim, dropout, **_):
+        return ScaledRelu(dim, spec.hidden_size(dim), scale=spec.scale)
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "family: decoder\nvocab_size: 50\nd_model: 16\nn_layers: 2\nmax_seq_len: 16\n"
+        "block:\n  attention: {kind: mha, n_heads: 2}\n  ffn: {kind: scaled_relu, hidden: 24, scale: 0.25}\n"
+    )
+    model = zoo.build(path)
+    ffn = model.stack.blocks[0].ffn
+    assert isinstance(ffn, ScaledRelu) and ffn.scale == 0.25 and ffn.fc1.out_features == 24
+    assert model(torch.randint(0, 50, (2, 5))).shape == (2, 5, 50)
+    assert "scaled_relu" in zoo.registry("ffn").names()
+    assert "scaled_relu" in str(zoo.json_schema())
+    with pytest.raises(SpecError, match="block.ffn.scal: unknown key"):
+        zoo.load_spec(path, ["block.ffn.scal=3"])
+    # overrides that switch to the new kind keep the keys it knows
+    spec = zoo.load_spec("gpt2-small", ["block.ffn.kind=scaled_relu", "block.ffn.scale=2"])
+    assert spec.block.ffn.scale == 2 and spec.block.ffn.hidden == 3072
+
+
+def test_spec_without_builder_says_how_to_register():
+    class LonelySpec(FFNSpec):
+        kind: Literal["lonely"] = "lonely"
+
+    zoo.registry("ffn").add_spec("lonely", LonelySpec)
+    with pytest.raises(RegistryError, match=r"has a spec but no builder; register one with @zoo.register\('ffn', 'lonely'\)"):
+        zoo.build("gpt2-small", ["d_model=16", "n_layers=1", "block.attention.n_heads=2", "block.ffn.kind=lonely"])

@@ -1,0 +1,148 @@
+"""Spec files and bad input: every rule fails with a message naming the field and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import zoo
+from zoo.spec import SpecError, apply_overrides, load_spec, to_yaml
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["d_model=770"], r"block.attention.n_heads: d_model \(770\) must be divisible by n_heads \(12\); choose n_heads from"),
+        (["block.attention.kind=gqa", "block.attention.n_kv_heads=5"],
+         r"block.attention: n_heads \(12\) must be divisible by n_kv_heads \(5\); choose n_kv_heads from \[1, 2, 3, 4, 6, 12\]"),
+        (["block.attention.kind=gqa"], "kind gqa needs n_kv_heads"),
+        (["block.attention.n_kv_heads=4"], "kind mha has n_kv_heads == n_heads .*use kind: gqa"),
+        (["block.attention.kind=mqa", "block.attention.n_kv_heads=2"], "kind mqa has one key/value head.*use kind: gqa"),
+        (["position.kind=rope", "block.attention.head_dim=63"], "position.kind: rope rotates pairs .* must be even, got 63"),
+        (["position.kind=sincos2d"], "position.kind: 'sincos2d' does not apply to family decoder; use one of"),
+        (["d_model=0"], "d_model: Input should be greater than 0"),
+        (["n_layers=-2"], "n_layers: Input should be greater than 0"),
+        (["block.ffn.hidden=0"], "block.ffn.hidden: Input should be greater than 0"),
+        (["dropout.residual=1.0"], "dropout.residual: Input should be less than 1"),
+        (["dropout.attention=-0.1"], "dropout.attention: Input should be greater than or equal to 0"),
+        (["block.ffn.kind=swigluu"], r"block.ffn: unknown ffn kind 'swigluu'; did you mean 'swiglu'\? \(known: geglu, gelu, relu, swiglu\)"),
+        (["position.kind=rotary"], "position: unknown position kind 'rotary'.*known: alibi, learned, none, rope"),
+        (["block.norm.kind=rms_norm"], "did you mean 'rmsnorm'"),
+        (["block.norm.placement=middle"], "block.norm.placement: Input should be 'pre' or 'post'"),
+        (["vocab_sizee=10"], "vocab_sizee: unknown key .* remove it or check its spelling"),
+        (["block.attention.n_head=4"], "block.attention.n_head: unknown key"),
+        (["block.ffn={hidden: 3}"], "block.ffn: missing 'kind'"),
+        (["block.ffn=3"], "block.ffn: expected a mapping such as"),
+        (["family=gpt"], "family: unknown family kind 'gpt'"),
+        (["d_model=abc"], "d_model: Input should be a valid integer"),
+    ],
+)
+def test_rules_name_the_field_and_fix(overrides, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec("gpt2-small", overrides)
+
+
+@pytest.mark.parametrize(
+    "preset,overrides,message",
+    [
+        ("vit-tiny-16", ["patch_size=15"], r"image_size \(224\) must be divisible by patch_size \(15\)"),
+        ("vit-tiny-16", ["position.kind=rope"], "position.kind: 'rope' does not apply to family vit; use one of learned, none, sincos2d"),
+        ("vit-tiny-16", ["position.kind=sincos2d", "d_model=198", "block.attention.n_heads=3"], "sincos2d .* d_model \\(198\\) must be divisible by 4"),
+        ("vit-tiny-16", ["class_token=false"], "pool: cls needs class_token: true"),
+        ("transformer-base", ["src_vocab_size=100"], r"share_embeddings: .* src_vocab_size \(100\) != vocab_size \(37000\)"),
+    ],
+)
+def test_family_rules(preset, overrides, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec(preset, overrides)
+
+
+def test_all_problems_are_listed_together():
+    with pytest.raises(SpecError) as err:
+        load_spec("gpt2-small", ["dropout.residual=2", "foo=1", "block.ffn.hidden=-1"])
+    text = str(err.value)
+    assert "(3 problems)" in text and "dropout.residual" in text and "foo" in text and "block.ffn.hidden" in text
+    assert "preset 'gpt2-small'" in text
+
+
+def test_unknown_preset_and_missing_file_suggest(tmp_path):
+    with pytest.raises(SpecError, match="unknown preset 'gpt2-smal'; did you mean 'gpt2-small'"):
+        load_spec("gpt2-smal")
+    with pytest.raises(SpecError, match="no spec file at"):
+        load_spec(str(tmp_path / "nope.yaml"))
+
+
+def test_yaml_files(tmp_path):
+    good = tmp_path / "m.yaml"
+    good.write_text("family: decoder\nd_model: 64\nblock:\n  attention: {kind: mqa, n_heads: 4}\n")
+    spec = load_spec(good)
+    assert spec.block.attention.kv_heads == 1 and spec.d_model == 64
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("family: decoder\nd_model: 64\nd_model: 128\n")
+    with pytest.raises(SpecError, match="duplicate key 'd_model'"):
+        load_spec(dup)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("family: decoder\nblock: {attention: [\n")
+    with pytest.raises(SpecError, match="cannot parse file .*broken.yaml.* as YAML"):
+        load_spec(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    with pytest.raises(SpecError, match="must hold a mapping"):
+        load_spec(listed)
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text("family: !!python/object/apply:os.system ['echo hi']\n")
+    with pytest.raises(SpecError, match="cannot parse"):
+        load_spec(unsafe)
+    no_family = tmp_path / "nofam.yaml"
+    no_family.write_text("d_model: 64\n")
+    with pytest.raises(SpecError, match="missing 'family'"):
+        load_spec(no_family)
+
+
+def test_overrides_parse_yaml_values_and_changing_kind_drops_foreign_keys():
+    spec = load_spec(
+        "gpt2-small",
+        ["block.attention.kind=gqa", "block.attention.n_kv_heads=4", "position.kind=rope", "block.ffn.kind=swiglu",
+         "block.norm.eps=1e-6", "tie_embeddings=false"],
+    )
+    assert spec.block.attention.kind == "gqa" and spec.block.attention.kv_heads == 4
+    assert spec.position.kind == "rope" and spec.block.ffn.kind == "swiglu"
+    assert spec.block.ffn.hidden == 3072 and spec.block.ffn.bias is True  # kept: swiglu knows them
+    assert spec.block.norm.eps == 1e-6 and spec.tie_embeddings is False
+    data = apply_overrides({"family": "encoder_decoder", "position": {"kind": "sinusoidal", "layout": "concat"}},
+                           ["position.kind=rope"])
+    assert data["position"] == {"kind": "rope"}
+    for bad in ["d_model", "=3", "a..b=1"]:
+        with pytest.raises(SpecError, match="override"):
+            load_spec("gpt2-small", [bad])
+    with pytest.raises(SpecError, match="d_model is 768, not a mapping"):
+        load_spec("gpt2-small", ["d_model.x=1"])
+
+
+def test_specs_are_immutable_and_round_trip():
+    spec = load_spec("transformer-base")
+    with pytest.raises(Exception):
+        spec.d_model = 3
+    for name in zoo.preset_names():
+        spec = load_spec(name)
+        assert load_spec(zoo.spec.read_yaml(to_yaml(spec), "dump")) == spec
+        assert zoo.parse_spec(json.loads(spec.model_dump_json())) == spec
+
+
+def test_derived_sizes_are_properties_not_rewrites():
+    spec = load_spec("transformer-base", ["block.attention.head_dim=16"])
+    att = spec.block.attention
+    assert att.head_dim == 16 and att.v_head_dim is None
+    assert att.qk_size(512) == 16 and att.v_size(512) == 64
+    swiglu = load_spec("llama-small", ["block.ffn.hidden=null"]).block.ffn
+    assert swiglu.hidden is None and swiglu.hidden_size(768) == 2048
+
+
+def test_json_schema_lists_every_kind():
+    schema = zoo.json_schema()
+    text = json.dumps(schema)
+    for part in ("attention", "position", "ffn", "norm", "family"):
+        for kind in zoo.registry(part).names():
+            assert f'"const": "{kind}"' in text or f'"{kind}"' in text, (part, kind)
+    assert schema["title"] == "zoo model spec"
