@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.components.cache import LayerCache
 from zoo.components.position import Position
 from zoo.registry import register
 
@@ -63,25 +64,32 @@ class Attention(nn.Module):
         is_causal: bool = False,
         pos: Position | None = None,
         positions: Tensor | None = None,
+        cache: LayerCache | None = None,
     ) -> Tensor:
         """x [B, T, D] (and memory [B, S, Dm] for cross-attention) -> [B, T, D].
 
         ``mask``: boolean (True = may attend) or additive, broadcastable to [B, H, T, S].
         ``pos``/``positions``: the model's position module rotates q and k (self-attention only).
+        ``cache``: keys/values of earlier steps; self-attention appends to it, cross-attention computes
+        the memory's keys/values once and reuses them (``memory`` may then be None).
         """
         B, T, _ = x.shape
-        _, k_size, v_size = self.splits
         if self.cross:
-            q = self.q(x)
-            k, v = self.kv(memory).split([k_size, v_size], dim=-1)
+            q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, K)
+            if cache is not None and cache.memory_kv is not None:
+                k, v = cache.memory_kv
+            else:
+                k, v = self._heads_kv(self.kv(memory))
+                if cache is not None:
+                    cache.memory_kv = (k, v)
         else:
-            q, k, v = self.qkv(x).split(self.splits, dim=-1)
-        S = k.shape[1]
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, K)
-        k = k.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, G, S, K)
-        v = v.view(B, S, self.n_kv_heads, self.v_head_dim).transpose(1, 2)  # (B, G, S, V)
-        if pos is not None:
-            q, k = pos.rotate(q, k, positions)
+            q, kv = self.qkv(x).split([self.splits[0], self.splits[1] + self.splits[2]], dim=-1)
+            q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, K)
+            k, v = self._heads_kv(kv)
+            if pos is not None:
+                q, k = pos.rotate(q, k, positions)
+            if cache is not None:
+                k, v = cache.append(k, v)
         y = F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=mask,
@@ -90,6 +98,15 @@ class Attention(nn.Module):
             enable_gqa=self.n_kv_heads != self.n_heads,
         )  # (B, H, T, V)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim))
+
+
+    def _heads_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """[B, S, G*K + G*V] -> k (B, G, S, K), v (B, G, S, V)."""
+        B, S, _ = kv.shape
+        k, v = kv.split(self.splits[1:], dim=-1)
+        k = k.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, S, self.n_kv_heads, self.v_head_dim).transpose(1, 2)
+        return k, v
 
 
 def attention_mask(
@@ -109,7 +126,7 @@ def attention_mask(
     self-attention may attend to itself, so no row is empty (empty rows make NaN); real tokens'
     outputs do not change.
     """
-    if key_padding is None and bias is None:
+    if key_padding is None and bias is None and (not causal or q_len in (1, k_len)):
         return None, causal and q_len > 1
     allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     if causal:

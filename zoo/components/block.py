@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from zoo.components.attention import Attention
+from zoo.components.cache import KVCache
 from zoo.components.position import Position
 
 
@@ -41,10 +42,12 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def _self(self, x: Tensor, ctx: dict) -> Tensor:
-        return self.attn(x, mask=ctx["mask"], is_causal=ctx["is_causal"], pos=ctx["pos"], positions=ctx["positions"])
+        return self.attn(
+            x, mask=ctx["mask"], is_causal=ctx["is_causal"], pos=ctx["pos"], positions=ctx["positions"], cache=ctx["cache"]
+        )
 
     def _cross(self, x: Tensor, ctx: dict) -> Tensor:
-        return self.cross_attn(x, ctx["memory"], mask=ctx["memory_mask"])
+        return self.cross_attn(x, ctx["memory"], mask=ctx["memory_mask"], cache=ctx["cache"])
 
 
 class PreNormBlock(Block):
@@ -81,9 +84,16 @@ class Stack(nn.Module):
         is_causal: bool = False,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor:
-        """x [B, T, D] -> [B, T, D]; ``memory`` [B, S, D] and ``memory_mask`` feed cross-attention."""
+        """x [B, T, D] -> [B, T, D]; ``memory`` [B, S, D] and ``memory_mask`` feed cross-attention;
+        ``cache`` holds earlier steps' keys and values (incremental decoding)."""
         ctx = dict(mask=mask, is_causal=is_causal, pos=pos, positions=positions, memory=memory, memory_mask=memory_mask)
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            ctx["cache"] = cache.layers[i] if cache is not None else None
             x = block(x, ctx)
         return self.norm(x)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty cache for up to ``capacity`` positions."""
+        return KVCache(len(self.blocks), capacity)

@@ -7,8 +7,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from zoo.components.attention import attention_mask
 from zoo.components.block import PostNormBlock, PreNormBlock, Stack
-from zoo.components.embedding import PatchEmbedding
+from zoo.components.cache import KVCache
 from zoo.components.position import LearnedPosition, Position
 from zoo.registry import registry
 from zoo.spec import FamilySpec
@@ -62,18 +63,45 @@ def positions_for(mask: Tensor | None, length: int, device: torch.device) -> Ten
     return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
-def check_tokens(tokens: object, name: str, *, vocab_size: int, max_len: int | None) -> None:
+def self_attention_inputs(
+    position: Position,
+    n_heads: int,
+    tokens: Tensor,
+    padding_mask: Tensor | None,
+    *,
+    causal: bool,
+    cache: KVCache | None = None,
+    name: str = "tokens",
+) -> tuple[Tensor, Tensor | None, bool]:
+    """Positions of ``tokens`` and the SDPA mask for self-attention over them (and the cache).
+
+    Returns (positions, mask, is_causal): positions feed ``position.add``/``rotate``; the mask folds
+    causality, key padding and the position's score bias together (see ``attention_mask``).
+    """
+    B, T = tokens.shape
+    if cache is None:
+        positions = key_positions = positions_for(padding_mask, T, tokens.device)
+        key_mask, S = padding_mask, T
+    else:
+        positions, key_positions, key_mask = cache.extend(padding_mask, T, B, tokens.device)
+        S = cache.end
+    if position.max_len is not None and S > position.max_len:
+        raise ValueError(
+            f"{name}: length {S} exceeds max_seq_len ({position.max_len}) of the position table; "
+            f"truncate the input or build the model with a larger max_seq_len"
+        )
+    bias = position.bias(n_heads, positions, key_positions)
+    mask, is_causal = attention_mask(q_len=T, k_len=S, causal=causal, key_padding=key_mask, bias=bias, device=tokens.device)
+    return positions, mask, is_causal
+
+
+def check_tokens(tokens: object, name: str, *, vocab_size: int) -> None:
     """Refuse what the embedding would fail on deep inside torch, with the field and the fix."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(f"{name}: expected integer token ids of shape [batch, length], got {got}")
     if tokens.shape[1] == 0:
         raise ValueError(f"{name}: empty sequence (length 0)")
-    if max_len is not None and tokens.shape[1] > max_len:
-        raise ValueError(
-            f"{name}: length {tokens.shape[1]} exceeds max_seq_len ({max_len}) of the position table; "
-            f"truncate the input or build the model with a larger max_seq_len"
-        )
     if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= vocab_size:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from zoo.components.attention import attention_mask
+from zoo.components.cache import KVCache
 from zoo.components.embedding import TokenEmbedding
-from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, positions_for
+from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
 from zoo.registry import register
 from zoo.spec import DecoderSpec
 
@@ -37,16 +37,21 @@ class DecoderLM(nn.Module):
         if spec.tie_embeddings:
             self.head.weight = self.tok_emb.weight
 
-    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size, max_len=self.position.max_len)
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """With a ``cache`` (from :meth:`new_cache`), ``tokens`` continue the cached ones: pass the
+        prompt first (with its padding mask), then each new token; the logits equal a full pass."""
+        check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        T = tokens.shape[1]
-        positions = positions_for(padding_mask, T, tokens.device)
+        positions, mask, is_causal = self_attention_inputs(
+            self.position, self.spec.block.attention.n_heads, tokens, padding_mask, causal=True, cache=cache
+        )
         x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), positions)))  # (B, T, D)
-        bias = self.position.bias(self.spec.block.attention.n_heads, positions, positions)
-        mask, is_causal = attention_mask(q_len=T, k_len=T, causal=True, key_padding=padding_mask, bias=bias, device=tokens.device)
-        x = self.stack(x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal)
+        x = self.stack(x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal, cache=cache)
         return self.head(x)  # (B, T, V)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty KV cache for up to ``capacity`` positions (prompt + new tokens)."""
+        return self.stack.new_cache(capacity)
 
 
 @register("family", "decoder")

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from zoo.components.attention import attention_mask
 from zoo.components.embedding import TokenEmbedding
-from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, positions_for
+from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
 from zoo.registry import register
 from zoo.spec import EncoderSpec
 
@@ -69,21 +68,20 @@ class Encoder(nn.Module):
 
     def encode(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         """Hidden states [B, T, D] after the last block (and final norm)."""
-        check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size, max_len=self.position.max_len)
+        check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        T = tokens.shape[1]
-        positions = positions_for(padding_mask, T, tokens.device)
+        positions, mask, _ = self_attention_inputs(
+            self.position, self.spec.block.attention.n_heads, tokens, padding_mask, causal=False
+        )
         x = self.position.add(self.tok_emb(tokens), positions)
         if self.type_emb is not None:
             if token_types is None:
                 token_types = tokens.new_zeros(tokens.shape)
-            check_tokens(token_types, "token_types", vocab_size=self.spec.type_vocab_size, max_len=None)
+            check_tokens(token_types, "token_types", vocab_size=self.spec.type_vocab_size)
             x = x + self.type_emb(token_types)
         elif token_types is not None:
             raise ValueError("token_types: this encoder has no segment embeddings (type_vocab_size: 0)")
         x = self.drop(self.emb_norm(x))  # (B, T, D)
-        bias = self.position.bias(self.spec.block.attention.n_heads, positions, positions)
-        mask, _ = attention_mask(q_len=T, k_len=T, causal=False, key_padding=padding_mask, bias=bias, device=tokens.device)
         return self.stack(x, pos=self.position, positions=positions, mask=mask)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:

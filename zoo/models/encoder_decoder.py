@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from zoo.components.attention import attention_mask
+from zoo.components.cache import KVCache
 from zoo.components.embedding import TokenEmbedding
-from zoo.models.common import build_position, build_stack, check_mask, check_tokens, init_weights, positions_for
+from zoo.models.common import build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
 from zoo.registry import register
 from zoo.spec import EncoderDecoderSpec
 
@@ -51,13 +51,10 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         """Source ids [B, S] -> memory [B, S, D]."""
-        check_tokens(src, "src", vocab_size=self.spec.source_vocab_size, max_len=self.position.max_len)
+        check_tokens(src, "src", vocab_size=self.spec.source_vocab_size)
         src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
-        S = src.shape[1]
-        positions = positions_for(src_padding_mask, S, src.device)
+        positions, mask, _ = self_attention_inputs(self.position, self.n_heads, src, src_padding_mask, causal=False, name="src")
         x = self.drop(self.position.add(self.src_emb(src), positions))
-        bias = self.position.bias(self.n_heads, positions, positions)
-        mask, _ = attention_mask(q_len=S, k_len=S, causal=False, key_padding=src_padding_mask, bias=bias, device=src.device)
         return self.encoder(x, pos=self.position, positions=positions, mask=mask)
 
     def decode(
@@ -66,20 +63,28 @@ class EncoderDecoder(nn.Module):
         memory: Tensor,
         src_padding_mask: Tensor | None = None,
         tgt_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor:
-        """Target ids [B, T] and memory [B, S, D] -> logits [B, T, V]."""
-        check_tokens(tgt_in, "tgt_in", vocab_size=self.spec.vocab_size, max_len=self.position.max_len)
+        """Target ids [B, T] and memory [B, S, D] -> logits [B, T, V].
+
+        With a ``cache`` (from :meth:`new_cache`), ``tgt_in`` continues the cached target tokens and
+        the memory's keys/values are computed at the first call only."""
+        check_tokens(tgt_in, "tgt_in", vocab_size=self.spec.vocab_size)
         tgt_padding_mask = check_mask(tgt_padding_mask, tgt_in, "tgt_padding_mask")
-        T = tgt_in.shape[1]
-        positions = positions_for(tgt_padding_mask, T, tgt_in.device)
+        positions, mask, is_causal = self_attention_inputs(
+            self.position, self.n_heads, tgt_in, tgt_padding_mask, causal=True, cache=cache, name="tgt_in"
+        )
         x = self.drop(self.position.add(self.tgt_emb(tgt_in), positions))
-        bias = self.position.bias(self.n_heads, positions, positions)
-        mask, is_causal = attention_mask(q_len=T, k_len=T, causal=True, key_padding=tgt_padding_mask, bias=bias, device=tgt_in.device)
         memory_mask = None if src_padding_mask is None else src_padding_mask.to(bool)[:, None, None, :]  # (B, 1, 1, S)
         x = self.decoder(
-            x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal, memory=memory, memory_mask=memory_mask
+            x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal,
+            memory=memory, memory_mask=memory_mask, cache=cache,
         )
         return self.head(x)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty KV cache for up to ``capacity`` target positions."""
+        return self.decoder.new_cache(capacity)
 
     def forward(
         self,

@@ -1,0 +1,90 @@
+"""KV cache for incremental decoding.
+
+One :class:`KVCache` per model and sequence batch; one :class:`LayerCache` per decoder layer holds
+that layer's self-attention keys/values (preallocated to ``capacity`` positions, written in place)
+and its cross-attention keys/values (computed once per source). The cache also tracks which cached
+keys are padding and each key's position, so left-padded batches and every position kind (added,
+rotated or biased) decode exactly as a full recomputation would.
+
+Shapes: B batch (rows, beams included), G key/value heads, C capacity, K head size, T new tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class LayerCache:
+    def __init__(self, parent: KVCache) -> None:
+        self.parent = parent
+        self.k: Tensor | None = None  # (B, G, C, K)
+        self.v: Tensor | None = None  # (B, G, C, V)
+        self.memory_kv: tuple[Tensor, Tensor] | None = None  # cross-attention (B, G, S, K), (B, G, S, V)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new keys/values [B, G, T, *] at the current step; return all so far."""
+        p = self.parent
+        if self.k is None:
+            B, G, _, K = k.shape
+            self.k = k.new_empty(B, G, p.capacity, K)
+            self.v = v.new_empty(B, G, p.capacity, v.shape[-1])
+        self.k[:, :, p.start : p.end] = k
+        self.v[:, :, p.start : p.end] = v
+        return self.k[:, :, : p.end], self.v[:, :, : p.end]
+
+    def reorder(self, index: Tensor) -> None:
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class KVCache:
+    """Decoding state of a whole model: per-layer caches plus key padding and positions."""
+
+    def __init__(self, n_layers: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.layers = [LayerCache(self) for _ in range(n_layers)]
+        self.start = self.end = 0  # the new tokens occupy [start, end)
+        self.key_mask: Tensor | None = None  # (B, C) True = real token; None: no padding seen
+        self.key_positions: Tensor | None = None  # (B, C) with padding; else positions are 0..end-1
+        self.next_position: Tensor | None = None  # (B,) real tokens so far, with padding
+
+    def __len__(self) -> int:
+        return self.end
+
+    def extend(self, padding_mask: Tensor | None, length: int, batch: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Make room for ``length`` new tokens. Returns (their positions, all key positions, key mask).
+
+        Positions are [T] and [S] while no padding has been seen, [B, T] and [B, S] after.
+        """
+        if self.end + length > self.capacity:
+            raise ValueError(
+                f"cache: {self.end} cached + {length} new tokens exceed its capacity ({self.capacity}); "
+                f"make the cache with a larger capacity"
+            )
+        self.start, self.end = self.end, self.end + length
+        if padding_mask is None and self.key_mask is None:
+            positions = torch.arange(self.start, self.end, device=device)
+            return positions, torch.arange(self.end, device=device), None
+        if self.key_mask is None:  # first padding: earlier tokens were all real
+            self.key_mask = torch.ones(batch, self.capacity, dtype=torch.bool, device=device)
+            self.key_positions = torch.arange(self.capacity, device=device).expand(batch, -1).clone()
+            self.next_position = torch.full((batch,), self.start, dtype=torch.long, device=device)
+        if padding_mask is None:
+            padding_mask = torch.ones(batch, length, dtype=torch.bool, device=device)
+        positions = self.next_position[:, None] + (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+        self.next_position = self.next_position + padding_mask.sum(dim=1)
+        self.key_mask[:, self.start : self.end] = padding_mask
+        self.key_positions[:, self.start : self.end] = positions
+        return positions, self.key_positions[:, : self.end], self.key_mask[:, : self.end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select rows (beam search): row i becomes old row index[i]. Cross-attention keys are left as
+        they are: beams of one source share them."""
+        for layer in self.layers:
+            layer.reorder(index)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, index)
+            self.key_positions = self.key_positions.index_select(0, index)
+            self.next_position = self.next_position.index_select(0, index)

@@ -1,0 +1,260 @@
+"""Generation for GPT-style decoders and encoder-decoders: greedy, sampling, beam search.
+
+Every strategy decodes incrementally with the model's KV cache, a whole batch per forward (beams
+included), with no Python loop over sentences or beams: the only loop is over time steps.
+
+Beam search follows the paper's setup (Vaswani et al. 2017, sec. 6.1; Wu et al. 2016): beam 4,
+length penalty lp(Y) = ((5 + |Y|) / 6)^alpha with alpha 0.6, hypotheses ranked by
+log P(Y|X) / lp(Y), maximum length |X| + 50. |Y| counts the generated tokens, the stop token included.
+It stops a sentence as soon as no live beam can beat its best finished hypothesis: log-probabilities
+only fall as a hypothesis grows and (for alpha >= 0) lp grows at most to lp(max length), so a live
+beam's best reachable score is its score / lp(max length).
+
+Shapes: B sentences, K beams, V vocabulary, N new tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["generate", "Generation", "length_penalty"]
+
+Penalty = Literal["gnmt", "hf", "none"]
+
+
+@dataclass
+class Generation:
+    """``tokens`` [B, N]: the new tokens, ``pad_id`` after each row's end; ``scores`` [B]: the sum of
+    the tokens' log-probabilities (beam search: divided by the length penalty); ``lengths`` [B]:
+    tokens generated per row, the stop token included."""
+
+    tokens: Tensor
+    scores: Tensor
+    lengths: Tensor
+
+
+def length_penalty(length: Tensor | int, kind: Penalty = "gnmt", alpha: float = 0.6) -> Tensor:
+    """``gnmt``: ((5 + L) / 6)^alpha (Wu et al. 2016, the paper's); ``hf``: L^alpha; ``none``: 1."""
+    length = torch.as_tensor(length, dtype=torch.float32)
+    if kind == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if kind == "hf":
+        return length**alpha
+    if kind == "none":
+        return torch.ones_like(length)
+    raise ValueError(f"length_penalty: unknown kind {kind!r}; use 'gnmt', 'hf' or 'none'")
+
+
+class _Stepper:
+    """Feeds a model one step at a time through its KV cache; hides the family's call shape."""
+
+    def __init__(self, model: nn.Module, inputs: Tensor, mask: Tensor | None, *, repeat: int, capacity: int, bos_id: int | None):
+        self.model = model
+        self.encdec = hasattr(model, "encode") and hasattr(model, "decode")
+        if self.encdec:
+            if bos_id is None:
+                raise ValueError("generate: an encoder-decoder needs bos_id, the token the target starts with")
+            memory = model.encode(inputs, mask)
+            self.memory = memory.repeat_interleave(repeat, dim=0)
+            self.mask = mask.repeat_interleave(repeat, dim=0) if mask is not None else None
+            self.cache = model.new_cache(capacity)
+            self.first_tokens = torch.full((self.memory.shape[0], 1), bos_id, dtype=torch.long, device=inputs.device)
+        else:
+            self.cache = model.new_cache(inputs.shape[1] + capacity)
+            self.prompt = inputs.repeat_interleave(repeat, dim=0)
+            self.mask = mask.repeat_interleave(repeat, dim=0) if mask is not None else None
+
+    def _call(self, tokens: Tensor, mask: Tensor | None) -> Tensor:
+        if self.encdec:
+            out = self.model.decode(tokens, self.memory, self.mask, None, cache=self.cache)
+        else:
+            out = self.model(tokens, mask, cache=self.cache)
+        return out[:, -1]  # (rows, V)
+
+    def first(self) -> Tensor:
+        return self._call(self.first_tokens, None) if self.encdec else self._call(self.prompt, self.mask)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        return self._call(tokens[:, None], None)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.cache.reorder(rows)  # memory and source mask are equal across beams of one sentence
+
+
+def _filter(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """Logits with temperature applied and tokens outside top-k / the top-p nucleus set to -inf."""
+    logits = logits / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+        drop_sorted = before >= top_p  # keep the smallest prefix whose mass reaches top_p
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    inputs: Tensor,
+    *,
+    padding_mask: Tensor | None = None,
+    max_new_tokens: int | None = None,
+    num_beams: int | None = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    stop_tokens: Iterable[int] = (),
+    bos_id: int | None = None,
+    pad_id: int = 0,
+    length_penalty: Penalty = "gnmt",
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    min_new_tokens: int = 0,
+) -> Generation:
+    """Generate from a decoder (``inputs`` = prompt [B, T], left-padded with ``padding_mask``) or an
+    encoder-decoder (``inputs`` = source [B, S], right-padded with ``padding_mask``; needs ``bos_id``).
+
+    Strategy: ``num_beams`` > 1 is beam search (default 4 for encoder-decoders, the paper's, and 1 for
+    decoders); otherwise greedy, or sampling with ``do_sample`` (``temperature``, ``top_k``, ``top_p``,
+    a seeded ``generator`` makes it reproducible). A row ends at ``eos_id`` or any of ``stop_tokens``.
+    Length: ``max_new_tokens``, or for encoder-decoders by default ``max_len_a * source length +
+    max_len_b`` per sentence (the paper: source + 50).
+    """
+    encdec = hasattr(model, "encode") and hasattr(model, "decode")
+    stops = torch.tensor(sorted({*stop_tokens, *([eos_id] if eos_id is not None else [])}), dtype=torch.long)
+    K = num_beams if num_beams is not None else (4 if encdec else 1)
+    _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample)
+    B, device = inputs.shape[0], inputs.device
+    stops = stops.to(device)
+    if max_new_tokens is not None:
+        max_len = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+    elif encdec:
+        src_len = padding_mask.sum(dim=1) if padding_mask is not None else torch.full((B,), inputs.shape[1], device=device)
+        max_len = (max_len_a * src_len.float() + max_len_b).long().clamp(min=1)
+    else:
+        raise ValueError("generate: give max_new_tokens for a decoder-only model")
+    N = int(max_len.max())
+    was_training = model.training
+    model.eval()
+    try:
+        stepper = _Stepper(model, inputs, padding_mask, repeat=K, capacity=N + 1, bos_id=bos_id)
+        if K > 1:
+            return _beam_search(stepper, B, K, max_len, stops, pad_id, length_penalty, alpha, min_new_tokens)
+        return _sample(stepper, B, max_len, stops, pad_id, min_new_tokens, do_sample, temperature, top_k, top_p, generator)
+    finally:
+        model.train(was_training)
+
+
+def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample) -> None:
+    if not isinstance(inputs, Tensor) or inputs.dim() != 2:
+        raise ValueError(f"generate: inputs must be token ids [batch, length], got {getattr(inputs, 'shape', type(inputs))}")
+    if K < 1:
+        raise ValueError(f"generate: num_beams must be >= 1, got {K}")
+    if K > 1 and do_sample:
+        raise ValueError("generate: choose beam search (num_beams > 1) or sampling (do_sample), not both")
+    if temperature <= 0:
+        raise ValueError(f"generate: temperature must be > 0, got {temperature}; use greedy for temperature 0")
+    if top_k < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"generate: need top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
+    if alpha < 0:
+        raise ValueError(f"generate: alpha must be >= 0 (the early stop relies on it), got {alpha}")
+
+
+def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature, top_k, top_p, generator) -> Generation:
+    device = max_len.device
+    N = int(max_len.max())
+    tokens = torch.full((B, N), pad_id, dtype=torch.long, device=device)
+    scores = torch.zeros(B, device=device)
+    lengths = max_len.clone()
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    logits = stepper.first()
+    for t in range(N):
+        logits = logits.float()
+        if t < min_new and len(stops):
+            logits[:, stops] = float("-inf")
+        logp = logits.log_softmax(dim=-1)
+        if do_sample:
+            probs = _filter(logits, temperature, top_k, top_p).softmax(dim=-1)
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        else:
+            tok = logits.argmax(dim=-1)
+        tok = tok.masked_fill(finished, pad_id)
+        scores += logp.gather(1, tok[:, None]).squeeze(1).masked_fill(finished, 0.0)
+        tokens[:, t] = tok
+        ended = ~finished & (torch.isin(tok, stops) | (t + 1 >= max_len))
+        lengths = torch.where(ended, t + 1, lengths)
+        finished |= ended
+        if bool(finished.all()):
+            break
+        logits = stepper.step(tok)
+    return Generation(tokens[:, : int(lengths.max())], scores, lengths)
+
+
+def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new) -> Generation:
+    device = max_len.device
+    N = int(max_len.max())
+    offsets = torch.arange(B, device=device)[:, None] * K  # row of each sentence's first beam
+    alive_tokens = torch.zeros(B * K, 0, dtype=torch.long, device=device)
+    alive = torch.zeros(B, K, device=device)
+    alive[:, 1:] = float("-inf")  # all beams start equal: keep one
+    best = torch.full((B,), float("-inf"), device=device)
+    best_tokens = torch.full((B, N), pad_id, dtype=torch.long, device=device)
+    best_len = torch.zeros(B, dtype=torch.long, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    max_lp = length_penalty(max_len, kind, alpha).to(device)
+    logits = stepper.first()
+    for t in range(N):
+        L = t + 1
+        logp = logits.float().log_softmax(dim=-1)  # (B*K, V)
+        V = logp.shape[-1]
+        if t < min_new and len(stops):
+            logp[:, stops] = float("-inf")
+        cand = (alive[..., None] + logp.view(B, K, V)).view(B, K * V)
+        top_s, top_i = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K), best first
+        beam, tok = top_i // V, top_i % V
+        is_stop = torch.isin(tok, stops)
+        lp = float(length_penalty(L, kind, alpha))
+
+        def finish(raw: Tensor, pos: Tensor, allowed: Tensor) -> None:
+            """Make candidate ``pos`` of each sentence its best hypothesis where it beats the old one."""
+            nonlocal best, best_tokens, best_len
+            better = allowed & ~done & (raw / lp > best)
+            if bool(better.any()):
+                rows = (offsets[:, 0] + beam.gather(1, pos[:, None]).squeeze(1))  # (B,)
+                seq = torch.cat([alive_tokens[rows], tok.gather(1, pos[:, None])], dim=1)  # (B, L)
+                seq = F.pad(seq, (0, N - L), value=pad_id)
+                best_tokens = torch.where(better[:, None], seq, best_tokens)
+                best = torch.where(better, raw / lp, best)
+                best_len = torch.where(better, L, best_len)
+
+        stop_raw, stop_pos = top_s.masked_fill(~is_stop, float("-inf")).max(dim=1)
+        finish(stop_raw, stop_pos, torch.isfinite(stop_raw))
+        # the K best candidates that do not stop go on (stable order: stops last)
+        n = top_s.shape[1]
+        order = (is_stop.long() * n + torch.arange(n, device=device)).argsort(dim=1)[:, :K]
+        at_max = L >= max_len
+        finish(top_s.gather(1, order[:, :1]).squeeze(1), order[:, 0], at_max & torch.isfinite(top_s[:, 0]))
+        alive = top_s.gather(1, order).masked_fill((done | at_max)[:, None], float("-inf"))
+        reachable = alive.max(dim=1).values / max_lp
+        done = done | at_max | (best >= reachable)
+        if bool(done.all()):
+            break
+        rows = (offsets + beam.gather(1, order)).view(-1)  # (B*K,)
+        next_tok = tok.gather(1, order).view(-1)
+        alive_tokens = torch.cat([alive_tokens[rows], next_tok[:, None]], dim=1)
+        stepper.reorder(rows)
+        logits = stepper.step(next_tok)
+    return Generation(best_tokens[:, : int(best_len.max())], best, best_len)
