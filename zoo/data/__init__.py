@@ -1,0 +1,1 @@
+"""Data: text and image datasets, tokenizers, batching."""

@@ -1,0 +1,321 @@
+"""Parallel text for translation: the embedded Ding dictionary pairs, real parallel files, a shared
+BPE vocabulary, and token-bucket batching.
+
+Nothing is dropped silently: every reader returns what it kept and counts of what it dropped, and
+malformed input fails with the file and line.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+DING_PATH = Path("/usr/share/trans/de-en")
+INSTALL_HINT = "install the embedded default data with: apt-get install trans-de-en (Debian/Ubuntu)"
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3
+
+
+class DataError(ValueError):
+    """Unusable data; the message names the file, the line and the fix."""
+
+
+@dataclass
+class Pairs:
+    """Sentence pairs (source, target) and what was dropped on the way, by reason."""
+
+    src: list[str] = field(default_factory=list)
+    tgt: list[str] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def add(self, s: str, t: str) -> None:
+        self.src.append(s)
+        self.tgt.append(t)
+
+
+# --------------------------------------------------------------------------------- the Ding pairs
+_SHORTHAND = re.compile(r"\b(sb|sth|jdn|jdm|jds|etw|jd|so|smb|smth)\.", re.IGNORECASE)
+_BRACKETS = re.compile(r"[\[\]{}()<>/]|…|\.\.\.")
+_SLASHED = re.compile(r"(\w[\w’'-]*)(?:/[\w’'-]+)+")  # "abgemacht/ausgemacht" -> "abgemacht"
+_SENTENCE_END = (".", "?", "!")
+
+
+def is_sentence(text: str) -> bool:
+    """A whole everyday sentence: capitalised, ends in . ? !, 3-60 words, no dictionary shorthand
+    (sb./sth./jdn./etw.), no bracketed notes or slashed alternatives."""
+    words = text.split()
+    return (
+        3 <= len(words) <= 60
+        and text[:1].isupper()
+        and text.endswith(_SENTENCE_END)
+        and not _SHORTHAND.search(text)
+        and not _BRACKETS.search(text)
+        and ";" not in text
+    )
+
+
+def read_ding(path: str | Path = DING_PATH) -> Pairs:
+    """German-English sentence pairs of the Ding dictionary (``de :: en`` lines, sub-entries
+    aligned on `` | ``). Returns pairs as (German, English)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no Ding dictionary at {path}; {INSTALL_HINT}")
+    pairs = Pairs()
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for lineno, line in enumerate(_lines(f, path), start=1):
+            if line.startswith("#") or not line.strip():
+                continue
+            sides = line.rstrip("\n").split(" :: ")
+            if len(sides) != 2:
+                pairs.dropped["not one ' :: '"] += 1
+                continue
+            de_parts, en_parts = sides[0].split(" | "), sides[1].split(" | ")
+            if len(de_parts) != len(en_parts):
+                pairs.dropped["sub-entries not aligned"] += 1
+                continue
+            for de, en in zip(de_parts, en_parts):
+                for d, e in _alternatives(de, en):
+                    if is_sentence(d) and is_sentence(e):
+                        pairs.add(d, e)
+                    else:
+                        pairs.dropped["not a sentence pair"] += 1
+    return pairs
+
+
+def _alternatives(de: str, en: str) -> list[tuple[str, str]]:
+    """Pairs from one aligned sub-entry; ``; `` separates alternatives. Equal counts pair in order;
+    one sentence against several pairs with the first. A slash between two words keeps the first
+    ("abgemacht/ausgemacht" -> "abgemacht"); spaced slashes join longer alternatives, which cannot
+    be resolved safely, so those sentences are dropped."""
+    de, en = _SLASHED.sub(r"\1", de), _SLASHED.sub(r"\1", en)
+    ds, es = [x.strip() for x in de.split("; ")], [x.strip() for x in en.split("; ")]
+    if len(ds) == len(es):
+        return list(zip(ds, es))
+    if len(ds) == 1 or len(es) == 1:
+        return [(ds[0], es[0])]
+    return [(de, en)]  # unalignable: fails the sentence test (it contains ';')
+
+
+def _lines(f, path: Path) -> Iterator[str]:
+    lineno = 0
+    while True:
+        try:
+            line = f.readline()
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{lineno + 1}: not valid UTF-8 ({e.reason}); re-encode the file as UTF-8") from None
+        if not line:
+            return
+        lineno += 1
+        yield line
+
+
+def normalise(text: str) -> str:
+    """Case-, accent-form- and punctuation-insensitive key for duplicate detection."""
+    text = unicodedata.normalize("NFKC", text).lower().replace("’", "'")
+    return " ".join(re.sub(r"[^\w' ]+", " ", text).split())
+
+
+def dedupe(pairs: Pairs) -> Pairs:
+    """Keep the first pair of each normalised source AND each normalised target, so that no sentence
+    (on either side) can land in two splits."""
+    out = Pairs(dropped=Counter(pairs.dropped))
+    seen_src, seen_tgt = set(), set()
+    for s, t in zip(pairs.src, pairs.tgt):
+        ks, kt = normalise(s), normalise(t)
+        if ks in seen_src or kt in seen_tgt:
+            out.dropped["duplicate"] += 1
+            continue
+        seen_src.add(ks)
+        seen_tgt.add(kt)
+        out.add(s, t)
+    return out
+
+
+def split(pairs: Pairs, *, valid: int, test: int, seed: int = 1234) -> dict[str, Pairs]:
+    """A deterministic shuffle-and-cut into train / valid / test (dedupe first)."""
+    if valid + test >= len(pairs):
+        raise DataError(f"{len(pairs)} pairs cannot give {valid} valid + {test} test pairs and a training set")
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    cuts = {"test": order[:test], "valid": order[test : test + valid], "train": order[test + valid :]}
+    return {name: Pairs([pairs.src[i] for i in idx], [pairs.tgt[i] for i in idx]) for name, idx in cuts.items()}
+
+
+def ding_splits(
+    *, direction: str = "en-de", valid: int = 500, test: int = 1000, seed: int = 1234, path: str | Path = DING_PATH
+) -> tuple[dict[str, Pairs], Counter]:
+    """The embedded default: Ding sentence pairs, deduplicated, split; ``direction`` en-de or de-en."""
+    if direction not in ("en-de", "de-en"):
+        raise DataError(f"direction must be 'en-de' or 'de-en', got {direction!r}")
+    raw = read_ding(path)
+    if direction == "en-de":
+        raw = Pairs(raw.tgt, raw.src, raw.dropped)
+    pairs = dedupe(raw)
+    return split(pairs, valid=valid, test=test, seed=seed), pairs.dropped
+
+
+# ------------------------------------------------------------------------------ real parallel data
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Pairs:
+    """Two aligned plain-text files, one sentence a line (the WMT layout: train.en / train.de)."""
+    src_lines, tgt_lines = _read_lines(Path(src_path)), _read_lines(Path(tgt_path))
+    if len(src_lines) != len(tgt_lines):
+        raise DataError(
+            f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; parallel files must align line by line"
+        )
+    pairs = Pairs()
+    for s, t in zip(src_lines, tgt_lines):
+        if s.strip() and t.strip():
+            pairs.add(s.strip(), t.strip())
+        else:
+            pairs.dropped["empty side"] += 1
+    return pairs
+
+
+def read_tsv(path: str | Path) -> Pairs:
+    """Tab-separated pairs, ``source<TAB>target`` a line."""
+    pairs = Pairs()
+    for lineno, line in enumerate(_read_lines(Path(path)), start=1):
+        cols = line.split("\t")
+        if len(cols) != 2:
+            raise DataError(f"{path}:{lineno}: expected 2 tab-separated columns (source, target), got {len(cols)}")
+        if cols[0].strip() and cols[1].strip():
+            pairs.add(cols[0].strip(), cols[1].strip())
+        else:
+            pairs.dropped["empty side"] += 1
+    return pairs
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    data = path.read_bytes()
+    if not data.strip():
+        raise DataError(f"{path} is empty")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason}); re-encode the file as UTF-8") from None
+    return text.splitlines()
+
+
+# ------------------------------------------------------------------------------------------- BPE
+def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2):
+    """A shared source-target BPE (Sennrich et al. 2016) trained with the ``tokenizers`` library,
+    SentencePiece-style word boundaries (``▁``) so decoding restores the text exactly; ids 0-3 are
+    <pad>, <s>, </s>, <unk>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS, show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_bpe(path: str | Path):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+def encode(tokenizer, texts: Sequence[str], *, max_len: int | None = None) -> list[list[int]]:
+    """Token ids of each text, followed by </s>; truncated to ``max_len`` tokens (</s> kept)."""
+    eos = tokenizer.token_to_id(EOS)
+    out = []
+    for enc in tokenizer.encode_batch(list(texts), add_special_tokens=False):
+        ids = enc.ids[: max_len - 1] if max_len else enc.ids
+        out.append(ids + [eos])
+    return out
+
+
+def decode(tokenizer, ids: Iterable[Sequence[int]]) -> list[str]:
+    """Text of each id sequence, stopping at </s> and skipping specials."""
+    eos = tokenizer.token_to_id(EOS)
+    rows = []
+    for seq in ids:
+        seq = list(seq)
+        if eos in seq:
+            seq = seq[: seq.index(eos)]
+        rows.append(seq)
+    return tokenizer.decode_batch(rows, skip_special_tokens=True)
+
+
+# ---------------------------------------------------------------------------- token-bucket batches
+def token_batches(
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    *,
+    max_tokens: int,
+    shuffle: bool = True,
+    seed: int = 0,
+) -> list[list[int]]:
+    """Batches of example indices holding at most ``max_tokens`` padded source tokens and as many
+    padded target tokens (the paper: ~25k + 25k), sentences of similar length together.
+
+    Sorting by length (ties broken at random when shuffling) keeps padding low; the batch order
+    is shuffled so training does not see lengths in order."""
+    rng = random.Random(seed)
+    keys = [(max(s, t), rng.random() if shuffle else i) for i, (s, t) in enumerate(zip(src_lens, tgt_lens))]
+    order = sorted(range(len(keys)), key=lambda i: keys[i])
+    batches, batch, longest_s, longest_t = [], [], 0, 0
+    for i in order:
+        s, t = max(longest_s, src_lens[i]), max(longest_t, tgt_lens[i])
+        if batch and (len(batch) + 1) * max(s, t) > max_tokens:
+            batches.append(batch)
+            batch, s, t = [], src_lens[i], tgt_lens[i]
+        if max(src_lens[i], tgt_lens[i]) > max_tokens:
+            raise DataError(f"example {i} has {max(src_lens[i], tgt_lens[i])} tokens, more than max_tokens ({max_tokens})")
+        batch.append(i)
+        longest_s, longest_t = s, t
+    if batch:
+        batches.append(batch)
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+def padding_fraction(batches: Iterable[list[int]], lens: Sequence[int]) -> float:
+    """Share of padded positions among all positions of the batches."""
+    real = padded = 0
+    for b in batches:
+        longest = max(lens[i] for i in b)
+        real += sum(lens[i] for i in b)
+        padded += longest * len(b)
+    return 1 - real / padded if padded else 0.0
+
+
+def shard(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
+    """This rank's share of the batches (equal counts on every rank, the remainder dropped)."""
+    n = len(batches) // world_size * world_size
+    return batches[rank:n:world_size]
+
+
+def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], idx: list[int], *, pad_id: int = 0, bos_id: int = 1):
+    """Padded tensors for a batch: src [B, S], tgt_in [B, T] (<s> + target[:-1]), tgt_out [B, T]."""
+    import torch
+
+    S = max(len(src[i]) for i in idx)
+    T = max(len(tgt[i]) for i in idx)
+    s = torch.full((len(idx), S), pad_id, dtype=torch.long)
+    t_in = torch.full((len(idx), T), pad_id, dtype=torch.long)
+    t_out = torch.full((len(idx), T), pad_id, dtype=torch.long)
+    for row, i in enumerate(idx):
+        s[row, : len(src[i])] = torch.tensor(src[i])
+        y = tgt[i]
+        t_out[row, : len(y)] = torch.tensor(y)
+        t_in[row, 0] = bos_id
+        t_in[row, 1 : len(y)] = torch.tensor(y[:-1])
+    return s, t_in, t_out
