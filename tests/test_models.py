@@ -13,7 +13,7 @@ from conftest import example_inputs, tiny_model
 
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi"]
 VIT_POSITIONS = ["none", "learned", "sincos2d"]
-FFNS = ["relu", "gelu", "swiglu", "geglu"]
+FFNS = ["relu", "gelu", "silu", "swiglu", "geglu"]
 NORMS = ["layernorm", "rmsnorm"]
 PLACEMENTS = ["pre", "post"]
 ATTENTIONS = {"mha": [], "gqa": ["block.attention.n_kv_heads=2"], "mqa": []}
@@ -228,3 +228,14 @@ def test_build_on_meta_device_and_dtype_and_seed():
     c = tiny_model("decoder", seed=4)
     assert not torch.equal(a.tok_emb.weight, c.tok_emb.weight)
     assert a.spec == zoo.load_spec(a.spec)
+
+
+def test_embedding_norm_in_every_text_family():
+    for family in ("decoder", "encoder", "encoder_decoder"):
+        model = tiny_model(family, ["embedding.norm=true"])
+        norms = [n for n, _ in model.named_modules() if n.endswith("emb_norm") and not isinstance(_, torch.nn.Identity)]
+        assert norms, family
+        out = model(*example_inputs(model))
+        out.float().mean().backward()
+        for n in norms:
+            assert model.get_submodule(n).weight.grad is not None

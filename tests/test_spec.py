@@ -26,7 +26,7 @@ from zoo.spec import SpecError, apply_overrides, load_spec, to_yaml
         (["block.ffn.hidden=0"], "block.ffn.hidden: Input should be greater than 0"),
         (["dropout.residual=1.0"], "dropout.residual: Input should be less than 1"),
         (["dropout.attention=-0.1"], "dropout.attention: Input should be greater than or equal to 0"),
-        (["block.ffn.kind=swigluu"], r"block.ffn: unknown ffn kind 'swigluu'; did you mean 'swiglu'\? \(known: geglu, gelu, relu, swiglu\)"),
+        (["block.ffn.kind=swigluu"], r"block.ffn: unknown ffn kind 'swigluu'; did you mean 'swiglu'\? \(known: geglu, gelu, relu, silu, swiglu\)"),
         (["position.kind=rotary"], "position: unknown position kind 'rotary'.*known: alibi, learned, none, rope"),
         (["block.norm.kind=rms_norm"], "did you mean 'rmsnorm'"),
         (["block.norm.placement=middle"], "block.norm.placement: Input should be 'pre' or 'post'"),
@@ -50,6 +50,8 @@ def test_rules_name_the_field_and_fix(overrides, message):
         ("vit-tiny-16", ["position.kind=rope"], "position.kind: 'rope' does not apply to family vit; use one of learned, none, sincos2d"),
         ("vit-tiny-16", ["position.kind=sincos2d", "d_model=198", "block.attention.n_heads=3"], "sincos2d .* d_model \\(198\\) must be divisible by 4"),
         ("vit-tiny-16", ["class_token=false"], "pool: cls needs class_token: true"),
+        ("gpt2-small", ["block.cross_attention={kind: mha, n_heads: 4}"], "block.cross_attention: family decoder has no cross-attention"),
+        ("gpt2-small", ["init.scheme=xavier"], "init.scaled_residual: applies to scheme normal or trunc_normal"),
         ("transformer-base", ["src_vocab_size=100"], r"share_embeddings: .* src_vocab_size \(100\) != vocab_size \(37000\)"),
     ],
 )

@@ -31,7 +31,8 @@ def build(
     """
     spec = load_spec(source, overrides)
     builder = registry("family").builder(spec.family)
-    rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
+    cuda = [torch.device(device).index or 0] if device is not None and torch.device(device).type == "cuda" else []
+    rng = torch.random.fork_rng(devices=cuda) if seed is not None else contextlib.nullcontext()
     with rng, (torch.device(device) if device is not None else contextlib.nullcontext()):
         if seed is not None:
             torch.manual_seed(seed)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Mapping, Union
+from typing import Annotated, Any, ClassVar, Iterable, Literal, Mapping, Union
 
 import yaml
 from pydantic import (
@@ -61,8 +61,8 @@ class ComponentSpec(Spec):
 class _Dispatch:
     """Validate a ``{kind: ...}`` mapping with the spec class its registry has for that kind."""
 
-    def __init__(self, part: str) -> None:
-        self.part = part
+    def __init__(self, part: str, key: str = "kind") -> None:
+        self.part, self.key = part, key
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
         reg = registry(self.part)
@@ -71,11 +71,11 @@ class _Dispatch:
             if isinstance(value, ComponentSpec):
                 value = value.model_dump()
             if not isinstance(value, Mapping):
-                raise ValueError(f"expected a mapping such as {{kind: {reg.names()[0]}}}, got {value!r}")
-            if "kind" not in value:
-                raise ValueError(f"missing 'kind': one of {', '.join(reg.names())}")
+                raise ValueError(f"expected a mapping such as {{{self.key}: {reg.names()[0]}}}, got {value!r}")
+            if self.key not in value:
+                raise ValueError(f"missing '{self.key}': one of {', '.join(reg.names())}")
             try:
-                cls = reg.spec(value["kind"])
+                cls = reg.spec(value[self.key])
             except RegistryError as e:
                 raise ValueError(str(e)) from None
             return cls.model_validate(dict(value))
@@ -97,7 +97,7 @@ class _Dispatch:
             if cls not in seen:
                 seen.add(cls)
                 members.append(handler(cls.__pydantic_core_schema__))
-        return {"oneOf": members, "description": f"a {self.part}, chosen by kind: {', '.join(reg.names())}"}
+        return {"oneOf": members, "description": f"a {self.part}, chosen by {self.key}: {', '.join(reg.names())}"}
 
 
 # ----------------------------------------------------------------------------------------- attention
@@ -148,8 +148,9 @@ class NoPositionSpec(PositionSpec):
 
 
 class SinusoidalSpec(PositionSpec):
-    """The paper's fixed sinusoids. ``interleaved``: sin/cos alternate (the paper's formula);
-    ``concat``: all sines then all cosines (tensor2tensor, fairseq, Marian)."""
+    """The paper's fixed sinusoids, frequencies base^(-2i/D). ``interleaved``: sin/cos alternate (the
+    paper's formula); ``concat``: all sines then all cosines (HF Marian). tensor2tensor and fairseq
+    also concatenate but space their frequencies as base^(-i/(D/2-1)), a slightly different table."""
 
     kind: Literal["sinusoidal"] = "sinusoidal"
     base: PositiveFloat = 10000.0
@@ -196,6 +197,12 @@ class ReluFFNSpec(FFNSpec):
 class GeluFFNSpec(FFNSpec):
     kind: Literal["gelu"] = "gelu"
     approximate: Literal["none", "tanh"] = "none"
+
+
+class SiluFFNSpec(FFNSpec):
+    """Two-layer FFN with SiLU (swish), as Marian's ``activation_function: swish``."""
+
+    kind: Literal["silu"] = "silu"
 
 
 class GatedFFNSpec(FFNSpec):
@@ -268,7 +275,7 @@ class DropoutSpec(Spec):
 class InitSpec(Spec):
     """Weight initialisation. ``normal``: N(0, std) for linear and embedding weights (GPT-2, BERT);
     ``xavier``: Xavier-uniform linears and N(0, d_model^-1/2) embeddings (the paper, fairseq);
-    ``trunc_normal``: truncated N(0, std) (timm ViT). ``scaled_residual`` divides the std of each
+    ``trunc_normal``: N(0, std) truncated at +-2 (timm ViT's ``trunc_normal_(std=.02)``). ``scaled_residual`` divides the std of each
     residual output projection by sqrt(2 * n_layers) (GPT-2)."""
 
     scheme: Literal["normal", "xavier", "trunc_normal"] = "normal"
@@ -315,6 +322,12 @@ class FamilySpec(Spec):
                 f"position.kind: rope rotates pairs of dimensions, so the query/key head size must be even, "
                 f"got {att.qk_size(d)} (d_model {d} / n_heads {att.n_heads}); change n_heads or set block.attention.head_dim"
             )
+        if self.block.cross_attention is not None and self.family != "encoder_decoder":
+            problems.append(
+                f"block.cross_attention: family {self.family} has no cross-attention (only encoder_decoder); remove it"
+            )
+        if self.init.scaled_residual and self.init.scheme == "xavier":
+            problems.append("init.scaled_residual: applies to scheme normal or trunc_normal, not xavier; set it to false")
         allowed = self._allowed_positions()
         if self.position.kind not in allowed:
             problems.append(
@@ -324,9 +337,10 @@ class FamilySpec(Spec):
             raise ValueError("\n".join(problems))
         return self
 
+    _foreign_positions: ClassVar[frozenset[str]] = frozenset({"sincos2d"})  # built-in kinds that do not apply
+
     def _allowed_positions(self) -> list[str]:
-        names = registry("position").names()
-        return [n for n in names if n != "sincos2d"]
+        return [n for n in registry("position").names() if n not in self._foreign_positions]
 
     @property
     def norm_placement(self) -> str:
@@ -433,8 +447,7 @@ class VitSpec(FamilySpec):
             raise ValueError("pool: cls needs class_token: true; set class_token: true or pool: mean")
         return self
 
-    def _allowed_positions(self) -> list[str]:
-        return ["learned", "none", "sincos2d"]
+    _foreign_positions: ClassVar[frozenset[str]] = frozenset({"sinusoidal", "rope", "alibi"})  # 1-D text positions
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -446,13 +459,13 @@ class VitSpec(FamilySpec):
         return self.grid[0] * self.grid[1] + int(self.class_token)
 
 
-ModelSpec = Annotated[FamilySpec, _Dispatch("family")]
+ModelSpec = Annotated[FamilySpec, _Dispatch("family", key="family")]
 
 for _part, _base, _members in (
     ("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec}),
     ("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
                                 "rope": RopeSpec, "alibi": AlibiSpec, "sincos2d": SinCos2dSpec}),
-    ("ffn", FFNSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "swiglu": SwiGLUSpec, "geglu": GeGLUSpec}),
+    ("ffn", FFNSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec, "geglu": GeGLUSpec}),
     ("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec}),
     ("family", FamilySpec, {"decoder": DecoderSpec, "encoder": EncoderSpec,
                             "encoder_decoder": EncoderDecoderSpec, "vit": VitSpec}),

@@ -90,6 +90,8 @@ class Attention(nn.Module):
                 q, k = pos.rotate(q, k, positions)
             if cache is not None:
                 k, v = cache.append(k, v)
+        if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+            mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
         y = F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=mask,

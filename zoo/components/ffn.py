@@ -1,6 +1,6 @@
 """Position-wise feed-forward networks. Every FFN is ``(dim, hidden, *, bias, dropout)``.
 
-Two-layer: ``fc2(drop(act(fc1(x))))`` with ReLU (the paper) or GELU (BERT, GPT-2, ViT).
+Two-layer: ``fc2(drop(act(fc1(x))))`` with ReLU (the paper), GELU (BERT, GPT-2, ViT) or SiLU (Marian).
 Gated (Shazeer 2020): ``fc2(drop(act(gate) * up))`` where ``fc1`` computes [gate | up] in one
 matmul; SwiGLU uses SiLU (LLaMA), GeGLU uses GELU.
 
@@ -28,7 +28,7 @@ class MLP(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, *, bias: bool = False, dropout: float = 0.0, activation: nn.Module) -> None:
+    def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias)  # [gate | up]
         self.act = activation
@@ -42,11 +42,12 @@ class GatedMLP(nn.Module):
 
 
 def _activation(kind: str, approximate: str = "none") -> nn.Module:
-    return {"relu": nn.ReLU, "swiglu": nn.SiLU}.get(kind, lambda: nn.GELU(approximate=approximate))()
+    return {"relu": nn.ReLU, "silu": nn.SiLU, "swiglu": nn.SiLU}.get(kind, lambda: nn.GELU(approximate=approximate))()
 
 
 @register("ffn", "relu")
 @register("ffn", "gelu")
+@register("ffn", "silu")
 def _mlp(spec, *, dim: int, dropout: float, **_) -> MLP:
     act = _activation(spec.kind, getattr(spec, "approximate", "none"))
     return MLP(dim, spec.hidden_size(dim), bias=spec.bias, dropout=dropout, activation=act)

@@ -5,6 +5,10 @@ attention scores. Every position module has all three hooks with identity defaul
 all three and never branch on the kind. Positions are explicit integer tensors (``[T]`` or
 ``[B, T]``), so padded batches and cached decoding work the same for every kind.
 
+Derived tables (sinusoids, RoPE frequencies) are non-persistent buffers: they are not saved with the
+weights, and a module that has them recomputes them in place with ``reset_buffers()``, which
+:func:`zoo.load` calls after materialising a model built on the meta device.
+
 Shapes: B batch, T sequence, D model width, H heads, K head size.
 """
 
@@ -79,7 +83,13 @@ def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str
 class SinusoidalPosition(TablePosition):
     def __init__(self, dim: int, max_len: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
+        self.base, self.layout = base, layout
         self.register_buffer("weight", sinusoid_table(max_len, dim, base=base, layout=layout), persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Recompute the table in place, on its device, keeping its dtype."""
+        with torch.device(self.weight.device):
+            self.weight.copy_(sinusoid_table(*self.weight.shape, base=self.base, layout=self.layout))
 
 
 def sincos_2d_table(grid: tuple[int, int], dim: int, *, base: float = 10000.0, extra_tokens: int = 0) -> Tensor:
@@ -103,12 +113,23 @@ def sincos_2d_table(grid: tuple[int, int], dim: int, *, base: float = 10000.0, e
 class SinCos2dPosition(TablePosition):
     def __init__(self, dim: int, grid: tuple[int, int], *, base: float = 10000.0, extra_tokens: int = 0) -> None:
         super().__init__()
+        self.grid, self.base, self.extra_tokens = grid, base, extra_tokens
         self.register_buffer("weight", sincos_2d_table(grid, dim, base=base, extra_tokens=extra_tokens), persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Recompute the table in place, on its device, keeping its dtype."""
+        with torch.device(self.weight.device):
+            self.weight.copy_(sincos_2d_table(self.grid, self.weight.shape[1], base=self.base, extra_tokens=self.extra_tokens))
 
 
 def rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
+
+
+def rope_frequencies(head_dim: int, base: float) -> Tensor:
+    """base^(-2i/K) for i < K/2: the turning rate of each rotated pair."""
+    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (K/2,)
 
 
 class RotaryPosition(Position):
@@ -117,8 +138,13 @@ class RotaryPosition(Position):
 
     def __init__(self, head_dim: int, *, base: float = 10000.0) -> None:
         super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (K/2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.base = head_dim, base
+        self.register_buffer("inv_freq", rope_frequencies(head_dim, base), persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Recompute the frequencies in place, on their device, keeping their dtype."""
+        with torch.device(self.inv_freq.device):
+            self.inv_freq.copy_(rope_frequencies(self.head_dim, self.base))
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         angles = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # ([B,] T, K/2)

@@ -7,7 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from zoo.components.attention import attention_mask
+from zoo.components.attention import Attention, attention_mask
+from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.block import PostNormBlock, PreNormBlock, Stack
 from zoo.components.cache import KVCache
 from zoo.components.position import LearnedPosition, Position
@@ -124,12 +125,12 @@ def init_weights(model: nn.Module, spec: FamilySpec) -> None:
     """Initialise linear, embedding and learned position weights as ``spec.init`` says; biases zero."""
     init, d = spec.init, spec.d_model
     residual_std = init.std / math.sqrt(2 * spec.n_layers) if init.scaled_residual else init.std
-    residual = {id(m.out.weight) for m in model.modules() if hasattr(m, "qkv") or hasattr(m, "kv")}
-    residual |= {id(m.fc2.weight) for m in model.modules() if hasattr(m, "fc1") and hasattr(m, "fc2")}
+    residual = {id(m.out.weight) for m in model.modules() if isinstance(m, Attention)}
+    residual |= {id(m.fc2.weight) for m in model.modules() if isinstance(m, (MLP, GatedMLP))}
 
     def normal(w: Tensor, std: float) -> None:
         if init.scheme == "trunc_normal":
-            nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+            nn.init.trunc_normal_(w, std=std, a=-2.0, b=2.0)  # as timm: cut at +-2, not +-2 std
         else:
             nn.init.normal_(w, std=std)
 

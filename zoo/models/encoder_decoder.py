@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
 from zoo.components.embedding import TokenEmbedding
-from zoo.models.common import build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
+from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
 from zoo.registry import register
 from zoo.spec import EncoderDecoderSpec
 
@@ -37,6 +37,8 @@ class EncoderDecoder(nn.Module):
         else:
             self.src_emb = TokenEmbedding(spec.source_vocab_size, d, scale=spec.embedding.scale)
         self.position = build_position(spec, max_len=spec.max_seq_len)
+        self.src_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
+        self.tgt_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = nn.Dropout(spec.dropout.embedding)
         self.encoder = build_stack(spec, spec.encoder_layers)
         self.decoder = build_stack(spec, spec.decoder_layers, cross=True)
@@ -54,7 +56,7 @@ class EncoderDecoder(nn.Module):
         check_tokens(src, "src", vocab_size=self.spec.source_vocab_size)
         src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
         positions, mask, _ = self_attention_inputs(self.position, self.n_heads, src, src_padding_mask, causal=False, name="src")
-        x = self.drop(self.position.add(self.src_emb(src), positions))
+        x = self.drop(self.src_emb_norm(self.position.add(self.src_emb(src), positions)))
         return self.encoder(x, pos=self.position, positions=positions, mask=mask)
 
     def decode(
@@ -74,7 +76,7 @@ class EncoderDecoder(nn.Module):
         positions, mask, is_causal = self_attention_inputs(
             self.position, self.n_heads, tgt_in, tgt_padding_mask, causal=True, cache=cache, name="tgt_in"
         )
-        x = self.drop(self.position.add(self.tgt_emb(tgt_in), positions))
+        x = self.drop(self.tgt_emb_norm(self.position.add(self.tgt_emb(tgt_in), positions)))
         memory_mask = None if src_padding_mask is None else src_padding_mask.to(bool)[:, None, None, :]  # (B, 1, 1, S)
         x = self.decoder(
             x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal,
