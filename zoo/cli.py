@@ -2,10 +2,16 @@
 
     zoo                      every preset in a table (parameters, layers, width, components)
     zoo list                 registered components by kind, families, presets
-    zoo show SPEC [--set k=v ...]   the resolved spec as YAML
+    zoo show SPEC [--set k=v ...]      the resolved spec as YAML
+    zoo summary SPEC [--set k=v ...] [--batch B] [--seq T] [--dtype D] [--json]
+                             parameters by part, FLOPs, activation memory, KV cache (meta device)
+    zoo export SPEC -o FILE [--seed N] [--dtype D] [--set k=v ...]
+                             a freshly initialised model as safetensors, with its spec
+    zoo inspect FILE [--json]          a safetensors file's spec, tensors, dtypes, size, without building
     zoo schema               JSON Schema of spec files
 
-SPEC is a preset name or a YAML file. Every failure prints one line and exits with status 2.
+SPEC is a preset name, a YAML file, or a .safetensors file written by zoo (its stored spec).
+Every failure prints one line, ``zoo: error: ...``, and exits with status 2.
 """
 
 from __future__ import annotations
@@ -13,20 +19,54 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 import zoo
+import zoo.io
 from zoo.registry import REGISTRIES, RegistryError
 from zoo.spec import SpecError
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+
+class UsageError(Exception):
+    """A command line argparse refuses; carries its message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + error
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# ------------------------------------------------------------------------------------- formatting
 def _components(spec) -> str:
     b = spec.block
     att = b.attention
     heads = f"{att.kind} {att.n_heads}h" + (f"/{att.kv_heads}kv" if att.kv_heads != att.n_heads else "")
     return f"{spec.position.kind}, {heads}, {b.ffn.kind}, {b.norm.kind} {spec.norm_placement}"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def human_flops(n: float) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,.0f} FLOP"
+
+
+def _layers(spec) -> str:
+    return f"{spec.encoder_layers}+{spec.decoder_layers}" if spec.family == "encoder_decoder" else str(spec.n_layers)
 
 
 def presets_table() -> Table:
@@ -37,9 +77,72 @@ def presets_table() -> Table:
     for name in zoo.preset_names():
         spec = zoo.load_spec(name)
         model = zoo.build(spec, device="meta")
-        layers = (f"{spec.encoder_layers}+{spec.decoder_layers}" if spec.family == "encoder_decoder" else str(spec.n_layers))
-        table.add_row(name, spec.family, f"{zoo.count_parameters(model):,}", layers, str(spec.d_model), _components(spec))
+        table.add_row(name, spec.family, f"{zoo.count_parameters(model):,}", _layers(spec), str(spec.d_model), _components(spec))
     return table
+
+
+def summary_table(s, spec) -> Table:
+    from zoo.summary import PARTS
+
+    title = f"{s.name} · {s.family} · {_layers(spec)} layers · d_model {spec.d_model} · {_components(spec)}"
+    table = Table(title=title, show_header=False, box=None, padding=(0, 2))
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_column("note")
+    table.add_row("parameters", f"{s.parameters:,}", f"{human_bytes(s.weight_bytes)} in {s.dtype}")
+    labels = {"embeddings": "embeddings", "attention": "attention", "ffn": "FFN", "norms": "norms", "head": "head"}
+    for part in PARTS:
+        note = f"{100 * s.parts[part] / max(s.parameters, 1):.1f}%"
+        aliases = [a for a in s.tied if s.tied_parts[a] == part]
+        if aliases:
+            note += f" (tied: {', '.join(f'{a} = {s.tied[a]}' for a in aliases)})"
+        table.add_row(f"  {labels[part]}", f"{s.parts[part]:,}", note)
+    per = f"per {s.unit}" + (f", T = {s.seq}" if s.unit == "token" else f" ({s.seq} tokens)")
+    if s.flops_forward is not None:
+        table.add_row(f"FLOPs {per}", "", "")
+        table.add_row("  forward", f"{s.flops_forward:,}", human_flops(s.flops_forward))
+        table.add_row("  training (3 x forward)", f"{s.flops_training:,}", human_flops(s.flops_training))
+    if s.activation_bytes is not None:
+        shape = f"{s.batch} x {s.seq} tokens" if s.unit == "token" else f"{s.batch} images"
+        table.add_row("activation memory", f"{s.activation_bytes:,} B",
+                      f"{human_bytes(s.activation_bytes)}: a training step, batch {shape}, {s.dtype}, fused attention")
+    if s.kv_cache_bytes_per_token is not None:
+        table.add_row("KV cache per token", f"{s.kv_cache_bytes_per_token:,} B",
+                      f"{human_bytes(s.kv_cache_bytes_per_token * s.seq * s.batch)} for batch {s.batch} x {s.seq} tokens")
+    else:
+        table.add_row("KV cache per token", "-", "not autoregressive")
+    if s.cross_kv_bytes_per_source_token is not None:
+        table.add_row("  cross-attention, per source token", f"{s.cross_kv_bytes_per_source_token:,} B", "computed once per source")
+    return table
+
+
+def inspect_lines(header: zoo.io.FileHeader) -> list[str]:
+    meta = header.metadata
+    dtypes = ", ".join(f"{name} x {count}" for name, count in sorted(header.dtypes().items()))
+    lines = [
+        f"file        {header.path}",
+        f"size        {header.size:,} bytes ({human_bytes(header.size)})",
+        f"written by  zoo {meta['zoo.version']} (file format {meta.get('zoo.format', '?')})" if "zoo.version" in meta
+        else "written by  (not zoo: no zoo.version in the metadata)",
+        f"tensors     {len(header.tensors)} ({dtypes or 'none'})",
+        f"parameters  {header.n_elements:,}",
+    ]
+    for alias, name in header.tied.items():
+        lines.append(f"tied        {alias} = {name} (stored once)")
+    if "zoo.spec" in meta:
+        spec = zoo.io.read_spec(header.path)
+        lines.append("spec:")
+        lines += ["  " + line for line in zoo.to_yaml(spec).splitlines()]
+    else:
+        lines.append("spec        none (load its weights with zoo.load_weights into a model you build)")
+    return lines
+
+
+# -------------------------------------------------------------------------------------- commands
+def _spec(source: str, overrides: list[str]):
+    if source.endswith(".safetensors"):
+        return zoo.load_spec(zoo.io.read_spec(source), overrides)
+    return zoo.load_spec(source, overrides)
 
 
 def _list(console: Console) -> None:
@@ -48,17 +151,89 @@ def _list(console: Console) -> None:
     console.print(f"[bold]presets[/]: {', '.join(zoo.preset_names())}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="zoo", description="A configurable Transformer architecture zoo.")
-    sub = parser.add_subparsers(dest="command")
+def _summary(args, console: Console) -> None:
+    from zoo.summary import summarize
+
+    spec = _spec(args.spec, args.overrides)
+    s = summarize(spec, batch=args.batch, seq=args.seq, dtype=DTYPES[args.dtype])
+    if args.json:
+        sys.stdout.write(json.dumps(s.to_dict(), indent=2) + "\n")
+    else:
+        console.print(summary_table(s, spec))
+
+
+def _export(args) -> None:
+    spec = _spec(args.spec, args.overrides)
+    if not Path(args.output).parent.is_dir():  # before building: a big model takes a while
+        raise zoo.io.SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
+    model = zoo.build(spec, seed=args.seed)
+    path = zoo.save(model, args.output, dtype=DTYPES[args.dtype])
+    size = Path(path).stat().st_size
+    print(f"wrote {path}: {spec.name or spec.family}, {zoo.count_parameters(model):,} parameters, "
+          f"{args.dtype}, seed {args.seed}, {size:,} bytes ({human_bytes(size)})")
+
+
+def _inspect(args) -> None:
+    header = zoo.io.read_header(args.file)
+    if args.json:
+        info = {
+            "file": str(header.path), "size": header.size, "metadata": {k: v for k, v in header.metadata.items() if k != "zoo.spec"},
+            "tensors": len(header.tensors), "dtypes": header.dtypes(), "parameters": header.n_elements, "tied": header.tied,
+            "spec": zoo.io.read_spec(header.path).model_dump(mode="json") if "zoo.spec" in header.metadata else None,
+        }
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+    else:
+        sys.stdout.write("\n".join(inspect_lines(header)) + "\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="zoo", description="A configurable Transformer architecture zoo.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("presets", help="every preset in a table (the default)")
     sub.add_parser("list", help="registered components, families and presets")
-    show = sub.add_parser("show", help="the resolved spec as YAML")
-    show.add_argument("spec", help="a preset name or a YAML file")
-    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a field, e.g. --set block.attention.n_heads=4 (repeatable)")
+
+    def spec_command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("spec", metavar="SPEC", help="a preset name, a YAML file, or a .safetensors file written by zoo")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a field, e.g. --set block.attention.n_heads=4 (repeatable)")
+        return p
+
+    spec_command("show", "the resolved spec as YAML")
+    summary = spec_command("summary", "parameters by part, FLOPs, activation memory and KV cache, on the meta device")
+    summary.add_argument("--batch", type=int, default=1, metavar="B", help="batch size for memory estimates (default 1)")
+    summary.add_argument("--seq", type=int, default=None, metavar="T",
+                         help="tokens per sequence (default: max_seq_len; a ViT's is fixed)")
+    summary.add_argument("--dtype", choices=DTYPES, default="fp32", help="bytes per element for memory (default fp32)")
+    summary.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    export = spec_command("export", "a freshly initialised model as a safetensors file carrying its spec")
+    export.add_argument("-o", "--output", required=True, metavar="FILE", help="the .safetensors file to write")
+    export.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0: exports are reproducible)")
+    export.add_argument("--dtype", choices=DTYPES, default="fp32", help="dtype of the stored tensors (default fp32)")
+    inspect = sub.add_parser("inspect", help="a safetensors file's spec, tensors, dtypes and size, without building",
+                             description="a safetensors file's spec, tensors, dtypes and size, without building")
+    inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("--json", action="store_true", help="print the facts as JSON")
     sub.add_parser("schema", help="JSON Schema of spec files")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    text = zoo.io.one_line(error)
+    known = (SpecError, RegistryError, zoo.io.LoadError, zoo.io.SaveError, UsageError, ValueError)
+    return text if isinstance(error, known) else f"{type(error).__name__}: {text}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as e:
+        print(f"zoo: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
     console = Console(width=max(Console().width, 140))
     try:
         if args.command in (None, "presets"):
@@ -66,11 +241,20 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "list":
             _list(console)
         elif args.command == "show":
-            sys.stdout.write(zoo.to_yaml(zoo.load_spec(args.spec, args.overrides)))
+            sys.stdout.write(zoo.to_yaml(_spec(args.spec, args.overrides)))
+        elif args.command == "summary":
+            _summary(args, console)
+        elif args.command == "export":
+            _export(args)
+        elif args.command == "inspect":
+            _inspect(args)
         elif args.command == "schema":
             sys.stdout.write(json.dumps(zoo.json_schema(), indent=2) + "\n")
-    except (SpecError, RegistryError) as e:
-        print(f"zoo: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("zoo: error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # every failure is one line, never a traceback
+        print(f"zoo: error: {_one_line(e)}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,0 +1,435 @@
+"""Weights on disk: safetensors files that carry the spec they were built from.
+
+    zoo.save(model, "m.safetensors")          # weights + the validated spec (JSON) + zoo's version
+    model = zoo.load("m.safetensors")         # rebuilt from that file alone, loaded strictly
+    zoo.load_weights(model, "m.safetensors")  # weights into a model you built yourself
+
+The file is a plain safetensors file; its string metadata holds
+
+    zoo.format   the file format version (an integer); a newer format is refused, not guessed at
+    zoo.version  the zoo that wrote it
+    zoo.spec     the model spec as JSON (``spec.model_dump(mode="json")``)
+    zoo.tied     JSON {alias: stored name} of tied tensors, each stored once
+    format       "pt" (the convention of other safetensors readers)
+
+Tied weights (a decoder's output projection and token embedding, an encoder-decoder's shared
+embeddings) are stored once, under the first name ``state_dict`` gives them; loading puts the one
+tensor into the model, whose builder has already tied the names. Derived tables (sinusoids, RoPE
+frequencies) are non-persistent buffers: never stored, recomputed on loading.
+
+Loading builds the model on the meta device (no memory), reads each tensor from the file straight
+into its parameter, then recomputes derived buffers (``reset_buffers()`` of the modules that have
+them), so it needs the model's memory once. Nothing on this path unpickles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from zoo.build import build
+from zoo.spec import FamilySpec, SpecError, parse_spec
+
+__all__ = [
+    "FORMAT", "LoadError", "SaveError", "FileHeader", "save", "load", "load_weights", "read_header",
+    "read_spec", "tie_groups",
+]
+
+FORMAT = 1  # bump when a file changes in a way an older zoo cannot read
+KEY_FORMAT, KEY_VERSION, KEY_SPEC, KEY_TIED = "zoo.format", "zoo.version", "zoo.spec", "zoo.tied"
+
+# safetensors dtype names -> torch names and sizes in bytes
+DTYPES = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1), "I64": ("int64", 8), "I32": ("int32", 4),
+    "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1), "BOOL": ("bool", 1),
+}
+
+
+class LoadError(ValueError):
+    """A file that cannot be loaded: unreadable, corrupt, without a spec, from a newer zoo, or holding
+    tensors that do not fit the model (missing, unexpected, wrong shape). One line, naming the file."""
+
+
+class SaveError(ValueError):
+    """A model that cannot be saved faithfully (no spec, tensors its spec would not build, meta device)."""
+
+
+# ------------------------------------------------------------------------------------ tied tensors
+def tie_groups(state: Mapping[str, Tensor]) -> dict[str, list[str]]:
+    """Names that hold one tensor: {first name: [first name, aliases...]}, in ``state`` order.
+
+    ``state`` is ``module.state_dict(keep_vars=True)``: a tied parameter is one object under
+    several names (``head.weight = tok_emb.weight``).
+    """
+    groups: dict[int, list[str]] = {}
+    for name, tensor in state.items():
+        groups.setdefault(id(tensor), []).append(name)
+    return {names[0]: names for names in groups.values()}
+
+
+def _stored(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
+    state = model.state_dict(keep_vars=True)
+    return state, tie_groups(state)
+
+
+# ------------------------------------------------------------------------------------------- save
+def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Path:
+    """Write ``model``'s weights and spec to a safetensors file, atomically; returns the path.
+
+    ``dtype`` casts floating-point tensors on the way out (``torch.bfloat16`` halves a float32
+    model's file). The model must be what its spec builds (``model.spec``, set by ``zoo.build``).
+    """
+    import zoo
+
+    spec = getattr(model, "spec", None)
+    if not isinstance(spec, FamilySpec):
+        raise SaveError(
+            f"cannot save a {type(model).__name__} without a zoo spec (model.spec); build it with zoo.build(spec), "
+            f"or write its state_dict with safetensors directly"
+        )
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise SaveError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, got {dtype!r}")
+    spec_json = spec.model_dump(mode="json")
+    try:
+        parse_spec(spec_json)
+    except SpecError as e:
+        raise SaveError(f"the model's spec does not read back from JSON: {one_line(e)}") from None
+    state, groups = _stored(model)
+    if any(t.is_meta for t in state.values()):
+        raise SaveError("the model is on the meta device and has no weights to save; materialise it first")
+    problems = _mismatch(build(spec, device="meta"), {n: tuple(state[n].shape) for n in groups})
+    if problems:
+        raise SaveError(f"the model does not match its spec ({spec.name or spec.family}): {problems}")
+
+    tensors: dict[str, Tensor] = {}
+    storages: set[tuple[int, int]] = set()
+    for name in groups:
+        t = state[name].detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        t = t.contiguous()
+        key = (t.untyped_storage().data_ptr(), t.device.index or 0)
+        tensors[name] = t.clone() if key in storages else t  # distinct tensors that share memory (views)
+        storages.add(key)
+    metadata = {
+        "format": "pt",
+        KEY_FORMAT: str(FORMAT),
+        KEY_VERSION: zoo.__version__,
+        KEY_SPEC: json.dumps(spec_json, separators=(",", ":")),
+    }
+    aliases = {alias: canon for canon, names in groups.items() for alias in names[1:]}
+    if aliases:
+        metadata[KEY_TIED] = json.dumps(aliases, separators=(",", ":"))
+    return _write_atomic(tensors, metadata, Path(path))
+
+
+def _write_atomic(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> Path:
+    """Write to a temporary file beside ``path``, flush it to disk, then rename it into place: a crash
+    leaves either the old file or the new one, never half of one."""
+    if not path.parent.is_dir():
+        raise SaveError(f"cannot write {str(path)!r}: no directory {str(path.parent)!r}")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable (POSIX)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    return path
+
+
+# ----------------------------------------------------------------------------------------- header
+@dataclass(frozen=True)
+class FileHeader:
+    """What a file says about itself, read without loading any tensor."""
+
+    path: Path
+    size: int  # bytes on disk
+    metadata: dict[str, str]
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = field(repr=False)  # name -> (safetensors dtype, shape)
+
+    @property
+    def n_elements(self) -> int:
+        return sum(_numel(shape) for _, shape in self.tensors.values())
+
+    def dtypes(self) -> dict[str, int]:
+        """Tensor count per dtype (torch names)."""
+        counts: dict[str, int] = {}
+        for dt, _ in self.tensors.values():
+            name = DTYPES.get(dt, (dt.lower(), 0))[0]
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    @property
+    def tied(self) -> dict[str, str]:
+        try:
+            tied = json.loads(self.metadata.get(KEY_TIED, "{}"))
+        except json.JSONDecodeError:
+            return {}
+        return tied if isinstance(tied, dict) else {}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def read_header(path: str | os.PathLike) -> FileHeader:
+    """The metadata and the tensors' names, dtypes and shapes of a safetensors file (no tensor data
+    is read). A missing, truncated or corrupt file raises :class:`LoadError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise LoadError(f"no file at {str(path)!r}" if not path.exists() else f"{str(path)!r} is not a file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+            tensors = {}
+            for name in f.keys():
+                sl = f.get_slice(name)
+                tensors[name] = (sl.get_dtype(), tuple(sl.get_shape()))
+    except SafetensorError as e:
+        raise LoadError(f"{str(path)!r} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+    except OSError as e:
+        raise LoadError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    return FileHeader(path=path, size=path.stat().st_size, metadata=metadata, tensors=tensors)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("."):
+        digits = "".join(c for c in piece if c.isdigit()) if piece else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def _spec_of(header: FileHeader) -> FamilySpec:
+    import zoo
+
+    name, meta = str(header.path), header.metadata
+    if KEY_SPEC not in meta:
+        raise LoadError(
+            f"{name!r} has no zoo spec in its metadata (it was not written by zoo.save); "
+            f"build the model from its spec and use zoo.load_weights(model, path)"
+        )
+    written_by = meta.get(KEY_VERSION, "an unknown version")
+    try:
+        fmt = int(meta.get(KEY_FORMAT, "1"))
+    except ValueError:
+        raise LoadError(f"{name!r}: unreadable {KEY_FORMAT} {meta[KEY_FORMAT]!r} in its metadata (corrupt?)") from None
+    if fmt > FORMAT:
+        raise LoadError(
+            f"{name!r} is in zoo file format {fmt} (written by zoo {written_by}); this zoo ({zoo.__version__}) "
+            f"reads format {FORMAT} and older; upgrade zoo"
+        )
+    newer = _version_tuple(written_by) > _version_tuple(zoo.__version__)
+    hint = f" (written by zoo {written_by}, newer than this zoo {zoo.__version__}; upgrade zoo)" if newer else ""
+    try:
+        data = json.loads(meta[KEY_SPEC])
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{name!r}: the spec in its metadata is not valid JSON ({e}){hint}") from None
+    try:
+        return parse_spec(data, source=f"in {name!r}")
+    except SpecError as e:
+        raise LoadError(f"{name!r}: cannot use the spec in its metadata: {one_line(e)}{hint}") from None
+
+
+def read_spec(path: str | os.PathLike) -> FamilySpec:
+    """The validated spec stored in a file written by :func:`save` (no tensor is read)."""
+    return _spec_of(read_header(path))
+
+
+# ---------------------------------------------------------------------------------------- matching
+def _listing(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _plan(model: nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, list[str]], str]:
+    """Match stored tensors to the model's: ({stored name: model names it fills}, problems or '').
+
+    Each group of tied names must be stored exactly once, under any of its names; every stored
+    tensor must belong to the model and have its shape.
+    """
+    state, groups = _stored(model)
+    plan: dict[str, list[str]] = {}
+    missing, twice, wrong = [], [], []
+    for canon, names in groups.items():
+        present = [n for n in names if n in shapes]
+        if not present:
+            missing.append(canon + (f" (tied with {', '.join(names[1:])})" if len(names) > 1 else ""))
+        elif len(present) > 1:
+            twice.append(" and ".join(present))
+        else:
+            want, got = tuple(state[canon].shape), tuple(shapes[present[0]])
+            if want != got:
+                wrong.append(f"{present[0]} is {list(got)}, the model needs {list(want)}")
+            plan[present[0]] = names
+    known = {n for names in groups.values() for n in names}
+    unexpected = [n for n in shapes if n not in known]
+    problems = []
+    if missing:
+        problems.append(f"missing tensor{'s' if len(missing) > 1 else ''} {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensor{'s' if len(unexpected) > 1 else ''} {_listing(unexpected)}")
+    if wrong:
+        problems.append(f"wrong shape{'s' if len(wrong) > 1 else ''}: {_listing(wrong, 3)}")
+    if twice:
+        problems.append(f"tied tensors stored more than once: {_listing(twice, 3)}")
+    return plan, "; ".join(problems)
+
+
+def _mismatch(model: nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> str:
+    return _plan(model, shapes)[1]
+
+
+def _check_kinds(plan: dict[str, list[str]], header: FileHeader, state: Mapping[str, Tensor], label: str) -> None:
+    """Floating tensors must be stored as floating point, integer ones as integers."""
+    wrong = []
+    for stored, names in plan.items():
+        dt = header.tensors[stored][0]
+        file_float = dt.startswith(("F", "BF"))
+        if file_float != state[names[0]].is_floating_point():
+            wrong.append(f"{stored} is {DTYPES.get(dt, (dt,))[0]}, the model needs {str(state[names[0]].dtype).removeprefix('torch.')}")
+    if wrong:
+        raise LoadError(f"{label}: wrong dtype{'s' if len(wrong) > 1 else ''}: {_listing(wrong, 3)}")
+
+
+# ------------------------------------------------------------------------------------------- load
+def _device(device: str | torch.device | int | None) -> torch.device:
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "meta":
+        raise ValueError("device 'meta': nothing to load; use zoo.build(zoo.io.read_spec(path), device='meta')")
+    return device
+
+
+def _uniform_float_dtype(header: FileHeader) -> torch.dtype | None:
+    names = {header_dt for header_dt, _ in header.tensors.values() if header_dt.startswith(("F", "BF"))}
+    if len(names) != 1:
+        return None
+    return getattr(torch, DTYPES[names.pop()][0], None)
+
+
+def _rebuild_needed(model: nn.Module) -> list[str]:
+    """Modules with non-persistent buffers but no ``reset_buffers()`` to recompute them."""
+    out = []
+    for name, module in model.named_modules():
+        persistent = module.state_dict(keep_vars=True).keys() if any(True for _ in module.buffers(recurse=False)) else ()
+        derived = [b for b, _ in module.named_buffers(recurse=False) if b not in persistent]
+        if derived and not callable(getattr(module, "reset_buffers", None)):
+            out.append(name or type(module).__name__)
+    return out
+
+
+def _materialise_buffers(model: nn.Module, device: torch.device) -> None:
+    """Give the buffers still on the meta device (the derived, non-persistent ones) memory on
+    ``device`` and let their modules recompute them."""
+    stale = []
+    for module in model.modules():
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if buf.is_meta:
+                setattr(module, name, torch.empty_like(buf, device=device))
+                if not stale or stale[-1] is not module:
+                    stale.append(module)
+    with torch.no_grad():
+        for module in stale:
+            module.reset_buffers()
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """The model a file written by :func:`save` holds, rebuilt from the file alone.
+
+    ``device`` (default CPU) receives the tensors straight from the file. ``dtype`` casts
+    floating-point tensors; by default they keep the dtype they were stored in. The model is in
+    training mode, as ``zoo.build`` returns it (call ``.eval()`` for inference). Any mismatch
+    between the stored tensors and the spec raises :class:`LoadError`; nothing loads partially.
+    """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, got {dtype!r}")
+    header = read_header(path)
+    spec = _spec_of(header)
+    device = _device(device)
+    target = dtype if dtype is not None else _uniform_float_dtype(header)
+    model = build(spec, device="meta", dtype=target)
+    rebuild = _rebuild_needed(model)
+    label = f"{str(header.path)!r} does not fit its spec ({spec.name or spec.family})"
+    plan, problems = _plan(model, {n: shape for n, (_, shape) in header.tensors.items()})
+    if problems:
+        raise LoadError(f"{label}: {problems}")
+    state = model.state_dict(keep_vars=True)
+    _check_kinds(plan, header, state, label)
+    if rebuild:  # a part that cannot recompute its derived buffers: build it for real (costs a second copy)
+        model = build(spec, device=device, dtype=target)
+        state = model.state_dict(keep_vars=True)
+    loaded: dict[str, Tensor] = {}
+    with safe_open(str(header.path), framework="pt", device=str(device)) as f:
+        for stored, names in plan.items():
+            ref = state[names[0]]
+            t = f.get_tensor(stored)
+            if t.is_floating_point() and t.dtype != ref.dtype:
+                t = t.to(ref.dtype)
+            if isinstance(ref, nn.Parameter):  # one Parameter object for all tied names keeps them tied
+                t = nn.Parameter(t, requires_grad=ref.requires_grad)
+            for name in names:
+                loaded[name] = t
+    model.load_state_dict(loaded, strict=True, assign=True)
+    if not rebuild:
+        _materialise_buffers(model, device)
+    return model
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Copy a file's tensors into ``model``'s parameters in place (its device and dtype), strictly:
+    every tensor the model has, none it lacks, each with the model's shape. Returns ``model``.
+    The file's spec, if any, is not consulted: the tensors decide."""
+    header = read_header(path)
+    state = model.state_dict(keep_vars=True)
+    if any(t.is_meta for t in state.values()):
+        raise LoadError("the model is on the meta device (it has no memory to load into); use zoo.load(path)")
+    label = f"{str(header.path)!r} does not fit the {type(model).__name__}"
+    plan, problems = _plan(model, {n: shape for n, (_, shape) in header.tensors.items()})
+    if problems:
+        raise LoadError(f"{label}: {problems}")
+    _check_kinds(plan, header, state, label)
+    with torch.no_grad(), safe_open(str(header.path), framework="pt") as f:
+        for stored, names in plan.items():
+            state[names[0]].copy_(f.get_tensor(stored))
+    return model
+
+
+def one_line(error: Exception | str) -> str:
+    """A multi-line message (a spec error lists one problem a line) as one line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} {'; '.join(lines[1:])}"

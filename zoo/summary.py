@@ -1,0 +1,320 @@
+"""What a spec costs: parameters by part, FLOPs, activation memory, KV cache — from a model built on
+the meta device, so even the big presets answer at once.
+
+Conventions (docs/io.md has the worked formulas):
+
+* FLOPs count multiply-adds as two and only matrix products (linear layers, the patch convolution,
+  the attention scores q·k and the weighted sum of values), as ``torch.utils.flop_counter`` does.
+  The score term counts the full T x T matrix even for causal models (fused kernels skip about half).
+  "Per token" is one sequence's forward pass divided by its length (an encoder-decoder's: a source
+  and a target of that length, per target token); a ViT is counted per image. Training is three
+  forward passes (the backward pass costs two).
+* Activation memory is what a training step keeps for the backward pass at a batch and length, in
+  the given dtype, assuming fused attention (no T x T matrix is stored), plus the logits the loss
+  reads and one byte per element of each dropout mask.
+* The KV cache is the keys and values a decoder keeps per generated token.
+
+Shapes: B batch, T tokens, S source tokens, D model width, H heads, G key/value heads, K and V head
+sizes, F FFN hidden size, L layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from zoo.build import build, count_parameters
+from zoo.components.attention import Attention
+from zoo.components.block import Block, Stack
+from zoo.components.embedding import PatchEmbedding
+from zoo.components.ffn import MLP, GatedMLP
+from zoo.components.norm import RMSNorm
+from zoo.components.position import Position
+from zoo.spec import FamilySpec
+
+__all__ = ["PARTS", "Summary", "summarize", "parameter_parts", "forward_flops", "activation_bytes", "kv_cache_bytes"]
+
+PARTS = ("embeddings", "attention", "ffn", "norms", "head")
+
+
+@dataclass(frozen=True)
+class Summary:
+    name: str
+    family: str
+    dtype: str
+    bytes_per_element: int
+    parameters: int
+    parts: dict[str, int]  # PARTS -> distinct parameters; a tied matrix counts where it is first seen
+    tied: dict[str, str]  # alias -> the name that owns the tensor
+    tied_parts: dict[str, str]  # alias -> the part it would belong to
+    unit: str  # "token" or "image"
+    batch: int
+    seq: int  # tokens per sequence (a ViT's: patches + class token)
+    flops_forward: int | None  # per unit
+    flops_training: int | None
+    activation_bytes: int | None  # a training step at batch x seq
+    kv_cache_bytes_per_token: int | None  # decoders only
+    cross_kv_bytes_per_source_token: int | None  # encoder-decoders only
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.parameters * self.bytes_per_element
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "weight_bytes": self.weight_bytes}
+
+
+# ------------------------------------------------------------------------------------- parameters
+def _norm_like(name: str, module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, RMSNorm, nn.RMSNorm)) or name.endswith("norm")
+
+
+def _part_in_block(attr: str) -> str:
+    if attr in ("attn", "cross_attn"):
+        return "attention"
+    return "ffn" if attr == "ffn" else "norms"
+
+
+def _part(model: nn.Module, name: str) -> str:
+    """Which part a parameter belongs to, by where it sits: inside a block its slot decides
+    (attention, FFN, norms); outside, embeddings and positions, norms, and the rest is head."""
+    path = name.split(".")[:-1]
+    if not path:
+        return "embeddings"  # a bare parameter of the model: the class token
+    top = getattr(model, path[0])
+    if isinstance(top, Stack):
+        node: nn.Module = top
+        for attr in path[1:]:
+            if isinstance(node, Block):
+                return _part_in_block(attr)
+            node = getattr(node, attr)
+        return "norms"  # the stack's final norm
+    if isinstance(top, (nn.Embedding, Position, PatchEmbedding)):
+        return "embeddings"
+    return "norms" if _norm_like(path[0], top) else "head"
+
+
+def parameter_parts(model: nn.Module) -> dict[str, int]:
+    """Distinct parameters per part; the parts sum to ``count_parameters(model)``."""
+    parts = dict.fromkeys(PARTS, 0)
+    for name, p in model.named_parameters():  # a tied parameter once, under its first name
+        parts[_part(model, name)] += p.numel()
+    return parts
+
+
+def _tied(model: nn.Module) -> dict[str, str]:
+    first: dict[int, str] = {}
+    tied = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return tied
+
+
+# ------------------------------------------------------------------------------------------ FLOPs
+def _linear_flops(module: nn.Module | None, tokens: int) -> int:
+    if module is None:
+        return 0
+    return sum(2 * m.in_features * m.out_features * tokens for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def _score_flops(att: nn.Module, q_len: int, k_len: int) -> int:
+    """q·k over every (query, key) pair and the weighted sum of values, for every query head."""
+    if not isinstance(att, Attention):
+        return 0
+    return 2 * q_len * k_len * att.n_heads * (att.head_dim + att.v_head_dim)
+
+
+def _stack_flops(stack: Stack, tokens: int, memory: int | None = None) -> int:
+    total = 0
+    for block in stack.blocks:
+        total += _linear_flops(block.attn, tokens) + _score_flops(block.attn, tokens, tokens)
+        total += _linear_flops(block.ffn, tokens)
+        cross = block.cross_attn
+        if cross is not None:
+            if isinstance(cross, Attention):  # queries from the T targets, keys/values from the S sources
+                total += _linear_flops(cross.q, tokens) + _linear_flops(cross.kv, memory) + _linear_flops(cross.out, tokens)
+            else:
+                total += _linear_flops(cross, tokens)
+            total += _score_flops(cross, tokens, memory)
+    return total
+
+
+def forward_flops(model: nn.Module, seq: int) -> int | None:
+    """FLOPs of one forward pass of one sample: a sequence of ``seq`` tokens (an encoder-decoder:
+    source and target both ``seq`` long), or one image. None for a family this does not know."""
+    family = model.spec.family
+    if family in ("decoder", "encoder"):  # an encoder's forward is its masked-LM head, not the classifier
+        return _stack_flops(model.stack, seq) + _linear_flops(model.head, seq)
+    if family == "encoder_decoder":
+        return _stack_flops(model.encoder, seq) + _stack_flops(model.decoder, seq, seq) + _linear_flops(model.head, seq)
+    if family == "vit":
+        n_patches = model.spec.grid[0] * model.spec.grid[1]
+        patch = 2 * model.patch_embed.proj.weight.numel() * n_patches
+        return patch + _stack_flops(model.stack, model.spec.n_tokens) + _linear_flops(model.head, 1)
+    return None
+
+
+# ------------------------------------------------------------------------------ activation memory
+def _norm_extra(norm: nn.Module, d: int) -> int:
+    return d if isinstance(norm, RMSNorm) else 0  # RMSNorm keeps its normalised input for the weight's grad
+
+
+def _ffn_hidden(ffn: nn.Module, dropout: float) -> int:
+    """Elements per token the FFN keeps past its input: a two-layer MLP its pre- and
+    post-activation (2F; ReLU needs only its output, F, unless dropout copies it); a gated one
+    [gate | up], act(gate) and their product (4F)."""
+    if isinstance(ffn, GatedMLP):
+        return 4 * ffn.fc2.in_features
+    if isinstance(ffn, MLP):
+        hidden = ffn.fc1.out_features
+        return hidden if isinstance(ffn.act, nn.ReLU) and not dropout else 2 * hidden
+    linears = [m for m in ffn.modules() if isinstance(m, nn.Linear)]
+    return 2 * sum(m.out_features for m in linears[:-1])
+
+
+def _attn_sizes(att: nn.Module, d: int) -> tuple[int, int, int, int]:
+    if isinstance(att, Attention):
+        return att.n_heads, att.n_kv_heads, att.head_dim, att.v_head_dim
+    return 1, 1, d, d
+
+
+def _rotates(position: Position | None) -> bool:
+    return position is not None and type(position).rotate is not Position.rotate
+
+
+def _stack_activations(
+    stack: Stack, spec: FamilySpec, tokens: int, memory: int | None = None, *, rotates: bool = False
+) -> tuple[int, int]:
+    """(elements, dropout-mask bytes) one sample keeps in a stack: per sub-layer the norm's input,
+    the projection's input and outputs (q, k, v, attention output), the FFN's hidden activations.
+    A rotating position (RoPE) keeps rotated copies of q and k beside the projection's output."""
+    d, drop = spec.d_model, spec.dropout
+    elements = masks = 0
+    for block in stack.blocks:
+        extra = _norm_extra(block.attn_norm, d)
+        H, G, K, V = _attn_sizes(block.attn, d)
+        elements += tokens * (2 * d + extra + H * K + G * (K + V) + H * V + (H + G) * K * rotates)
+        elements += tokens * (2 * d + extra + _ffn_hidden(block.ffn, drop.ffn))
+        sublayers = 2
+        if block.cross_attn is not None:
+            H, G, K, V = _attn_sizes(block.cross_attn, d)
+            elements += tokens * (2 * d + extra + H * K + H * V) + memory * G * (K + V)
+            sublayers = 3
+        if drop.residual:
+            masks += tokens * sublayers * d
+        if drop.ffn:
+            masks += tokens * _ffn_hidden(block.ffn, drop.ffn) // 2
+    if not isinstance(stack.norm, nn.Identity):
+        elements += tokens * (d + _norm_extra(stack.norm, d))
+    return elements, masks
+
+
+def activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_element: int) -> int | None:
+    """An estimate of the activations a training step keeps for the backward pass (see the module
+    docstring); None for a family this does not know."""
+    spec, family = model.spec, model.spec.family
+    d = spec.d_model
+    emb_mask = d if spec.dropout.embedding else 0
+    if family in ("decoder", "encoder"):
+        elements, masks = _stack_activations(model.stack, spec, seq, rotates=_rotates(model.position))
+        if not isinstance(getattr(model, "emb_norm", nn.Identity()), nn.Identity):
+            elements += seq * (d + _norm_extra(model.emb_norm, d))
+        head = d if family == "decoder" or not spec.mlm_head.transform else 4 * d + _norm_extra(model.head.transform[-1], d)
+        elements += seq * (head + spec.vocab_size)  # the head's input and the logits the loss reads
+        masks += seq * emb_mask
+    elif family == "encoder_decoder":
+        rotates = _rotates(model.position)
+        enc, enc_masks = _stack_activations(model.encoder, spec, seq, rotates=rotates)
+        dec, dec_masks = _stack_activations(model.decoder, spec, seq, memory=seq, rotates=rotates)
+        elements = enc + seq * d + dec + seq * (d + spec.vocab_size)  # + the memory, the head's input, logits
+        masks = enc_masks + dec_masks + 2 * seq * emb_mask
+    elif family == "vit":
+        n = spec.n_tokens
+        elements, masks = _stack_activations(model.stack, spec, n)
+        elements += spec.in_channels * spec.image_size**2 + 2 * d + spec.num_classes  # images, pooled, logits
+        masks += n * emb_mask
+    else:
+        return None
+    return batch * (elements * bytes_per_element + masks)
+
+
+# --------------------------------------------------------------------------------------- KV cache
+def _kv_bytes(stack: Stack, bytes_per_element: int, *, cross: bool = False) -> int:
+    total = 0
+    for block in stack.blocks:
+        att = block.cross_attn if cross else block.attn
+        _, G, K, V = _attn_sizes(att, 0)
+        total += G * (K + V) * bytes_per_element
+    return total
+
+
+def kv_cache_bytes(model: nn.Module, bytes_per_element: int) -> tuple[int | None, int | None]:
+    """(self-attention cache per generated token, cross-attention cache per source token)."""
+    family = model.spec.family
+    if family == "decoder":
+        return _kv_bytes(model.stack, bytes_per_element), None
+    if family == "encoder_decoder":
+        return _kv_bytes(model.decoder, bytes_per_element), _kv_bytes(model.decoder, bytes_per_element, cross=True)
+    return None, None
+
+
+# ---------------------------------------------------------------------------------------- summary
+def summarize(
+    spec: FamilySpec,
+    *,
+    batch: int = 1,
+    seq: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Summary:
+    """Costs of ``spec`` at ``batch`` sequences of ``seq`` tokens (default: ``max_seq_len``; a ViT's
+    length is fixed by its image and patch sizes) with tensors in ``dtype``."""
+    model = build(spec, device="meta")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    if spec.family == "vit":
+        if seq is not None and seq != spec.n_tokens:
+            raise ValueError(
+                f"seq: a ViT's length is fixed by image_size/patch_size ({spec.n_tokens} tokens); leave it out"
+            )
+        seq, unit = spec.n_tokens, "image"
+    else:
+        longest = getattr(getattr(model, "position", None), "max_len", None)
+        if seq is None:
+            seq = getattr(spec, "max_seq_len", 1)
+        if seq < 1:
+            raise ValueError(f"seq must be at least 1, got {seq}")
+        if longest is not None and seq > longest:
+            raise ValueError(
+                f"seq ({seq}) exceeds max_seq_len ({longest}) of the {spec.position.kind} position table; "
+                f"choose a shorter seq or set max_seq_len"
+            )
+        unit = "token"
+    p = dtype.itemsize
+    flops = forward_flops(model, seq)
+    if flops is not None and unit == "token":
+        flops //= seq
+    kv, cross = kv_cache_bytes(model, p)
+    tied = _tied(model)
+    return Summary(
+        name=spec.name or spec.family,
+        family=spec.family,
+        dtype=str(dtype).removeprefix("torch."),
+        bytes_per_element=p,
+        parameters=count_parameters(model),
+        parts=parameter_parts(model),
+        tied=tied,
+        tied_parts={alias: _part(model, alias) for alias in tied},
+        unit=unit,
+        batch=batch,
+        seq=seq,
+        flops_forward=flops,
+        flops_training=None if flops is None else 3 * flops,
+        activation_bytes=activation_bytes(model, batch=batch, seq=seq, bytes_per_element=p),
+        kv_cache_bytes_per_token=kv,
+        cross_kv_bytes_per_source_token=cross,
+    )
