@@ -1,0 +1,17 @@
+"""Converters between zoo models and their reference implementations, exact in both directions.
+
+    zoo.interop.timm   from_timm(timm_model) / to_timm(zoo_model)   timm VisionTransformer
+    zoo.interop.hf     from_hf(hf_model) / to_hf(zoo_model)         GPT2LMHeadModel, BertForMaskedLM,
+                                                                    LlamaForCausalLM, MarianMTModel
+
+Each converter builds the zoo spec from the reference's configuration (and the configuration from
+the spec), then maps tensors by name. What the target cannot express raises
+:class:`ConversionError` (a ValueError) naming the option: a converted model computes what the
+original computes, never an approximation. timm and transformers are imported when a converter runs.
+"""
+
+from zoo.interop.common import ConversionError
+from zoo.interop.hf import from_hf, hf_config, hf_spec, to_hf
+from zoo.interop.timm import from_timm, timm_spec, to_timm
+
+__all__ = ["ConversionError", "from_hf", "to_hf", "hf_spec", "hf_config", "from_timm", "to_timm", "timm_spec"]

@@ -1,0 +1,126 @@
+"""What every converter shares: the error for unsupported options, name maps between state dicts,
+exact loading, and checks that tied weights stay tied.
+
+A converter is a list of :class:`Rule` s. Each rule names one zoo tensor and the reference tensors
+it is made of: one tensor copied (reshaped if the layouts differ, e.g. timm's ``pos_embed`` [1, N, D]
+and zoo's position table [N, D]), or several stacked along the output rows (zoo's fused ``qkv`` is
+[q | k | v]; its gated ``fc1`` is [gate | up]). ``transpose`` marks references that store [in, out]
+(GPT-2's Conv1D). The same rules run backwards to split zoo tensors into the reference's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ConversionError", "Rule", "zoo_state", "reference_state", "check_covered", "load_exact", "device_dtype"]
+
+
+class ConversionError(ValueError):
+    """A model that cannot be converted exactly; the message names the option and why."""
+
+
+def unsupported(where: str, option: str, value: object, why: str) -> ConversionError:
+    """``where: option=value is not supported: why``."""
+    return ConversionError(f"{where}: {option}={value!r} is not supported: {why}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """zoo tensor ``zoo`` = reference tensors ``ref`` stacked along rows (dim 0), in order."""
+
+    zoo: str
+    ref: tuple[str, ...]
+    transpose: bool = False
+
+
+def rule(zoo: str, *ref: str, transpose: bool = False) -> Rule:
+    return Rule(zoo, ref, transpose)
+
+
+def _rows(shape: torch.Size, transpose: bool) -> int:
+    return shape[-1] if transpose else shape[0]
+
+
+def zoo_state(ref: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
+    """The zoo state dict (names and ``shapes`` of the zoo model) from the reference's."""
+    out = {}
+    for r in rules:
+        missing = [name for name in r.ref if name not in ref]
+        if missing:
+            raise ConversionError(f"{where}: the reference has no tensor {missing[0]!r} (for zoo's {r.zoo!r})")
+        parts = [ref[name].t() if r.transpose else ref[name] for name in r.ref]
+        tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+        if tensor.numel() != shapes[r.zoo].numel():
+            got = " + ".join(f"{name} {tuple(ref[name].shape)}" for name in r.ref)
+            raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(shapes[r.zoo])} does not fit {got}")
+        tensor = tensor.reshape(shapes[r.zoo])
+        if r.zoo in out and not torch.equal(out[r.zoo], tensor):  # two reference names, one zoo tensor
+            raise ConversionError(f"{where}: zoo holds {r.zoo!r} once, but the reference's {', '.join(r.ref)} differs from its other copy")
+        out[r.zoo] = tensor
+    return out
+
+
+def reference_state(zoo: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
+    """The reference's state dict (names and ``shapes`` of the reference model) from zoo's."""
+    out = {}
+    for r in rules:
+        tensor = zoo[r.zoo]
+        sizes = [_rows(shapes[name], r.transpose) for name in r.ref]
+        if sum(shapes[name].numel() for name in r.ref) != tensor.numel():
+            want = " + ".join(f"{name} {tuple(shapes[name])}" for name in r.ref)
+            raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(tensor.shape)} does not fit {want}")
+        chunks = tensor.split(sizes, dim=0) if len(r.ref) > 1 else [tensor]
+        for name, chunk in zip(r.ref, chunks):
+            shape = shapes[name]
+            if r.transpose:
+                chunk = chunk.reshape(shape[-1], -1).t()
+            out[name] = chunk.reshape(shape).contiguous()
+    return out
+
+
+def check_covered(names: Iterable[str], rules: Iterable[Rule], where: str, *, handled: Iterable[str] = ()) -> None:
+    """Every reference tensor has a place in zoo; one left over means an option zoo lacks."""
+    used = {name for r in rules for name in r.ref} | set(handled)
+    left = sorted(set(names) - used)
+    if left:
+        shown = ", ".join(left[:6]) + (f", ... ({len(left)} in all)" if len(left) > 6 else "")
+        raise ConversionError(
+            f"{where}: the reference has tensors zoo has no place for: {shown}; "
+            f"it uses an option zoo does not have"
+        )
+
+
+def _tie_groups(module: nn.Module) -> list[list[str]]:
+    """State-dict names that share one tensor (tied weights)."""
+    groups: dict[int, list[str]] = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if tensor.device.type == "meta":
+            return []
+        groups.setdefault(tensor.untyped_storage().data_ptr() + tensor.storage_offset(), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def load_exact(module: nn.Module, state: Mapping[str, Tensor], where: str) -> None:
+    """Load ``state`` into ``module``: every name present, and tensors that ``module`` ties equal."""
+    for names in _tie_groups(module):
+        first = state[names[0]]
+        for other in names[1:]:
+            if not torch.equal(first, state[other]):
+                raise ConversionError(
+                    f"{where}: {names[0]!r} and {other!r} are one tied tensor in the target model, but differ in "
+                    f"the source (max difference {(first - state[other]).abs().max().item():.3g}); "
+                    f"the source does not tie them, so set the target's tying option off"
+                )
+    result = module.load_state_dict(state, strict=False)
+    problems = [*result.missing_keys, *result.unexpected_keys]
+    if problems:  # a converter bug, never the user's model
+        raise ConversionError(f"{where}: internal name map incomplete: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
+
+
+def device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
+    p = next(module.parameters())
+    return p.device, p.dtype
