@@ -1,0 +1,185 @@
+"""Recipe configs: a pydantic model read from a YAML file, then ``key.path=value`` overrides.
+
+    class MyConfig(Config):
+        model: str = "vit-tiny-16"
+        optim: OptimConfig = OptimConfig()
+        run: RunConfig = RunConfig()
+
+    cfg, args = parse_args(MyConfig, default="recipes/my.yaml")   # [--config F] [--resume] [k=v ...]
+    cfg = load_config(MyConfig, "my.yaml", ["optim.lr=3e-4", "run.seed=1"])
+
+Overrides and YAML are read exactly as model specs are (:func:`zoo.spec.apply_overrides`,
+:func:`zoo.spec.read_yaml`): values are YAML (``4``, ``0.1``, ``true``, ``null``, ``[0.9, 0.98]``),
+duplicate keys and unknown fields are errors that name the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+
+from zoo.spec import SpecError, apply_overrides, read_yaml
+
+__all__ = [
+    "Config", "ConfigError", "OptimConfig", "ScheduleConfig", "RunConfig", "load_config", "parse_args",
+    "config_to_yaml",
+]
+
+C = TypeVar("C", bound="Config")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names each bad field."""
+
+
+class Config(BaseModel):
+    """Base of recipe configs: unknown keys are errors, values are checked on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+
+
+class OptimConfig(Config):
+    """Adam(W). Weight decay is decoupled (AdamW) and skips norms, biases, position tables and class
+    tokens (see :func:`zoo.train.param_groups`). ``clip_grad``: max global gradient norm, or null."""
+
+    name: Literal["adamw", "adam"] = "adamw"
+    lr: PositiveFloat = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.05
+    clip_grad: PositiveFloat | None = 1.0
+
+
+class ScheduleConfig(Config):
+    """Learning-rate schedule, a factor on ``optim.lr`` at each optimizer step.
+
+    ``cosine``: linear warmup, then half a cosine down to ``min_lr_ratio`` * lr.
+    ``inverse_sqrt``: the paper's ``d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``; the factor is
+    the learning rate itself, so ``optim.lr`` scales it (1.0 reproduces the paper).
+    ``constant``: linear warmup, then flat. ``warmup`` counts optimizer steps.
+    """
+
+    kind: Literal["cosine", "inverse_sqrt", "constant"] = "cosine"
+    warmup: NonNegativeInt = 0
+    min_lr_ratio: NonNegativeFloat = 0.0
+
+    @model_validator(mode="after")
+    def _check(self) -> ScheduleConfig:
+        if self.kind == "inverse_sqrt" and self.warmup == 0:
+            raise ValueError("schedule inverse_sqrt needs warmup > 0 steps (the paper: 4000)")
+        return self
+
+
+class RunConfig(Config):
+    """How a run executes: where it writes, precision, devices, logging, checkpoints."""
+
+    out_dir: Path = Field(Path("runs/run"), description="checkpoints, metrics.jsonl, plots, the exported model")
+    seed: int = 0
+    device: str = Field("auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
+    precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16: autocast on CPU and GPU")
+    compile: bool = Field(False, description="torch.compile the model for training")
+    attention: Literal["auto", "math", "default"] = Field(
+        "auto", description="SDPA kernels: auto = the math kernel on CPU (faster for short sequences), default elsewhere"
+    )
+    threads: PositiveInt | None = Field(None, description="torch intra-op threads; default: torch's choice")
+    grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
+    log_every: PositiveInt = 50
+    eval_every: PositiveInt | None = Field(None, description="steps between evaluations; default: once an epoch")
+    checkpoint_every: PositiveInt | None = Field(None, description="steps between checkpoints; default: once an epoch")
+    keep_checkpoints: PositiveInt = Field(2, description="how many periodic checkpoints to keep (newest)")
+    ema: float | None = Field(None, gt=0.0, lt=1.0, description="decay of an EMA of the weights (e.g. 0.999), or null")
+    progress: bool = Field(True, description="a progress bar on rank 0 (off when stderr is not a terminal: log lines)")
+    plot: bool = True
+
+
+# ------------------------------------------------------------------------------------ loading
+def _format(err: ValidationError, source: str) -> ConfigError:
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check its spelling"
+        elif e["type"] not in ("value_error", "missing"):
+            msg = f"{msg} (got {e['input']!r})"
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+    return ConfigError(f"invalid config {source}:\n" + "\n".join(lines))
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: Iterable[str] = ()) -> C:
+    """``cls`` from a YAML file (or its defaults when ``path`` is None) plus ``a.b=value`` overrides."""
+    data: Any = {}
+    source = "(defaults)"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read config {source}: {e.strerror or e}") from None
+        try:
+            data = read_yaml(text, f"config {source}") or {}
+        except SpecError as e:
+            raise ConfigError(str(e)) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {source} must hold a mapping of fields, got {type(data).__name__}")
+    overrides = list(overrides)
+    if overrides:
+        try:
+            data = apply_overrides(data, overrides)
+        except SpecError as e:
+            raise ConfigError(str(e)) from None
+        source += f" with {' '.join(overrides)}"
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise _format(e, source) from None
+
+
+def config_to_yaml(cfg: Config) -> str:
+    """Every field of ``cfg`` as YAML, readable back by :func:`load_config`."""
+    import yaml
+
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def parse_args(
+    cls: type[C], argv: Sequence[str] | None = None, *, default: str | Path | None = None, description: str = ""
+) -> tuple[C, argparse.Namespace]:
+    """The command line of a recipe: ``[--config FILE] [--resume [CKPT]] [--print-config] [key=value ...]``.
+
+    ``--resume`` alone continues from the newest checkpoint in ``run.out_dir``; with a path, from that
+    file. A bad config prints one line and exits with status 2.
+    """
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=3e-4")
+    parser.add_argument("--config", default=default, help=f"YAML config (default: {default})")
+    parser.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
+                        help="continue from the newest checkpoint in run.out_dir, or from CKPT")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    args = parser.parse_args(argv)
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        parser.error(f"overrides look like key.path=value, got {bad[0]!r}")
+    try:
+        cfg = load_config(cls, args.config, args.overrides)
+    except ConfigError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.print_config:
+        print(config_to_yaml(cfg), end="")
+        raise SystemExit(0)
+    return cfg, args

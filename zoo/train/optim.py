@@ -1,0 +1,122 @@
+"""Optimizers, learning-rate schedules, precision and seeding for recipes.
+
+    opt = build_optimizer(model, cfg.optim)                  # AdamW/Adam, no decay on norms/biases/tables
+    sched = build_scheduler(opt, cfg.schedule, total_steps, d_model=512)
+    with autocast(device, "bf16"): loss = ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import torch
+from torch import nn
+
+from zoo.train.config import OptimConfig, ScheduleConfig
+
+__all__ = ["param_groups", "build_optimizer", "lr_factor", "build_scheduler", "autocast", "seed_everything", "EMA"]
+
+# parameter names that hold tables or tokens rather than weights: never decayed
+_NO_DECAY_NAMES = ("position", "cls_token", "dist_token", "reg_token", "pos_embed", "relative_position")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: weights with decay; biases, norm gains, position tables and class tokens without
+    (any parameter with fewer than two dimensions, or named as a table/token)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim < 2 or any(t in name for t in _NO_DECAY_NAMES):
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW (decoupled decay) or Adam (the paper; ``weight_decay`` must then be 0) from ``cfg``.
+
+    Uses the fused kernel on CUDA and on CPU where this torch has it, foreach otherwise."""
+    params = param_groups(model, cfg.weight_decay)
+    first = next(iter(model.parameters()))
+    kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
+    if cfg.name == "adam" and cfg.weight_decay:
+        raise ValueError("optim.weight_decay: Adam adds decay to the gradient (L2); use optim.name=adamw for decoupled decay, or set 0")
+    fused = first.device.type in ("cuda", "cpu") and first.is_floating_point()
+    try:
+        return cls(params, fused=fused, **kwargs)
+    except (RuntimeError, TypeError):  # no fused kernel for this device/dtype
+        return cls(params, foreach=True, **kwargs)
+
+
+def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, d_model: int | None = None) -> float:
+    """The schedule's factor on the base lr before optimizer step ``step`` (counted from 0).
+
+    ``inverse_sqrt`` is the paper's formula with s = step + 1:
+    ``d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)``.
+    """
+    s = step + 1
+    if cfg.kind == "inverse_sqrt":
+        if d_model is None:
+            raise ValueError("schedule inverse_sqrt needs d_model")
+        return d_model ** -0.5 * min(s ** -0.5, s * cfg.warmup ** -1.5)
+    if cfg.warmup and s <= cfg.warmup:
+        return s / cfg.warmup
+    if cfg.kind == "constant":
+        return 1.0
+    span = max(1, total_steps - cfg.warmup)
+    progress = min(1.0, (s - cfg.warmup) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total_steps: int,
+                    d_model: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR applying :func:`lr_factor` (call ``step()`` after each optimizer step)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step, total_steps, d_model))
+
+
+def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CPU or GPU, or nothing for fp32."""
+    device = torch.device(device)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision != "bf16":
+        raise ValueError(f"precision {precision!r}: use bf16 or fp32")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+class EMA(nn.Module):
+    """An exponential moving average of a model's parameters and buffers (torch's AveragedModel).
+
+    ``update(model)`` after each optimizer step; ``module`` is the averaged copy to evaluate/export."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        super().__init__()
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+        self.decay = decay
+        self.averaged.update_parameters(model)  # the first update only copies: let it be the start
+
+    @property
+    def module(self) -> nn.Module:
+        return self.averaged.module
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        self.averaged.update_parameters(model)
