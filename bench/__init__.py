@@ -1,0 +1,1 @@
+"""Speed of zoo side by side with timm, HF transformers and torch.nn (see bench/run.py)."""

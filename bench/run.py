@@ -1,0 +1,172 @@
+"""Run the benchmarks: zoo side by side with timm, HF transformers and torch.nn, as ratios.
+
+    python -m bench                       # everything (tens of minutes on a 2-core CPU)
+    python -m bench --only vit gpt2       # some workloads
+    python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
+
+Writes bench/results/<time>.json, and (unless --tiny) docs/benchmarks.md with docs/benchmarks.png.
+Sides are timed alternately in this one process after warm-up; medians over --repeats.
+On Linux the process re-executes itself once with glibc's malloc tuned (see bench/common.MALLOC)
+so that no side pays page faults for returning memory to the OS every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from bench import workloads as W
+from bench.common import MALLOC, Row, machine, matmul_peak
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ["peak", "vit", "gpt2", "bert", "transformer", "generate", "compile"]
+
+
+def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Row]:
+    out: list[Row] = []
+    for p in precisions:
+        if name == "vit":
+            for model in (["vit_tiny_patch16_224"] if tiny else ["vit_small_patch16_224", "vit_tiny_patch16_224"]):
+                out.append(W.vit(model, p, "train", timing, tiny))
+                out.append(W.vit(model, p, "infer", timing, tiny))
+        elif name == "gpt2":
+            out.append(W.gpt2(p, timing, tiny=tiny))
+            out.append(W.gpt2(p, timing, layers=6, width=384, heads=6, tiny=tiny))
+        elif name == "bert":
+            out.append(W.bert(p, timing, tiny))
+        elif name == "transformer":
+            out.append(W.transformer_base(p, timing, tiny))
+        elif name == "generate" and p == precisions[0]:
+            out.append(W.greedy(p, timing, batch=1, tiny=tiny))
+            out.append(W.greedy(p, timing, batch=8, tiny=tiny))
+            out.append(W.beam(p, timing, batch=8, tiny=tiny))
+        elif name == "compile" and p == precisions[-1]:
+            out.append(W.compiled(p, timing, tiny))
+    return out
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{100 * x:.0f}%" if pct else (f"{x:,.1f}" if x < 1000 else f"{x:,.0f}")
+
+
+def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
+    lines = [
+        "| workload | precision | zoo | peer | ratio (zoo / peer) | zoo MFU | peer MFU | spread |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        peak = peaks.get(r.precision)
+        for peer in [s for s in r.seconds if not s.startswith("zoo")] or [s for s in r.seconds if s != "zoo compiled"]:
+            zoo_side = "zoo compiled" if "zoo compiled" in r.seconds else "zoo"
+            spread = max(r.spread[zoo_side], r.spread[peer])
+            lines.append(
+                f"| {r.workload} | {r.precision} | {_fmt(r.throughput(zoo_side))} {r.unit}/s | "
+                f"{peer}: {_fmt(r.throughput(peer))} | **{r.ratio(zoo_side, peer):.2f}x** | "
+                f"{_fmt(r.mfu(zoo_side, peak), True)} | {_fmt(r.mfu(peer, peak), True)} | {100 * spread:.0f}% |"
+            )
+    head = [
+        f"Measured {env['date']} on {env['cpu']} ({env['threads']} threads, torch {env['torch']}, "
+        f"malloc `{env['malloc']}`, 1-min load average before the run {env.get('loadavg_1min', '?')}).",
+        "",
+        f"Peak matmul: fp32 {peaks.get('fp32', 0) / 1e9:,.0f} GFLOP/s, bf16 {peaks.get('bf16', 0) / 1e9:,.0f} GFLOP/s "
+        "(MFU is measured FLOPs per step / step time / this peak).",
+        "",
+    ]
+    extra = [f"- {r.workload}: compile took {r.extra['compile_seconds']} s" for r in rows if "compile_seconds" in r.extra]
+    return "\n".join(head + lines + ([""] + extra if extra else [])) + "\n"
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, ratios = [], []
+    for r in rows:
+        zoo_side = "zoo compiled" if "zoo compiled" in r.seconds else "zoo"
+        for peer in [s for s in r.seconds if s != zoo_side]:
+            labels.append(f"{r.workload} [{r.precision}] vs {peer}")
+            ratios.append(r.ratio(zoo_side, peer))
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(labels) + 1.2))
+    colors = ["tab:green" if x >= 1 else "tab:red" for x in ratios]
+    ax.barh(range(len(labels)), ratios, color=colors)
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("zoo throughput / peer throughput (same run)")
+    for i, x in enumerate(ratios):
+        ax.text(x, i, f" {x:.2f}x", va="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=WORKLOADS, default=None, help="workloads to run (default: all)")
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--tiny", action="store_true", help="toy sizes: checks the scripts, measures nothing")
+    parser.add_argument("--out", type=Path, default=None, help="markdown table (default: docs/benchmarks.md unless --tiny)")
+    parser.add_argument("--json", type=Path, default=None, help="results JSON (default: bench/results/<time>.json)")
+    args = parser.parse_args(argv)
+
+    if sys.platform.startswith("linux") and os.environ.get("GLIBC_TUNABLES") != MALLOC and not args.tiny:
+        os.environ["GLIBC_TUNABLES"] = MALLOC
+        os.execv(sys.executable, [sys.executable, "-m", "bench", *(argv if argv is not None else sys.argv[1:])])
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    env = machine()
+    env["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    timing = dict(warmup=1 if args.tiny else args.warmup, repeats=2 if args.tiny else args.repeats)
+    chosen = args.only or WORKLOADS
+    peaks: dict[str, float] = {}
+    if "peak" in chosen or not args.tiny:
+        n = 256 if args.tiny else 4096
+        peaks = {"fp32": matmul_peak(torch.float32, n), "bf16": matmul_peak(torch.bfloat16, n)}
+        print(f"peak matmul: fp32 {peaks['fp32'] / 1e9:,.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:,.0f} GFLOP/s", flush=True)
+    rows: list[Row] = []
+    for name in chosen:
+        if name == "peak":
+            continue
+        for row in _rows(name, args.precision, timing, args.tiny):
+            rows.append(row)
+            ratios = ", ".join(f"{row.ratio('zoo' if 'zoo' in row.seconds else 'zoo compiled', s):.2f}x vs {s}"
+                               for s in row.seconds if not s.startswith("zoo"))
+            zoo_side = "zoo" if "zoo" in row.seconds else "zoo compiled"
+            print(f"{row.workload} [{row.precision}]: zoo {row.throughput(zoo_side):,.1f} {row.unit}/s"
+                  f"{', ' + ratios if ratios else ''}", flush=True)
+    table = markdown(rows, peaks, env)
+    out_json = args.json or ROOT / "bench" / "results" / (
+        ("tiny-" if args.tiny else "") + env["date"].replace(" ", "_").replace(":", "") + ".json")
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps({"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]}, indent=1))
+    out_md = args.out or (None if args.tiny else ROOT / "docs" / "benchmarks.md")
+    if out_md is not None:
+        notes = ROOT / "bench" / "NOTES.md"
+        body = ["# Benchmarks", "", "zoo side by side with its peers, the same architecture (the same weights "
+                "where a converter exists), timed alternately in one process; ratios > 1 mean zoo is faster. "
+                "Made with `python -m bench`.", "", table, "![zoo / peer throughput](benchmarks.png)", ""]
+        if notes.exists():
+            body.append(notes.read_text())
+        out_md.write_text("\n".join(body))
+        plot(rows, out_md.with_suffix(".png"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

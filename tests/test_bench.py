@@ -1,0 +1,45 @@
+"""The benchmark scripts keep working (toy sizes; no timing is asserted: benchmarks are not tests)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+from bench.common import Row, count_flops
+from bench.run import main
+
+
+def test_every_workload_runs_at_toy_size(tmp_path):
+    out = tmp_path / "r.json"
+    md = tmp_path / "b.md"
+    assert main(["--tiny", "--only", "vit", "gpt2", "bert", "transformer", "generate", "--precision", "fp32",
+                 "--json", str(out), "--out", str(md)]) == 0
+    data = json.loads(out.read_text())
+    names = [r["workload"] for r in data["rows"]]
+    assert any("vit" in n for n in names) and any("beam" in n for n in names) and any("BERT" in n for n in names)
+    for r in data["rows"]:
+        assert "zoo" in r["seconds"] and len(r["seconds"]) >= 2, r
+        assert all(s > 0 and math.isfinite(s) for s in r["seconds"].values())
+    assert "| vit_tiny_patch16_224 train | fp32 |" in md.read_text()
+    assert md.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_flop_count_of_a_linear_layer_by_hand():
+    layer = torch.nn.Linear(32, 16)
+    x = torch.randn(4, 32, requires_grad=True)
+    assert count_flops(lambda: layer(x)) == 2 * 4 * 32 * 16
+    assert count_flops(lambda: layer(x).sum().backward()) == 3 * 2 * 4 * 32 * 16  # forward + grad of input and of weight
+
+
+def test_attention_flops_are_counted_on_cpu():
+    q = torch.randn(1, 2, 8, 4)
+    flops = count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert flops == 2 * (2 * 1 * 2 * 8 * 8 * 4)  # QK^T and PV
+
+
+def test_ratio_and_mfu():
+    row = Row("w", "fp32", "tokens", work=100, seconds={"zoo": 1.0, "peer": 1.5}, flops=2e9)
+    assert row.ratio() == 1.5 and row.throughput("zoo") == 100
+    assert row.mfu("zoo", peak=4e9) == 0.5 and row.mfu("zoo", None) is None
