@@ -1,0 +1,76 @@
+"""Ablation grids: every row runs once with the shared overrides, finished rows are not run again,
+and the table holds what the runs reported."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zoo.ablate import AblationError, load_ablation, plot_grid, run_grid, write_table
+
+# A stand-in recipe: records its overrides and the number of times it ran, fails when told to.
+RECIPE = '''
+import json, pathlib, sys
+args = dict(a.split("=", 1) for a in sys.argv[1:])
+out = pathlib.Path(args["run.out_dir"])
+runs = pathlib.Path(args["count"])
+runs.write_text(runs.read_text() + out.name + "\\n" if runs.exists() else out.name + "\\n")
+if args.get("fail") == "yes" and pathlib.Path(args["flag"]).exists():
+    raise SystemExit("boom: asked to fail")
+heads = int(args.get("heads", 8))
+(out / "results.json").write_text(json.dumps({"params": 1000 * heads, "valid_ppl": 10.0 / heads, "valid_bleu": heads * 1.5}))
+'''
+
+
+def _grid(tmp_path, rows: str) -> tuple:
+    (tmp_path / "fake.py").write_text(RECIPE)
+    path = tmp_path / "grid.yaml"
+    count, flag = tmp_path / "count.txt", tmp_path / "flag"
+    path.write_text(f"recipe: fake.py\nbase: [count={count}, flag={flag}]\nrows:\n{rows}metrics: [valid_ppl, valid_bleu]\n")
+    return path, count, flag
+
+
+def test_rows_run_once_and_an_interrupted_grid_resumes(tmp_path):
+    path, count, flag = _grid(tmp_path, "  base: []\n  h1: [heads=1]\n  h4: [heads=4, fail=yes]\n")
+    flag.write_text("")  # h4 fails this time, as if the grid were interrupted there
+    with pytest.raises(AblationError, match="boom: asked to fail"):
+        run_grid(path, tmp_path / "out", echo=lambda *_: None)
+    assert len(count.read_text().splitlines()) == 3
+    flag.unlink()
+    records = run_grid(path, tmp_path / "out", echo=lambda *_: None)
+    ran = count.read_text().splitlines()
+    assert len(ran) == 4 and ran[-1].startswith("h4-")  # only the unfinished row ran again
+    assert [r["cached"] for r in records] == [True, True, False]
+    assert [r["results"]["params"] for r in records] == [8000, 1000, 4000]
+    run_grid(path, tmp_path / "out", echo=lambda *_: None)
+    assert len(count.read_text().splitlines()) == 4  # nothing left to run
+
+    md, csv_path = write_table(records, ["valid_ppl", "valid_bleu"], tmp_path / "table")
+    lines = md.read_text().splitlines()
+    assert lines[0] == "| row | changed | params | valid_ppl | valid_bleu | wall_seconds |"
+    assert lines[3].startswith("| h1 | `heads=1` | 1,000 | 10.00 | 1.50 |")
+    assert csv_path.read_text().splitlines()[1].startswith("base,(base),8000,1.25,12.0")
+    assert plot_grid(records, ["valid_ppl", "valid_bleu"], tmp_path / "table").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_editing_a_row_reruns_that_row_only(tmp_path):
+    path, count, _ = _grid(tmp_path, "  base: []\n  h1: [heads=1]\n")
+    run_grid(path, tmp_path / "out", echo=lambda *_: None)
+    path.write_text(path.read_text().replace("h1: [heads=1]", "h1: [heads=2]"))
+    records = run_grid(path, tmp_path / "out", echo=lambda *_: None)
+    assert len(count.read_text().splitlines()) == 3 and records[1]["results"]["params"] == 2000
+
+
+@pytest.mark.parametrize("text,match", [
+    ("recipe: fake.py\nrows: {}\n", "no rows"),
+    ("recipe: fake.py\nrows:\n  a: [heads]\n", "key.path=value"),
+    ("recipe: missing.py\nrows:\n  a: []\n", "not found"),
+    ("recipe: fake.py\nrows:\n  a: []\nreference: b\n", "reference 'b' is not a row"),
+    ("recipe: fake.py\nrows:\n  a: []\nextra: 1\n", "extra"),
+])
+def test_bad_files_are_named(tmp_path, text, match):
+    (tmp_path / "fake.py").write_text(RECIPE)
+    (tmp_path / "g.yaml").write_text(text)
+    with pytest.raises(AblationError, match=match):
+        load_ablation(tmp_path / "g.yaml")
