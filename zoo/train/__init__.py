@@ -30,7 +30,7 @@ from zoo.train.config import (
 )
 from zoo.train.distributed import Dist, distributed, resolve_device
 from zoo.train.metrics import MetricsLog, Progress, plot_metrics, read_metrics
-from zoo.train.runtime import tune_malloc
+from zoo.train.runtime import attention_kernels, tune_malloc
 from zoo.train.optim import EMA, autocast, build_optimizer, build_scheduler, lr_factor, param_groups, seed_everything
 
 __all__ = [
@@ -39,5 +39,5 @@ __all__ = [
     "unwrap", "Config", "ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig", "config_to_yaml",
     "load_config", "parse_args", "Dist", "distributed", "resolve_device", "MetricsLog", "Progress",
     "plot_metrics", "read_metrics", "EMA", "autocast", "build_optimizer", "build_scheduler", "lr_factor",
-    "param_groups", "seed_everything", "tune_malloc",
+    "param_groups", "seed_everything", "tune_malloc", "attention_kernels",
 ]

@@ -92,8 +92,8 @@ class RunConfig(Config):
     device: str = Field("auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16: autocast on CPU and GPU")
     compile: bool = Field(False, description="torch.compile the model for training")
-    attention: Literal["auto", "math", "default"] = Field(
-        "auto", description="SDPA kernels: auto = the math kernel on CPU (faster for short sequences), default elsewhere"
+    attention: Literal["default", "math", "flash", "efficient"] = Field(
+        "default", description="SDPA kernel: default lets torch choose; math/flash/efficient force one (zoo.train.attention_kernels)"
     )
     threads: PositiveInt | None = Field(None, description="torch intra-op threads; default: torch's choice")
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")

@@ -9,12 +9,13 @@ run time; it is a no-op on other C libraries and platforms.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import sys
 
-__all__ = ["tune_malloc"]
+__all__ = ["tune_malloc", "attention_kernels"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameter numbers
 
@@ -31,3 +32,16 @@ def tune_malloc(trim_threshold: int = 64 << 30) -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     threshold = min(trim_threshold, 2**31 - 1)  # an int in mallopt's signature
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, threshold))
+
+
+def attention_kernels(choice: str = "default") -> contextlib.AbstractContextManager:
+    """A context forcing ``F.scaled_dot_product_attention`` onto one kernel (``math``, ``flash``,
+    ``efficient``), or leaving torch's choice (``default``)."""
+    if choice == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    if choice not in backends:
+        raise ValueError(f"attention kernel {choice!r}: use default, {', '.join(backends)}")
+    return sdpa_kernel(backends[choice])
