@@ -9,6 +9,8 @@ Outputs are compared in fp32, eval mode, at real (unpadded) tokens, within 1e-5.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -285,6 +287,7 @@ VIT = {
     "no class token, avg, no biases, gelu-tanh": dict(class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False,
                                                       proj_bias=False, act_layer="gelu_tanh"),
     "no positions, relu, mlp 3x": dict(pos_embed="none", act_layer="relu", mlp_ratio=3.0),
+    "mlp 59 wide (59 / 21 * 21 < 59 in floats)": dict(embed_dim=21, mlp_ratio=math.nextafter(59 / 21, 3.0)),
 }
 
 
@@ -432,6 +435,7 @@ TO_REFUSED = {
     "marian pre-norm": ("transformer-base", ["block.norm.placement=pre"], None, "block.norm.placement='pre'"),
     "marian learned positions": ("transformer-base", ["position.kind=learned"], None, "position="),
     "marian shared but untied": ("transformer-base", ["tie_embeddings=false"], None, "tie_embeddings=False"),
+    "marian with an embedding norm": ("transformer-base", ["embedding.norm=true"], None, "embedding.norm=True"),
     "vit sincos2d": ("vit-tiny-16", ["position.kind=sincos2d"], "timm", "position.kind='sincos2d'"),
     "vit post-norm": ("vit-tiny-16", ["block.norm.placement=post"], "timm", "block.norm.placement='post'"),
     "vit swiglu": ("vit-tiny-16", ["block.ffn.kind=swiglu"], "timm", "block.ffn.kind='swiglu'"),
@@ -457,6 +461,41 @@ def test_unknown_classes_are_named():
         to_hf(zoo.build("vit-tiny-16", TINY_VIT, device="meta"))
     with pytest.raises(ConversionError, match="n_embd follow from the zoo spec"):
         to_hf(zoo.build("gpt2-small", TINY_TEXT, device="meta"), n_embd=64)
+
+
+def test_a_zoo_tensor_without_a_place_in_the_reference_is_refused():
+    """The guard behind the option checks: a tensor no rule maps would be dropped, changing the outputs."""
+    from zoo.interop.common import check_used, rule
+
+    with pytest.raises(ConversionError, match=r"zoo's tensors emb_norm.bias, emb_norm.weight have no place in the reference"):
+        check_used(["tok_emb.weight", "emb_norm.weight", "emb_norm.bias"], [rule("tok_emb.weight", "embed.weight")], "zoo -> X")
+
+
+def test_a_registered_attention_kind_is_refused():
+    """A part registered from user code may hold the built-in tensors and compute something else."""
+    from typing import Literal
+
+    from zoo.components.attention import _attention
+    from zoo.registry import REGISTRIES
+    from zoo.spec import AttentionSpec
+
+    class ScaledSpec(AttentionSpec):
+        kind: Literal["scaled_mha"] = "scaled_mha"
+
+    registry = REGISTRIES["attention"]
+    saved = dict(registry._specs), dict(registry._builders)
+    try:
+        zoo.register("attention", "scaled_mha", spec=ScaledSpec)(_attention)
+        overrides = ["block.attention.kind=scaled_mha"]
+        with pytest.raises(ConversionError, match="block.attention.kind='scaled_mha' is not supported"):
+            to_hf(zoo.build("gpt2-small", TINY_TEXT + overrides, device="meta"))
+        with pytest.raises(ConversionError, match="block.attention.kind='scaled_mha' is not supported"):
+            to_hf(zoo.build("llama-small", TINY_TEXT + overrides, device="meta"))
+        with pytest.raises(ConversionError, match="block.attention.kind='scaled_mha' is not supported"):
+            to_timm(zoo.build("vit-tiny-16", TINY_VIT + overrides, device="meta"))
+    finally:
+        for current, old in zip((registry._specs, registry._builders), saved):
+            current.clear(), current.update(old)
 
 
 def test_a_changed_weight_is_caught():

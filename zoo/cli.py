@@ -9,6 +9,11 @@
                              a freshly initialised model as safetensors, with its spec
     zoo inspect FILE [--json]          a safetensors file's spec, tensors, dtypes, size, without building
     zoo schema               JSON Schema of spec files
+    zoo average CKPT... -o FILE [--spec SPEC] [--dtype D]
+                             the element-wise mean of several checkpoints' weights (training
+                             checkpoints or zoo safetensors files), written with its spec
+    zoo convert SRC -o DST [--to hf|timm] [--architecture CLASS] [--timm-model NAME] [--dtype D]
+                             a zoo file to an HF / timm directory, or an HF / timm model to a zoo file
 
 SPEC is a preset name, a YAML file, or a .safetensors file written by zoo (its stored spec).
 Every failure prints one line, ``zoo: error: ...``, and exits with status 2.
@@ -186,6 +191,112 @@ def _inspect(args) -> None:
         sys.stdout.write("\n".join(inspect_lines(header)) + "\n")
 
 
+def _convert(args) -> None:
+    import logging
+
+    from zoo.interop.files import convert
+
+    for name in ("transformers", "timm", "huggingface_hub"):  # their progress bars and notices are not ours
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+    done = convert(args.src, args.output, to=args.to, dtype=DTYPES[args.dtype] if args.dtype else None,
+                   architecture=args.architecture, timm_model=args.timm_model)
+    what = {"zoo": "zoo file", "hf": "HF directory", "timm": "timm directory"}[done.kind]
+    print(f"wrote {done.path}: {what}, {done.reference}, {done.parameters:,} parameters"
+          + (f", {args.dtype}" if args.dtype else ""))
+    if done.ignored:
+        shown = ", ".join(done.ignored[:4]) + (f" (+{len(done.ignored) - 4} more)" if len(done.ignored) > 4 else "")
+        print(f"left out {len(done.ignored)} tensors {done.reference} does not read: {shown}")
+
+
+def _convert_parser(sub) -> argparse.ArgumentParser:
+    text = "convert a zoo file to an HF or timm directory, or an HF or timm model to a zoo file (exact; offline)"
+    p = sub.add_parser("convert", help=text, description=text + (
+        ". SRC is a zoo .safetensors file, an HF model directory (config.json + weights, as save_pretrained writes), "
+        "a timm directory (config.json + model.safetensors), or a timm .safetensors checkpoint with --timm-model."))
+    p.add_argument("src", metavar="SRC", help="a zoo .safetensors file, an HF or timm model directory, or a timm checkpoint")
+    p.add_argument("-o", "--output", required=True, metavar="DST",
+                   help="a new directory (from a zoo file) or the .safetensors file to write (to zoo)")
+    p.add_argument("--to", choices=("hf", "timm"), default=None,
+                   help="target of a zoo file (default: timm for a ViT, hf otherwise)")
+    p.add_argument("--architecture", default=None, metavar="CLASS",
+                   help="the HF class for a zoo file: GPT2LMHeadModel, LlamaForCausalLM, BertForMaskedLM, MarianMTModel "
+                        "(default by family; a rope decoder becomes LlamaForCausalLM)")
+    p.add_argument("--timm-model", default=None, metavar="NAME",
+                   help="the timm model a bare timm .safetensors checkpoint holds, e.g. vit_tiny_patch16_224")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="dtype of the written tensors (default: as read)")
+    return p
+
+
+def _average_spec(args, first: Path, ckpt: dict | None):
+    """The spec of the averaged model: --spec, else the first input's (a zoo file's, or the one a
+    training checkpoint records under state.spec / spec)."""
+    if args.spec:
+        return _spec(args.spec, args.overrides)
+    if ckpt is None:
+        return zoo.load_spec(zoo.io.read_spec(first), args.overrides)
+    stored = ckpt.get("spec") or ckpt.get("state", {}).get("spec")
+    if stored is None:
+        raise ValueError(f"{first} records no model spec; give one with --spec (a preset, YAML or .safetensors file)")
+    return zoo.load_spec(stored, args.overrides)
+
+
+def _average(args) -> None:
+    from zoo.train.checkpoint import CheckpointError, average_state_dicts, load_checkpoint
+
+    if not Path(args.output).parent.is_dir():
+        raise zoo.io.SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
+    states, spec = [], None
+    for i, name in enumerate(args.checkpoints):
+        path = Path(name)
+        if not path.is_file():
+            raise ValueError(f"no such file: {name}")
+        ckpt = None
+        if path.suffix == ".safetensors":
+            states.append(zoo.load(path).state_dict())  # every name, tied ones included
+        else:
+            try:
+                ckpt = load_checkpoint(path)
+            except CheckpointError as e:
+                raise ValueError(str(e)) from None
+            states.append(ckpt["model"])
+        if i == 0:
+            spec = _average_spec(args, path, ckpt)
+    expected = set(zoo.build(spec, device="meta").state_dict())
+    for name, state in zip(args.checkpoints, states):
+        if set(state) != expected:
+            missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+            raise ValueError(f"{name} does not fit the spec ({spec.name or spec.family}): "
+                             f"missing {missing[:3]}, unexpected {extra[:3]}")
+    model = zoo.build(spec)
+    model.load_state_dict(average_state_dicts(states), strict=True)
+    path = zoo.save(model, args.output, dtype=DTYPES[args.dtype] if args.dtype else None)
+    size = Path(path).stat().st_size
+    print(f"wrote {path}: the mean of {len(states)} checkpoints, {spec.name or spec.family}, "
+          f"{zoo.count_parameters(model):,} parameters, {size:,} bytes ({human_bytes(size)})")
+
+
+def _average_parser(sub) -> argparse.ArgumentParser:
+    text = "the element-wise mean of several checkpoints' weights (the paper's checkpoint averaging)"
+    p = sub.add_parser("average", help=text, description=text + (
+        ". Inputs are training checkpoints (.pt, written by zoo.train; their spec is read from the "
+        "checkpoint's state) or .safetensors files written by zoo, all of one model."))
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="training checkpoints (.pt) or zoo .safetensors files")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .safetensors file to write")
+    p.add_argument("--spec", default=None, metavar="SPEC",
+                   help="the model's spec (preset, YAML or .safetensors); default: the first input's")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the spec (repeatable)")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="dtype of the written tensors (default: as averaged)")
+    return p
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="zoo", description="A configurable Transformer architecture zoo.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -215,6 +326,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("file", metavar="FILE")
     inspect.add_argument("--json", action="store_true", help="print the facts as JSON")
     sub.add_parser("schema", help="JSON Schema of spec files")
+    _convert_parser(sub)
+    _average_parser(sub)
     return parser
 
 
@@ -250,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
             _inspect(args)
         elif args.command == "schema":
             sys.stdout.write(json.dumps(zoo.json_schema(), indent=2) + "\n")
+        elif args.command == "convert":
+            _convert(args)
+        elif args.command == "average":
+            _average(args)
     except KeyboardInterrupt:
         print("zoo: error: interrupted", file=sys.stderr)
         return 130

@@ -3,6 +3,7 @@
     zoo.interop.timm   from_timm(timm_model) / to_timm(zoo_model)   timm VisionTransformer
     zoo.interop.hf     from_hf(hf_model) / to_hf(zoo_model)         GPT2LMHeadModel, BertForMaskedLM,
                                                                     LlamaForCausalLM, MarianMTModel
+    zoo.interop.files  convert(src, dst, ...)                       files on disk (the `zoo convert` command)
 
 Each converter builds the zoo spec from the reference's configuration (and the configuration from
 the spec), then maps tensors by name. What the target cannot express raises
@@ -11,7 +12,8 @@ original computes, never an approximation. timm and transformers are imported wh
 """
 
 from zoo.interop.common import ConversionError
+from zoo.interop.files import convert
 from zoo.interop.hf import from_hf, hf_config, hf_spec, to_hf
 from zoo.interop.timm import from_timm, timm_spec, to_timm
 
-__all__ = ["ConversionError", "from_hf", "to_hf", "hf_spec", "hf_config", "from_timm", "to_timm", "timm_spec"]
+__all__ = ["ConversionError", "convert", "from_hf", "to_hf", "hf_spec", "hf_config", "from_timm", "to_timm", "timm_spec"]

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ConversionError", "Rule", "zoo_state", "reference_state", "check_covered", "load_exact", "device_dtype"]
+__all__ = ["ConversionError", "Rule", "zoo_state", "reference_state", "check_covered", "check_used", "load_exact", "device_dtype"]
 
 
 class ConversionError(ValueError):
@@ -92,6 +92,15 @@ def check_covered(names: Iterable[str], rules: Iterable[Rule], where: str, *, ha
             f"{where}: the reference has tensors zoo has no place for: {shown}; "
             f"it uses an option zoo does not have"
         )
+
+
+def check_used(names: Iterable[str], rules: Iterable[Rule], where: str) -> None:
+    """Every zoo tensor has a place in the reference; one left over means an option it lacks (the
+    converter's checks should have named it, so this is the guard behind them)."""
+    left = sorted(set(names) - {r.zoo for r in rules})
+    if left:
+        shown = ", ".join(left[:6]) + (f", ... ({len(left)} in all)" if len(left) > 6 else "")
+        raise ConversionError(f"{where}: zoo's tensors {shown} have no place in the reference; the spec uses an option it does not have")
 
 
 def _tie_groups(module: nn.Module) -> list[list[str]]:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from zoo.components.position import sinusoid_table
 from zoo.interop.common import (
-    ConversionError, Rule, check_covered, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state,
+    ConversionError, Rule, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state,
 )
 from zoo.spec import FamilySpec, parse_spec
 
@@ -88,12 +88,16 @@ def _fused(z: str, hs: list[str], *, bias: bool) -> list[Rule]:
     return rules + [rule(f"{z}.bias", *[f"{h}.bias" for h in hs])] if bias else rules
 
 
+_BUILTIN_ATTENTION = ("mha", "gqa", "mqa")  # a registered kind may compute anything with the same tensors
+
+
 def _plain_attention(spec: FamilySpec, where: str, *, cross_too: bool = False) -> None:
     """Checks for references with one MHA shape, biases on every projection (GPT-2, BERT, Marian)."""
     d, b = spec.d_model, spec.block
     for field, att in [("attention", b.attention)] + ([("cross_attention", b.cross_attention)] if cross_too else []):
         if att is None:
             continue
+        _require(att.kind in _BUILTIN_ATTENTION, where, f"block.{field}.kind", att.kind, "only zoo's built-in attention converts")
         _require(att.kv_heads == att.n_heads, where, f"block.{field}.n_kv_heads", att.kv_heads,
                  "this architecture has multi-head attention only (n_kv_heads == n_heads)")
         sizes = (att.qk_size(d), att.v_size(d))
@@ -335,6 +339,7 @@ class _Llama:
                  "LLaMA has rotary positions (a decoder with learned positions converts to GPT2LMHeadModel)")
         _require(s.block.norm.kind == "rmsnorm", where, "block.norm.kind", s.block.norm.kind, "LLaMA uses RMSNorm")
         _require(s.norm_placement == "pre", where, "block.norm.placement", s.norm_placement, "LLaMA is pre-norm")
+        _require(att.kind in _BUILTIN_ATTENTION, where, "block.attention.kind", att.kind, "only zoo's built-in attention converts")
         _require(att.qk_size(d) == att.v_size(d), where, "block.attention.v_head_dim", att.v_size(d),
                  f"LLaMA has one head size for queries, keys and values (head_dim {att.qk_size(d)})")
         _require(not s.embedding.scale and not s.embedding.norm, where, "embedding", s.embedding.model_dump(),
@@ -423,6 +428,7 @@ class _Marian:
         _require(s.block.norm.eps == 1e-5, where, "block.norm.eps", s.block.norm.eps, "Marian's LayerNorms have eps 1e-5")
         _plain_attention(s, where, cross_too=True)
         _require(s.block.ffn.bias, where, "block.ffn.bias", False, "Marian's FFN has biases")
+        _require(not s.embedding.norm, where, "embedding.norm", True, "Marian has no norm after the embedding sum")
         _require(s.tie_embeddings or not s.share_embeddings, where, "tie_embeddings", False,
                  "HF Marian shares source and target embeddings only when it also ties the output projection; "
                  "set share_embeddings: false or tie_embeddings: true")
@@ -605,6 +611,7 @@ def to_hf(zoo_model: nn.Module, architecture: str | None = None, **config: Any) 
         state = arch.prepare_to(state, spec)
     shapes = {name: t.shape for name, t in hf_model.state_dict().items()}
     rules = arch.rules(spec)
+    check_used(state, rules, where)
     out = reference_state(state, rules, shapes, where)
     if hasattr(arch, "extra_to"):
         out.update(arch.extra_to(zoo_model, spec, shapes))

@@ -14,10 +14,11 @@ timm is imported only when a converter runs.
 from __future__ import annotations
 
 import functools
+import math
 
 from torch import nn
 
-from zoo.interop.common import ConversionError, check_covered, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
+from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["from_timm", "to_timm", "timm_spec"]
@@ -178,6 +179,17 @@ def from_timm(timm_model: nn.Module) -> nn.Module:
     return model.train(timm_model.training)
 
 
+def _mlp_ratio(d: int, hidden: int) -> float:
+    """The float ratio timm turns back into ``hidden`` (it sizes the MLP as ``int(d * mlp_ratio)``;
+    ``hidden / d`` alone can land one ulp low, and truncation then loses a unit)."""
+    ratio = hidden / d
+    while int(d * ratio) < hidden:
+        ratio = math.nextafter(ratio, math.inf)
+    while int(d * ratio) > hidden:
+        ratio = math.nextafter(ratio, -math.inf)
+    return ratio
+
+
 def _timm_kwargs(s: FamilySpec) -> dict:
     """VisionTransformer arguments for ``s``, refusing what timm's ViT cannot express."""
     att, ffn, norm, d = s.block.attention, s.block.ffn, s.block.norm, s.d_model
@@ -186,6 +198,7 @@ def _timm_kwargs(s: FamilySpec) -> dict:
         ("position.kind", s.position.kind, s.position.kind in ("learned", "none"), "timm's ViT has learned positions or none"),
         ("block.norm.kind", norm.kind, norm.kind == "layernorm" and getattr(norm, "bias", False), "timm's ViT uses LayerNorm with bias"),
         ("block.norm.placement", norm.placement, norm.placement == "pre", "timm's ViT is pre-norm"),
+        ("block.attention.kind", att.kind, att.kind in ("mha", "gqa", "mqa"), "only zoo's built-in attention converts"),
         ("block.attention.n_kv_heads", att.kv_heads, att.kv_heads == att.n_heads, "timm's ViT has multi-head attention only"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's ViT head size is d_model / n_heads"),
@@ -200,7 +213,7 @@ def _timm_kwargs(s: FamilySpec) -> dict:
     return dict(
         img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes,
         global_pool="token" if s.pool == "cls" else "avg", embed_dim=d, depth=s.n_layers, num_heads=att.n_heads,
-        mlp_ratio=ffn.hidden_size(d) / d, qkv_bias=att.bias, proj_bias=att.bias, class_token=s.class_token,
+        mlp_ratio=_mlp_ratio(d, ffn.hidden_size(d)), qkv_bias=att.bias, proj_bias=att.bias, class_token=s.class_token,
         pos_embed="learn" if s.position.kind == "learned" else "none", fc_norm=s.fc_norm,
         norm_layer=functools.partial(nn.LayerNorm, eps=norm.eps), act_layer=act,
         pos_drop_rate=s.dropout.embedding, proj_drop_rate=s.dropout.residual, attn_drop_rate=s.dropout.attention,
@@ -219,5 +232,6 @@ def to_timm(zoo_model: nn.Module) -> nn.Module:
         raise unsupported(TO, "block.ffn.hidden", hidden, f"timm sizes the MLP as int(d_model * mlp_ratio); no ratio gives {hidden}")
     shapes = {name: t.shape for name, t in timm_model.state_dict().items()}
     rules = _rules(spec)
+    check_used(zoo_model.state_dict(), rules, TO)
     load_exact(timm_model, reference_state(zoo_model.state_dict(), rules, shapes, TO), TO)
     return timm_model.train(zoo_model.training)

@@ -1,0 +1,248 @@
+"""Converting files on disk: the ``zoo convert`` command's work, usable from Python too.
+
+    convert(src, dst, to=None, dtype=None, architecture=None, timm_model=None) -> Converted
+
+``src`` is one of
+
+    a zoo .safetensors file (written by ``zoo.save``)    -> an HF or timm directory at ``dst``
+    an HF directory (config.json + weights)             -> a zoo .safetensors file at ``dst``
+    a timm directory (config.json with "architecture")  -> a zoo .safetensors file at ``dst``
+    a timm .safetensors checkpoint + ``timm_model``      -> a zoo .safetensors file at ``dst``
+
+An HF directory is what ``save_pretrained`` writes; it is read with ``from_pretrained(...,
+local_files_only=True)``. A timm directory is what ``timm``'s ``save_for_hf`` writes
+(``config.json`` with the model name and its ``model_args``, weights in ``model.safetensors``);
+``timm.create_model("local-dir:DIR", pretrained=True)`` reads the ones written here. Nothing is
+ever downloaded. An HF checkpoint that lacks a tensor of the reference class (a ``BertModel``
+read as ``BertForMaskedLM``) is refused rather than completed with random values; tensors the
+class does not read (BERT's pooler and next-sentence head) are left out and listed in ``ignored``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from zoo.interop.common import ConversionError
+
+__all__ = ["Converted", "convert", "TIMM_BASE_MODEL", "TIMM_LAYERNORM_EPS"]
+
+TIMM_BASE_MODEL = "vit_base_patch16_224"  # the timm name written for a zoo ViT; model_args set every size
+TIMM_LAYERNORM_EPS = 1e-6  # timm's ViT builds its LayerNorms with this eps when the config names none
+TIMM_WEIGHTS = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What :func:`convert` wrote: ``kind`` 'zoo', 'hf' or 'timm', the class converted, the path."""
+
+    kind: str
+    reference: str
+    path: Path
+    parameters: int
+    ignored: tuple[str, ...] = ()  # source tensors the reference class does not read (another task's head)
+
+
+def _n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _is_zoo_file(path: Path) -> bool:
+    import zoo.io
+
+    return "zoo.spec" in zoo.io.read_header(path).metadata
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: not a JSON object")
+    return data
+
+
+def _fresh_dir(dst: Path) -> None:
+    if dst.suffix == ".safetensors":
+        raise ConversionError(f"cannot write {str(dst)!r}: a zoo file converts to a directory (config.json + model.safetensors); "
+                              f"name a directory")
+    if dst.exists() and not dst.is_dir():
+        raise ConversionError(f"cannot write the directory {str(dst)!r}: a file of that name exists")
+    if dst.is_dir() and any(dst.iterdir()):
+        raise ConversionError(f"cannot write into {str(dst)!r}: the directory is not empty (its files would mix with the new ones)")
+    if not dst.parent.is_dir():
+        raise ConversionError(f"cannot write {str(dst)!r}: no directory {str(dst.parent)!r}")
+
+
+# ------------------------------------------------------------------------------------- zoo -> reference
+def _to_hf_dir(model: nn.Module, dst: Path, architecture: str | None, dtype: torch.dtype | None) -> Converted:
+    from zoo.interop.hf import to_hf
+
+    _fresh_dir(dst)
+    hf = to_hf(model, architecture)
+    if dtype is not None:
+        hf = hf.to(dtype)
+    hf.save_pretrained(str(dst))
+    return Converted("hf", type(hf).__name__, dst, _n_params(hf))
+
+
+def timm_model_args(spec) -> dict:
+    """JSON-able ``model_args`` that rebuild, with ``timm.create_model``, the ViT :func:`to_timm` builds."""
+    from zoo.interop.timm import _timm_kwargs
+
+    kwargs = _timm_kwargs(spec)
+    eps = spec.block.norm.eps
+    if eps != TIMM_LAYERNORM_EPS:
+        raise ConversionError(
+            f"zoo -> timm directory: block.norm.eps={eps!r} is not supported: timm's saved-model config cannot "
+            f"record a LayerNorm eps, and timm builds its ViT with {TIMM_LAYERNORM_EPS} "
+            f"(convert in Python with zoo.interop.to_timm instead)"
+        )
+    del kwargs["norm_layer"]
+    return {**kwargs, "class_token": bool(kwargs["class_token"])}
+
+
+def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None) -> Converted:
+    from safetensors.torch import save_file
+
+    from zoo.interop.timm import to_timm
+
+    _fresh_dir(dst)
+    args = timm_model_args(model.spec)  # refuse before any work
+    ref = to_timm(model)
+    state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in ref.state_dict().items()}
+    s = model.spec
+    config = {
+        "architecture": TIMM_BASE_MODEL,
+        "num_classes": s.num_classes,
+        "num_features": s.d_model,
+        "global_pool": args["global_pool"],
+        "model_args": args,
+        "pretrained_cfg": {
+            "input_size": [s.in_channels, s.image_size, s.image_size], "fixed_input_size": True,
+            "num_classes": s.num_classes, "first_conv": "patch_embed.proj", "classifier": "head",
+        },
+    }
+    dst.mkdir(exist_ok=True)
+    save_file(state, str(dst / TIMM_WEIGHTS), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return Converted("timm", type(ref).__name__, dst, _n_params(ref))
+
+
+# ------------------------------------------------------------------------------------- reference -> zoo
+def _load_hf_dir(src: Path) -> nn.Module:
+    import transformers
+
+    from zoo.interop.hf import _ARCHS, ARCHITECTURES
+
+    config = _read_json(src / "config.json")
+    model_type = config.get("model_type")
+    arch = next((a for a in _ARCHS.values() if a.model_type == model_type), None)
+    if arch is None:
+        named = ", ".join(config.get("architectures") or []) or "no architectures listed"
+        raise ConversionError(f"{src}: model_type {model_type!r} ({named}) does not convert; supported: {', '.join(ARCHITECTURES)}")
+    cls = getattr(transformers, arch.name)
+    try:
+        model, info = cls.from_pretrained(str(src), local_files_only=True, output_loading_info=True)
+    except OSError as e:
+        raise ConversionError(f"{src}: cannot read the model: {str(e).splitlines()[0]}") from None
+    missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
+    if missing:  # from_pretrained fills missing tensors with random values; never convert those
+        shown = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
+        raise ConversionError(f"{src}: the weights do not fit {arch.name}: it has no {shown} "
+                              f"(the directory holds {', '.join(config.get('architectures') or ['another model'])})")
+    return model.eval(), unexpected  # unexpected: other heads (BERT's pooler, NSP), unread by this class
+
+
+def _timm_from_state(name: str, args: dict, weights: Path, where: str) -> nn.Module:
+    import timm
+    from safetensors.torch import load_file
+
+    try:
+        model = timm.create_model(name, pretrained=False, **args)
+    except RuntimeError as e:  # timm's 'Unknown model (...)'
+        raise ConversionError(f"{where}: {e}") from None
+    state = load_file(str(weights))
+    want = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    missing, unexpected = sorted(want.keys() - state.keys()), sorted(state.keys() - want.keys())
+    if missing or unexpected:
+        raise ConversionError(f"{where}: the weights do not fit timm's {name!r}: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    wrong = [n for n in want if tuple(state[n].shape) != want[n]]
+    if wrong:
+        key = wrong[0]
+        raise ConversionError(f"{where}: the weights do not fit timm's {name!r}: {key} is {tuple(state[key].shape)} in the file, "
+                              f"{want[key]} in the model ({len(wrong)} tensors differ; a timm directory's config.json "
+                              f"can give the sizes as model_args)")
+    model.load_state_dict(state)
+    dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
+    return model.to(dtypes.pop() if len(dtypes) == 1 else torch.float32).eval()
+
+
+def _load_timm_dir(src: Path) -> nn.Module:
+    config = _read_json(src / "config.json")
+    weights = src / TIMM_WEIGHTS
+    if not weights.is_file():
+        raise ConversionError(f"{src}: a timm directory needs its weights in {TIMM_WEIGHTS}")
+    return _timm_from_state(config["architecture"], dict(config.get("model_args") or {}), weights, str(src))
+
+
+# ---------------------------------------------------------------------------------------------- public
+def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: torch.dtype | None = None,
+            architecture: str | None = None, timm_model: str | None = None) -> Converted:
+    """Convert the model in ``src`` and write it to ``dst`` (see the module's docstring).
+
+    ``to`` ('hf' or 'timm') picks the target of a zoo file (default: timm for a ViT, HF otherwise),
+    ``architecture`` the HF class (default by family, as :func:`zoo.interop.to_hf`), ``dtype`` casts
+    the written floating-point tensors, and ``timm_model`` names the timm model a bare timm
+    checkpoint holds (``vit_tiny_patch16_224``).
+    """
+    import zoo
+
+    from zoo.interop.hf import from_hf
+    from zoo.interop.timm import from_timm
+
+    src, dst, ignored = Path(src), Path(dst), []
+    if to not in (None, "hf", "timm"):
+        raise ConversionError(f"unknown target {to!r}; choose hf or timm")
+    if not src.exists():
+        raise ConversionError(f"{str(src)!r}: no such file or directory")
+    if src.is_file() and _is_zoo_file(src):
+        if timm_model is not None:
+            raise ConversionError(f"{src} is a zoo file; --timm-model names the model of a timm checkpoint being read")
+        model = zoo.load(src).eval()
+        target = to or ("timm" if model.spec.family == "vit" else "hf")
+        if target == "timm":
+            if architecture is not None:
+                raise ConversionError("an HF architecture does not apply to a timm target")
+            return _to_timm_dir(model, dst, dtype)
+        return _to_hf_dir(model, dst, architecture, dtype)
+
+    if to is not None or architecture is not None:
+        raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files")
+    if not dst.parent.is_dir():  # before reading: a big model takes a while
+        raise ConversionError(f"cannot write {str(dst)!r}: no directory {str(dst.parent)!r}")
+    if src.is_dir():
+        if not (src / "config.json").is_file():
+            raise ConversionError(f"{src}: not a model directory (no config.json)")
+        config = _read_json(src / "config.json")
+        if "model_type" in config:
+            ref, ignored = _load_hf_dir(src)
+            model = from_hf(ref)
+        elif "architecture" in config:
+            ref = _load_timm_dir(src)
+            model = from_timm(ref)
+        else:
+            raise ConversionError(f"{src}/config.json names neither an HF model_type nor a timm architecture")
+    elif timm_model is not None:
+        ref = _timm_from_state(timm_model, {}, src, str(src))
+        model = from_timm(ref)
+    else:
+        raise ConversionError(f"{src} has no zoo spec; for a timm checkpoint name its model with --timm-model NAME, "
+                              f"or pass an HF model directory")
+    path = zoo.save(model, dst, dtype=dtype)
+    return Converted("zoo", type(ref).__name__, Path(path), zoo.count_parameters(model), tuple(ignored))
