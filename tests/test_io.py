@@ -421,3 +421,22 @@ def test_a_part_without_reset_buffers_still_loads(tmp_path, restore_registries):
     tokens = example_inputs(model)[0]
     with torch.no_grad():
         assert torch.equal(loaded(tokens), model(tokens))
+
+
+def test_saved_files_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        path = save(tiny_model("decoder"), tmp_path / "m.safetensors")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        os.chmod(path, 0o600)
+        save(tiny_model("decoder"), path)  # overwriting keeps the file's own permissions
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        from zoo.train import save_checkpoint
+
+        ckpt = save_checkpoint(tmp_path / "c.pt", model=tiny_model("decoder"), step=1)
+        assert stat.S_IMODE(ckpt.stat().st_mode) == 0o644
+    finally:
+        os.umask(mask)

@@ -133,6 +133,17 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
     return _write_atomic(tensors, metadata, Path(path))
 
 
+def file_mode(path: Path) -> int:
+    """The permissions a new file at ``path`` gets: an existing file's, else 0o666 less the umask
+    (temporary files are created private; the renamed result should not be)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
 def _write_atomic(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> Path:
     """Write to a temporary file beside ``path``, flush it to disk, then rename it into place: a crash
     leaves either the old file or the new one, never half of one."""
@@ -141,6 +152,7 @@ def _write_atomic(tensors: dict[str, Tensor], metadata: dict[str, str], path: Pa
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         save_file(tensors, str(tmp), metadata=metadata)
+        os.chmod(tmp, file_mode(path))
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

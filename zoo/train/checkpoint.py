@@ -79,6 +79,9 @@ def _atomic_torch_save(obj: Any, path: Path) -> Path:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        from zoo.io import file_mode
+
+        os.chmod(tmp, file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         with _suppress():
