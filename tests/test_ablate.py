@@ -74,3 +74,27 @@ def test_bad_files_are_named(tmp_path, text, match):
     (tmp_path / "g.yaml").write_text(text)
     with pytest.raises(AblationError, match=match):
         load_ablation(tmp_path / "g.yaml")
+
+
+def test_model_keys_are_gathered_for_the_recipe():
+    from zoo.ablate import AblationFile, row_overrides
+
+    grid = AblationFile(recipe="r.py", base=["train.steps=5", "model.dropout.residual=0.3"],
+                        rows={"h1": ["model.block.attention.n_heads=1", "run.seed=2"]}, model_overrides="model_overrides")
+    assert row_overrides(grid, "h1") == [
+        "train.steps=5", "run.seed=2", 'model_overrides=["dropout.residual=0.3", "block.attention.n_heads=1"]']
+    import yaml
+
+    assert yaml.safe_load(row_overrides(grid, "h1")[-1].split("=", 1)[1]) == ["dropout.residual=0.3", "block.attention.n_heads=1"]
+
+
+def test_the_command_writes_table_and_plot(tmp_path, capsys):
+    from zoo.cli import main
+
+    path, count, _ = _grid(tmp_path, "  base: []\n  h2: [heads=2]\n")
+    assert main(["ablate", str(path), "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "| h2 | `heads=2` | 2,000 | 5.00 | 3.00 |" in out
+    assert (tmp_path / "out" / "table.png").is_file() and (tmp_path / "out" / "table.csv").is_file()
+    assert main(["ablate", str(path), "-o", str(tmp_path / "out"), "--only", "nope"]) == 2
+    assert "unknown row 'nope'" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 An ablation file (YAML)::
 
     recipe: recipes/translate.py          # a recipe script taking key=value overrides (relative to the file or cwd)
+    model_overrides: model_overrides      # model.* entries go to the recipe's model_overrides list
     base: [train.steps=3000]              # overrides every row gets (the shared budget)
     rows:
       base: []
@@ -51,6 +52,9 @@ class AblationFile(BaseModel):
     rows: dict[str, list[str]] = Field(description="row name -> its overrides")
     metrics: list[str] = Field(default_factory=lambda: ["valid_ppl", "valid_bleu"])
     reference: str | None = Field(None, description="the row drawn as a reference line (default: the first)")
+    model_overrides: str | None = Field(
+        None, description="the recipe's list field for model-spec overrides: `model.a.b=c` entries of base and rows "
+        "are gathered into one `<this>=[a.b=c, ...]` override (e.g. model_overrides for recipes/translate.py)")
 
     @field_validator("rows")
     @classmethod
@@ -90,7 +94,13 @@ def load_ablation(path: str | os.PathLike) -> tuple[AblationFile, Path]:
 
 
 def row_overrides(grid: AblationFile, row: str) -> list[str]:
-    return list(grid.base) + list(grid.rows[row])
+    """What the recipe's command line gets for ``row``: base, then the row (later wins)."""
+    given = list(grid.base) + list(grid.rows[row])
+    if grid.model_overrides is None:
+        return given
+    model = [o.removeprefix("model.") for o in given if o.startswith("model.")]
+    rest = [o for o in given if not o.startswith("model.")]
+    return rest + ([f"{grid.model_overrides}={json.dumps(model)}"] if model else [])
 
 
 def row_dir(out: Path, grid: AblationFile, recipe: Path, row: str) -> Path:
@@ -140,7 +150,7 @@ def run_grid(path: str | os.PathLike, out: str | os.PathLike, *, jobs: int = 1, 
         name, where = item
         echo(f"{name}: running {' '.join(grid.rows[name]) or '(base)'}")
         results = _run_row(recipe, row_overrides(grid, name), where)
-        echo(f"{name}: " + ", ".join(f"{m} {results.get(m)}" for m in grid.metrics))
+        echo(f"{name}: " + ", ".join(f"{m} {metric(results, m)}" for m in grid.metrics))
         return name, where, results
 
     failures = []
@@ -155,6 +165,18 @@ def run_grid(path: str | os.PathLike, out: str | os.PathLike, *, jobs: int = 1, 
     if failures:
         raise AblationError(f"{len(failures)} row(s) failed; first: {failures[0]}")
     return [records[n] for n in names]
+
+
+def metric(results: dict[str, Any], key: str) -> Any:
+    """``results[key]``, or a dotted path into nested results (``valid/averaged.bleu``)."""
+    if key in results:
+        return results[key]
+    node: Any = results
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 def _cell(v: Any) -> str:
@@ -172,7 +194,7 @@ def write_table(records: list[dict[str, Any]], metrics: list[str], out: Path) ->
     for r in records:
         res = r["results"]
         rows.append({"row": r["row"], "changed": " ".join(r["overrides"]) or "(base)", "params": res.get("params"),
-                     **{m: res.get(m) for m in metrics}, "wall_seconds": res.get("wall_seconds")})
+                     **{m: metric(res, m) for m in metrics}, "wall_seconds": res.get("wall_seconds")})
     md = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     md += ["| " + " | ".join(_cell(row[c]) if c != "changed" else f"`{row[c]}`" for c in cols) + " |" for row in rows]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -196,7 +218,7 @@ def plot_grid(records: list[dict[str, Any]], metrics: list[str], out: Path, refe
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 0.35 * len(records) + 1.5), squeeze=False)
     names = [r["row"] for r in records]
     for ax, m in zip(axes[0], metrics):
-        vals = [r["results"].get(m) for r in records]
+        vals = [metric(r["results"], m) for r in records]
         nums = [v if isinstance(v, (int, float)) else float("nan") for v in vals]
         ax.barh(range(len(names)), nums, color=["tab:orange" if n == reference else "tab:blue" for n in names])
         ref = next((v for n, v in zip(names, nums) if n == reference), None)

@@ -14,6 +14,8 @@
                              checkpoints or zoo safetensors files), written with its spec
     zoo convert SRC -o DST [--to hf|timm] [--architecture CLASS] [--timm-model NAME] [--dtype D]
                              a zoo file to an HF / timm directory, or an HF / timm model to a zoo file
+    zoo ablate GRID [-o OUT] [--jobs N] [--only ROW ...]
+                             run an ablation grid (rows of overrides over one recipe); table + plot
 
 SPEC is a preset name, a YAML file, or a .safetensors file written by zoo (its stored spec).
 Every failure prints one line, ``zoo: error: ...``, and exits with status 2.
@@ -297,6 +299,33 @@ def _average_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _ablate_parser(sub) -> argparse.ArgumentParser:
+    text = "run an ablation grid: rows of overrides over one recipe, then a table and a plot"
+    p = sub.add_parser("ablate", help=text, description=text + (
+        ". Finished rows (cached by their resolved overrides) are not run again, so an interrupted grid "
+        "resumes. See docs/recipes/ablation.md for the file format."))
+    p.add_argument("grid", metavar="GRID", help="the ablation YAML file")
+    p.add_argument("-o", "--out", default=None, metavar="DIR", help="where runs and results go (default: runs/ablate/<grid name>)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="rows run at once (default 1)")
+    p.add_argument("--only", nargs="+", default=None, metavar="ROW", help="run these rows only")
+    p.add_argument("--table", default=None, metavar="PATH",
+                   help="write the table (.md and .csv) and plot (.png) here (default: OUT/table)")
+    return p
+
+
+def _ablate(args) -> None:
+    from zoo.ablate import load_ablation, plot_grid, run_grid, write_table
+
+    grid, _ = load_ablation(args.grid)
+    out = Path(args.out) if args.out else Path("runs") / "ablate" / Path(args.grid).stem
+    records = run_grid(args.grid, out, jobs=args.jobs, only=args.only, echo=lambda m: print(m, flush=True))
+    table = Path(args.table) if args.table else out / "table"
+    md, csv_path = write_table(records, grid.metrics, table)
+    png = plot_grid(records, grid.metrics, table, grid.reference)
+    sys.stdout.write(md.read_text())
+    print(f"wrote {md}, {csv_path}, {png}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="zoo", description="A configurable Transformer architecture zoo.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -328,6 +357,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("schema", help="JSON Schema of spec files")
     _convert_parser(sub)
     _average_parser(sub)
+    _ablate_parser(sub)
     return parser
 
 
@@ -367,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             _convert(args)
         elif args.command == "average":
             _average(args)
+        elif args.command == "ablate":
+            _ablate(args)
     except KeyboardInterrupt:
         print("zoo: error: interrupted", file=sys.stderr)
         return 130
