@@ -1,0 +1,196 @@
+"""Train a GPT-style causal language model on plain text, report validation perplexity against a
+unigram baseline, sample from it, and export it with its tokenizer.
+
+    python recipes/lm.py                                   # the embedded default: WordNet glosses, CPU, ~10 min
+    python recipes/lm.py model=gpt2-small data.text=[corpus/] train.steps=20000 ...
+    torchrun --nproc_per_node 8 recipes/lm.py --config my.yaml
+    python recipes/lm.py --resume                          # continue exactly where the run stopped
+
+Data (``data.text``): plain-text files or folders of ``*.txt`` (one document a line); without it, the
+glosses of WordNet (Debian's ``wordnet-base``). A byte-level BPE is trained on the training split
+(or ``data.tokenizer`` is used), documents are joined with ``<eos>`` and cut into blocks of
+``train.block_len`` tokens. Any decoder spec works (``model``: a preset or a YAML file). See
+docs/recipes/lm.md.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, PositiveFloat, PositiveInt
+
+import zoo
+from zoo.data import text as T
+from zoo.spec import SpecError
+from zoo.train import (
+    CheckpointError,
+    Config,
+    OptimConfig,
+    RunConfig,
+    ScheduleConfig,
+    config_to_yaml,
+    distributed,
+    parse_args,
+    seed_everything,
+    tune_malloc,
+)
+from zoo.train.lm import Task, TextDataConfig, fit, get_tokenizer, load_text, resolve_resume
+
+DEFAULT_CONFIG = Path(__file__).with_name("lm.yaml")
+
+
+class TrainConfig(Config):
+    steps: PositiveInt = 1000
+    batch_size: PositiveInt = Field(32, description="blocks per micro-batch per process")
+    block_len: PositiveInt = Field(128, description="tokens of context per block")
+
+
+class SampleConfig(Config):
+    prompts: list[str] = ["a", "the act of", "a person who"]
+    max_new_tokens: PositiveInt = 40
+    temperature: PositiveFloat = 0.8
+    top_p: float = Field(0.9, gt=0.0, le=1.0)
+    seed: int = 0
+
+
+class LMConfig(Config):
+    model: str = Field("llama-tiny", description="a decoder preset or spec YAML")
+    model_overrides: list[str] = []
+    data: TextDataConfig = TextDataConfig()
+    train: TrainConfig = TrainConfig()
+    sample: SampleConfig = SampleConfig()
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    run: RunConfig = RunConfig(out_dir=Path("runs/lm"))
+
+
+class RecipeError(RuntimeError):
+    pass
+
+
+def batches_for(n_blocks: int, batch_size: int, seed: int):
+    """The epoch's micro-batches: a seeded permutation of the blocks, cut into full batches."""
+
+    def batches(epoch: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = torch.randperm(n_blocks, generator=g)
+        return list(order[: n_blocks // batch_size * batch_size].split(batch_size))
+
+    return batches
+
+
+def lm_loss(model, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token cross-entropy over ``blocks`` [B, L+1] and the number of targets."""
+    logits = model(blocks[:, :-1])
+    loss = F.cross_entropy(logits.float().flatten(0, 1), blocks[:, 1:].flatten(), reduction="sum")
+    return loss, torch.tensor(blocks[:, 1:].numel())
+
+
+def train(cfg: LMConfig, resume: str | None, dist) -> dict:
+    t_start = time.perf_counter()
+    device = dist.device
+    out = Path(cfg.run.out_dir)
+    ckpt_path = resolve_resume(resume, out)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+
+    # text, tokenizer, blocks
+    t0 = time.perf_counter()
+    train_texts, valid_texts, source = load_text(cfg.data)
+    tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
+    V, eos = tok.get_vocab_size(), tok.token_to_id(T.EOS)
+    L = cfg.train.block_len
+    train_blocks = T.pack_blocks(T.encode(tok, train_texts.texts), L, eos_id=eos)
+    valid_blocks = T.pack_blocks(T.encode(tok, valid_texts.texts), L, eos_id=eos)
+    unigram = T.unigram_perplexity(train_blocks[:, 1:], valid_blocks[:, 1:], V)
+    dist.print(f"data: {source}: {len(train_texts):,} train / {len(valid_texts):,} valid texts; BPE {how}: {V:,} tokens; "
+               f"{train_blocks.shape[0]:,} train / {valid_blocks.shape[0]:,} valid blocks of {L} "
+               f"({train_blocks.shape[0] * L:,} train tokens); {time.perf_counter() - t0:.1f}s")
+    dist.print(f"unigram baseline (add-one, fit on train): valid perplexity {unigram:.1f}")
+
+    # model
+    seed_everything(cfg.run.seed)
+    spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
+    if spec.family != "decoder":
+        raise RecipeError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
+    if spec.max_seq_len < L:
+        raise RecipeError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
+    model = zoo.build(spec, seed=cfg.run.seed).to(device)
+    dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
+               f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
+
+    valid_rows = list(range(valid_blocks.shape[0]))[dist.rank :: dist.world_size]
+
+    def evaluate(m) -> dict[str, float]:
+        total = torch.zeros(2, dtype=torch.float64, device=device)
+        for i in range(0, len(valid_rows), cfg.train.batch_size):
+            rows = valid_blocks[valid_rows[i : i + cfg.train.batch_size]].to(device)
+            loss, n = lm_loss(m, rows)
+            total += torch.stack([loss.double(), n.double().to(device)])
+        dist.all_reduce(total)
+        nll = float(total[0] / total[1])
+        return {"loss": nll, "ppl": math.exp(min(nll, 50.0))}
+
+    def step_loss(m, batch, step):
+        loss, n = lm_loss(m, train_blocks[batch].to(device))
+        return loss / n, {"tokens": float(n)}
+
+    task = Task(
+        batches=batches_for(train_blocks.shape[0], cfg.train.batch_size, cfg.run.seed),
+        loss=step_loss, evaluate=evaluate, name="lm",
+        panels=[("loss", ["train/loss", "valid/loss"]), ("valid perplexity", ["valid/ppl"]), ("tokens/s", ["train/tokens_per_s"])],
+    )
+    t_train = time.perf_counter()
+    model = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path,
+                config=cfg.model_dump(mode="json"))
+    train_s = time.perf_counter() - t_train
+    if not task.last:
+        model.eval()
+        with torch.no_grad():
+            task.last = evaluate(model)
+    ppl = task.last["ppl"]
+    dist.print(f"valid perplexity {ppl:.2f} (loss {task.last['loss']:.3f}) vs unigram {unigram:.1f}: "
+               f"{unigram / ppl:.1f}x lower; training {train_s / 60:.1f} min")
+
+    # samples and export
+    results = {"valid_ppl": ppl, "valid_loss": task.last["loss"], "unigram_ppl": unigram, "train_seconds": train_s}
+    if dist.is_main:
+        model.eval()
+        g = torch.Generator(device=device).manual_seed(cfg.sample.seed)
+        for prompt in cfg.sample.prompts:
+            ids = tok.encode(prompt, add_special_tokens=False).ids or [eos]
+            gen = zoo.generate(model, torch.tensor([ids], device=device), max_new_tokens=cfg.sample.max_new_tokens,
+                               do_sample=True, top_p=cfg.sample.top_p, temperature=cfg.sample.temperature,
+                               generator=g, eos_id=eos)
+            new = [t for t in gen.tokens[0].tolist() if t != eos]
+            print(f"  sample: {prompt}|{tok.decode(new)}", flush=True)
+        model_dir = out / "model"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        zoo.save(model, model_dir / "model.safetensors")
+        shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
+        (model_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        print(f"exported {model_dir}/model.safetensors and tokenizer.json; total {(time.perf_counter() - t_start) / 60:.1f} min",
+              flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, args = parse_args(LMConfig, argv, default=DEFAULT_CONFIG, description=__doc__)
+    tune_malloc()
+    try:
+        with distributed(cfg.run.device) as dist:
+            train(cfg, args.resume, dist)
+    except (RecipeError, T.DataError, CheckpointError, SpecError) as e:
+        print(f"lm.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

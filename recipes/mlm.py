@@ -1,0 +1,350 @@
+"""Pre-train a BERT-style encoder with masked language modelling, report masked-token accuracy
+against a most-frequent-token baseline, then fine-tune its classification head on labelled text.
+
+    python recipes/mlm.py                                    # the embedded default: WordNet glosses, CPU, ~8 min
+    python recipes/mlm.py finetune.train=train.tsv finetune.valid=valid.tsv   # your labelled text<TAB>label
+    python recipes/mlm.py finetune.enabled=false data.text=[corpus/]          # pre-training only
+    torchrun --nproc_per_node 8 recipes/mlm.py --config my.yaml
+    python recipes/mlm.py --resume                           # continue exactly where the run stopped
+
+Each example is one text (a gloss, a line) as ``<cls> text <eos>``, padded per batch with a padding
+mask. Masking follows BERT: 15% of the tokens are selected; of those 80% become ``<mask>``, 10% a
+random token, 10% stay. Fine-tuning's default task is WordNet's own labels: gloss -> part of speech
+(noun, verb, adj, adv), on the same train/valid split. See docs/recipes/lm.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, PositiveInt
+
+import zoo
+from zoo.data import text as T
+from zoo.spec import SpecError
+from zoo.train import (
+    CheckpointError,
+    Config,
+    OptimConfig,
+    RunConfig,
+    ScheduleConfig,
+    config_to_yaml,
+    distributed,
+    latest_checkpoint,
+    parse_args,
+    seed_everything,
+    tune_malloc,
+)
+from zoo.train.lm import Task, TextDataConfig, fit, get_tokenizer, load_text, resolve_resume
+
+DEFAULT_CONFIG = Path(__file__).with_name("mlm.yaml")
+PAD_ID, EOS_ID, CLS_ID, MASK_ID = (T.SPECIALS.index(s) for s in (T.PAD, T.EOS, T.CLS, T.MASK))
+
+
+class TrainConfig(Config):
+    steps: PositiveInt = 1000
+    batch_size: PositiveInt = Field(128, description="texts per micro-batch per process")
+    max_len: PositiveInt = Field(64, description="tokens per example, <cls> and <eos> included (longer texts are cut)")
+    mask_prob: float = Field(0.15, gt=0.0, lt=1.0, description="share of tokens selected for prediction")
+
+
+class FinetuneConfig(Config):
+    enabled: bool = True
+    train: Path | None = Field(None, description="labelled TSV (text<TAB>label); null: WordNet gloss -> part of speech")
+    valid: Path | None = Field(None, description="labelled TSV; null: the WordNet valid split, or a share of finetune.train")
+    valid_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="held out of finetune.train when finetune.valid is null")
+    train_limit: PositiveInt | None = Field(None, description="use only N training examples")
+    steps: PositiveInt = 300
+    batch_size: PositiveInt = 64
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    eval_every: PositiveInt | None = None
+    checkpoint_every: PositiveInt | None = None
+    optim: OptimConfig = OptimConfig(lr=3e-4, weight_decay=0.01)
+    schedule: ScheduleConfig = ScheduleConfig(warmup=30)
+
+
+class MLMConfig(Config):
+    model: str = Field("bert-mini", description="an encoder preset or spec YAML")
+    model_overrides: list[str] = []
+    data: TextDataConfig = TextDataConfig()
+    train: TrainConfig = TrainConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    run: RunConfig = RunConfig(out_dir=Path("runs/mlm"))
+
+
+class RecipeError(RuntimeError):
+    pass
+
+
+def examples(tok, texts, max_len: int) -> list[list[int]]:
+    """``<cls> text <eos>``, the text cut to fit ``max_len``."""
+    return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in T.encode(tok, texts)]
+
+
+def length_batches(lengths: list[int], batch_size: int, seed: int):
+    """The epoch's batches of example indices: a seeded shuffle, sorted by length within pools of
+    50 batches (little padding), the batch order shuffled again."""
+
+    def batches(epoch: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = torch.randperm(len(lengths), generator=g).tolist()
+        order = order[: len(order) // batch_size * batch_size]
+        pool = batch_size * 50
+        out = []
+        for i in range(0, len(order), pool):
+            chunk = sorted(order[i : i + pool], key=lambda j: lengths[j])
+            out += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+        perm = torch.randperm(len(out), generator=g).tolist()
+        return [out[p] for p in perm]
+
+    return batches
+
+
+def mlm_batch(rows, mask_prob: float, vocab_size: int, generator: torch.Generator):
+    tokens, pad_mask = T.pad_batch(rows, pad_id=PAD_ID)
+    maskable = pad_mask & (tokens >= len(T.SPECIALS))
+    inputs, labels = T.mask_tokens(tokens, maskable, mask_id=MASK_ID, vocab_size=vocab_size, prob=mask_prob, generator=generator)
+    return inputs, pad_mask, labels
+
+
+def eval_batches(rows, batch_size: int, rank: int, world: int):
+    """This rank's share of ``rows`` in batches of similar length."""
+    idx = sorted(range(len(rows)), key=lambda i: len(rows[i]))[rank::world]
+    return [idx[i : i + batch_size] for i in range(0, len(idx), batch_size)]
+
+
+# --------------------------------------------------------------------------------------- pre-train
+def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
+    device = dist.device
+    ckpt_path = resolve_resume(resume, out)
+    t0 = time.perf_counter()
+    train_texts, valid_texts, source = load_text(cfg.data)
+    tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
+    V = tok.get_vocab_size()
+    train_rows = examples(tok, train_texts.texts, cfg.train.max_len)
+    valid_rows = examples(tok, valid_texts.texts, cfg.train.max_len)
+    n_tok = sum(map(len, train_rows))
+    dist.print(f"data: {source}: {len(train_rows):,} train / {len(valid_rows):,} valid texts ({n_tok:,} train tokens); "
+               f"BPE {how}: {V:,} tokens; {time.perf_counter() - t0:.1f}s")
+
+    # fixed validation masks: every evaluation scores the same positions
+    g = torch.Generator().manual_seed(4321)
+    valid = [mlm_batch([valid_rows[i] for i in b], cfg.train.mask_prob, V, g)
+             for b in eval_batches(valid_rows, cfg.train.batch_size, 0, 1)]
+    counts = torch.bincount(torch.tensor([t for r in train_rows for t in r if t >= len(T.SPECIALS)]), minlength=V)
+    top = int(counts.argmax())
+    targets = torch.cat([lab[lab != -100] for _, _, lab in valid])
+    baseline = float((targets == top).double().mean())
+    dist.print(f"most-frequent-token baseline ({tok.id_to_token(top)!r}): masked-token accuracy {baseline:.2%} "
+               f"on {targets.numel():,} masked valid tokens")
+    mine = valid[dist.rank :: dist.world_size]
+
+    seed_everything(cfg.run.seed)
+    spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
+    if spec.family != "encoder":
+        raise RecipeError(f"model {cfg.model!r} is a {spec.family}; masked language modelling needs an encoder")
+    if spec.max_seq_len < cfg.train.max_len:
+        raise RecipeError(f"model max_seq_len {spec.max_seq_len} < train.max_len {cfg.train.max_len}")
+    model = zoo.build(spec, seed=cfg.run.seed).to(device)
+    dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
+               f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
+
+    def evaluate(m) -> dict[str, float]:
+        total = torch.zeros(3, dtype=torch.float64, device=device)
+        for inputs, pad_mask, labels in mine:
+            inputs, pad_mask, labels = inputs.to(device), pad_mask.to(device), labels.to(device)
+            logits = m(inputs, pad_mask).float()
+            sel = labels != -100
+            loss = F.cross_entropy(logits[sel], labels[sel], reduction="sum")
+            correct = (logits[sel].argmax(-1) == labels[sel]).sum()
+            total += torch.stack([loss.double(), correct.double(), sel.sum().double()])
+        dist.all_reduce(total)
+        return {"loss": float(total[0] / total[2]), "accuracy": float(total[1] / total[2])}
+
+    gen = {"step": -1, "g": None}
+
+    def step_loss(m, batch, step):
+        if gen["step"] != step:  # masks depend on (seed, rank, step) alone: exact on resume
+            gen.update(step=step, g=torch.Generator().manual_seed((cfg.run.seed * 1_000_003 + step) * 1009 + dist.rank))
+        inputs, pad_mask, labels = mlm_batch([train_rows[i] for i in batch], cfg.train.mask_prob, V, gen["g"])
+        inputs, pad_mask, labels = inputs.to(device), pad_mask.to(device), labels.to(device)
+        logits = m(inputs, pad_mask)
+        sel = labels != -100
+        loss = F.cross_entropy(logits[sel].float(), labels[sel])
+        return loss, {"tokens": float(pad_mask.sum())}
+
+    task = Task(
+        batches=length_batches([len(r) for r in train_rows], cfg.train.batch_size, cfg.run.seed),
+        loss=step_loss, evaluate=evaluate, name="mlm",
+        panels=[("loss", ["train/loss", "valid/loss"]), ("masked-token accuracy", ["valid/accuracy"]),
+                ("tokens/s", ["train/tokens_per_s"])],
+    )
+    t_train = time.perf_counter()
+    model = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, config=cfg.model_dump(mode="json"))
+    train_s = time.perf_counter() - t_train
+    if not task.last:
+        model.eval()
+        with torch.no_grad():
+            task.last = evaluate(model)
+    acc = task.last["accuracy"]
+    dist.print(f"valid masked-token accuracy {acc:.2%} (loss {task.last['loss']:.3f}) vs most-frequent-token "
+               f"{baseline:.2%}; pre-training {train_s / 60:.1f} min")
+    if dist.is_main:
+        model_dir = out / "model"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        zoo.save(model, model_dir / "model.safetensors")
+        shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
+        (model_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        dist.print(f"exported {model_dir}/model.safetensors and tokenizer.json")
+    results = {"mlm_accuracy": acc, "mlm_loss": task.last["loss"], "baseline_accuracy": baseline, "pretrain_seconds": train_s}
+    return model, tok, (train_texts, valid_texts), results
+
+
+# --------------------------------------------------------------------------------------- fine-tune
+def finetune_data(cfg: MLMConfig, splits) -> tuple[T.Texts, T.Texts, str] | None:
+    ft = cfg.finetune
+    if ft.train is not None:
+        train = T.read_labelled_tsv(ft.train)
+        if ft.valid is not None:
+            valid = T.read_labelled_tsv(ft.valid)
+        else:
+            train, valid = T.split_texts(train, valid_fraction=ft.valid_fraction, seed=cfg.data.split_seed)
+        return train, valid, str(ft.train)
+    if cfg.data.text:
+        return None
+    train, valid = splits  # the WordNet split, labelled with each gloss's part of speech
+    return train, valid, "WordNet gloss -> part of speech"
+
+
+def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, tok, splits) -> dict:
+    ft = cfg.finetune
+    device = dist.device
+    data = finetune_data(cfg, splits)
+    if data is None:
+        dist.print("fine-tuning skipped: data.text has no labels; give finetune.train=FILE.tsv (text<TAB>label)")
+        return {}
+    train, valid, source = data
+    if ft.train_limit:
+        train = T.Texts(train.texts[: ft.train_limit], train.labels[: ft.train_limit])
+    names = sorted(set(train.labels))
+    unknown = sorted(set(valid.labels) - set(names))
+    if unknown:
+        raise RecipeError(f"finetune: valid labels {unknown[:5]} never occur in the training data")
+    label_id = {n: i for i, n in enumerate(names)}
+    L = cfg.train.max_len
+    train_rows, valid_rows = examples(tok, train.texts, L), examples(tok, valid.texts, L)
+    train_y = torch.tensor([label_id[x] for x in train.labels])
+    valid_y = torch.tensor([label_id[x] for x in valid.labels])
+    majority = Counter(train.labels).most_common(1)[0][0]
+    baseline = float((valid_y == label_id[majority]).double().mean())
+    dist.print(f"fine-tuning data: {source}: {len(train_rows):,} train / {len(valid_rows):,} valid, labels {names}; "
+               f"majority-class baseline ({majority}) accuracy {baseline:.2%}")
+
+    ft_dir = out / "finetune"
+    spec = zoo.load_spec(pretrained.spec.model_dump(mode="json"),
+                         [f"classifier={{num_labels: {len(names)}, dropout: {ft.dropout}}}"])
+    seed_everything(cfg.run.seed + 1)
+    model = zoo.build(spec, seed=cfg.run.seed + 1).to(device)
+    missing, unexpected = model.load_state_dict(pretrained.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("classifier.") for k in missing):
+        raise RecipeError(f"pre-trained weights do not fit the classifier model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model = Classifying(model)
+    ckpt_path = resolve_resume(resume, ft_dir, required=False)
+
+    mine = eval_batches(valid_rows, ft.batch_size, dist.rank, dist.world_size)
+
+    def evaluate(m) -> dict[str, float]:
+        total = torch.zeros(3, dtype=torch.float64, device=device)
+        for b in mine:
+            tokens, pad_mask = T.pad_batch([valid_rows[i] for i in b], pad_id=PAD_ID)
+            y = valid_y[b].to(device)
+            logits = m(tokens.to(device), pad_mask.to(device)).float()
+            total += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
+                                  (logits.argmax(-1) == y).sum().double(), torch.tensor(len(b), dtype=torch.float64, device=device)])
+        dist.all_reduce(total)
+        return {"loss": float(total[0] / total[2]), "accuracy": float(total[1] / total[2])}
+
+    def step_loss(m, batch, step):
+        tokens, pad_mask = T.pad_batch([train_rows[i] for i in batch], pad_id=PAD_ID)
+        logits = m(tokens.to(device), pad_mask.to(device))
+        return F.cross_entropy(logits.float(), train_y[batch].to(device)), {"tokens": float(pad_mask.sum())}
+
+    task = Task(
+        batches=length_batches([len(r) for r in train_rows], ft.batch_size, cfg.run.seed + 1),
+        loss=step_loss, evaluate=evaluate, name="finetune",
+        panels=[("loss", ["train/loss", "valid/loss"]), ("accuracy", ["valid/accuracy"])],
+    )
+    run = cfg.run.model_copy(update={"out_dir": ft_dir, "eval_every": ft.eval_every, "checkpoint_every": ft.checkpoint_every})
+    ft_cfg = SimpleNamespace(optim=ft.optim, schedule=ft.schedule, run=run)
+    t0 = time.perf_counter()
+    model = fit(ft_cfg, dist, model, task, total_steps=ft.steps, resume=ckpt_path, out_dir=ft_dir,
+                config=cfg.model_dump(mode="json"))
+    secs = time.perf_counter() - t0
+    if not task.last:
+        model.eval()
+        with torch.no_grad():
+            task.last = evaluate(model)
+    acc = task.last["accuracy"]
+    dist.print(f"fine-tuned valid accuracy {acc:.2%} vs majority class {baseline:.2%}; fine-tuning {secs / 60:.1f} min")
+    if dist.is_main:
+        model_dir = ft_dir / "model"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        zoo.save(model.encoder, model_dir / "model.safetensors")
+        shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
+        (model_dir / "labels.json").write_text(json.dumps(names) + "\n")
+        dist.print(f"exported {model_dir}/model.safetensors, tokenizer.json and labels.json")
+    return {"finetune_accuracy": acc, "majority_accuracy": baseline, "finetune_seconds": secs}
+
+
+class Classifying(torch.nn.Module):
+    """An encoder whose forward is ``classify`` (so DDP syncs it). The MLM head, unused here, is
+    frozen (its projection stays trainable where it is the tied embedding)."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        shared = {id(p) for p in encoder.tok_emb.parameters()}
+        for p in encoder.head.parameters():
+            if id(p) not in shared:
+                p.requires_grad_(False)
+
+    def forward(self, tokens, padding_mask=None):
+        return self.encoder.classify(tokens, padding_mask)
+
+
+def train(cfg: MLMConfig, resume: str | None, dist) -> dict:
+    t0 = time.perf_counter()
+    out = Path(cfg.run.out_dir)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    model, tok, splits, results = pretrain(cfg, resume, dist, out)
+    if cfg.finetune.enabled:
+        results.update(finetune(cfg, resume, dist, out, model, tok, splits))
+    dist.print(f"total {(time.perf_counter() - t0) / 60:.1f} min")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, args = parse_args(MLMConfig, argv, default=DEFAULT_CONFIG, description=__doc__)
+    tune_malloc()
+    try:
+        with distributed(cfg.run.device) as dist:
+            train(cfg, args.resume, dist)
+    except (RecipeError, T.DataError, CheckpointError, SpecError) as e:
+        print(f"mlm.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""Plain text for language models: the embedded WordNet glosses, text files, a byte-level BPE,
+packing into fixed-length blocks (GPT-style), and BERT's masking rule.
+
+    texts = read_wordnet()                        # the glosses of Debian's wordnet-base
+    tok = train_bpe(texts, 8192)                  # byte-level BPE; ids 0-3 are SPECIALS
+    blocks = pack_blocks(encode(tok, texts), 128, eos_id=tok.token_to_id(EOS))   # [N, 129]
+    inputs, labels = mask_tokens(tokens, mask, mask_id=..., vocab_size=..., generator=g)
+
+Nothing is dropped silently, and unusable input fails with the file, the line and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "WORDNET_DIR", "WORDNET_PARTS", "INSTALL_HINT", "SPECIALS", "PAD", "EOS", "CLS", "MASK", "DataError", "Texts",
+    "read_wordnet", "read_text_files", "read_labelled_tsv", "split_texts", "train_bpe", "load_bpe", "encode",
+    "pack_blocks", "unigram_perplexity", "most_frequent_accuracy", "pad_batch", "mask_tokens",
+]
+
+WORDNET_DIR = Path("/usr/share/wordnet")
+WORDNET_PARTS = ("noun", "verb", "adj", "adv")
+INSTALL_HINT = "install the embedded default text with: apt-get install wordnet-base (Debian/Ubuntu)"
+
+PAD, EOS, CLS, MASK = "<pad>", "<eos>", "<cls>", "<mask>"
+SPECIALS = [PAD, EOS, CLS, MASK]  # ids 0, 1, 2, 3
+
+
+class DataError(ValueError):
+    """Unusable data; the message names the file, the line and the fix."""
+
+
+@dataclass
+class Texts:
+    """Texts (one example each: a gloss, a line), an optional label per text, and what was dropped."""
+
+    texts: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+# ------------------------------------------------------------------------------------- readers
+def read_wordnet(path: str | Path = WORDNET_DIR, parts: Sequence[str] = WORDNET_PARTS) -> Texts:
+    """The glosses of WordNet's ``data.{noun,verb,adj,adv}`` files, labelled with the part of speech.
+
+    Lines starting with two spaces are the license header; a synset line holds its gloss after
+    ``" | "``. Repeated glosses are kept once (counted in ``dropped["duplicate"]``).
+    """
+    path = Path(path)
+    out, seen = Texts(), set()
+    for part in parts:
+        f = path / f"data.{part}"
+        if not f.is_file():
+            raise DataError(f"no WordNet data at {f}; {INSTALL_HINT}")
+        for lineno, line in enumerate(_lines(f), 1):
+            if line.startswith("  ") or not line.strip():
+                continue
+            _, sep, gloss = line.partition(" | ")
+            gloss = gloss.strip()
+            if not sep or not gloss:
+                out.dropped["no gloss"] += 1
+                continue
+            if gloss in seen:
+                out.dropped["duplicate"] += 1
+                continue
+            seen.add(gloss)
+            out.texts.append(gloss)
+            out.labels.append(part)
+    return out
+
+
+def read_text_files(paths: str | Path | Iterable[str | Path]) -> Texts:
+    """The non-empty lines of plain UTF-8 text files, or of every ``*.txt`` file under a folder."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*.txt") if q.is_file())
+            if not found:
+                raise DataError(f"no *.txt files under {p}")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise DataError(f"no such file or folder: {p}")
+    out = Texts()
+    for f in files:
+        for line in _lines(f):
+            line = line.strip()
+            if line:
+                out.texts.append(line)
+            else:
+                out.dropped["empty line"] += 1
+    if not out.texts:
+        raise DataError(f"no text in {', '.join(map(str, files))}")
+    return out
+
+
+def read_labelled_tsv(path: str | Path) -> Texts:
+    """``text<TAB>label`` lines (empty lines skipped); a line without exactly one tab is an error."""
+    path = Path(path)
+    out = Texts()
+    for lineno, line in enumerate(_lines(path), 1):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) != 2 or not cols[0].strip() or not cols[1].strip():
+            raise DataError(f"{path}:{lineno}: expected 'text<TAB>label', got {line[:60]!r}")
+        out.texts.append(cols[0].strip())
+        out.labels.append(cols[1].strip())
+    if not out.texts:
+        raise DataError(f"{path} holds no labelled lines")
+    return out
+
+
+def _lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason}); re-encode the file as UTF-8") from None
+    return text.splitlines()
+
+
+def split_texts(data: Texts, *, valid_fraction: float, seed: int = 1234, max_valid: int | None = None) -> tuple[Texts, Texts]:
+    """A seeded random (train, valid) split of whole texts; labels travel with their text."""
+    order = list(range(len(data)))
+    random.Random(seed).shuffle(order)
+    n_valid = max(1, int(round(len(order) * valid_fraction)))
+    if max_valid is not None:
+        n_valid = min(n_valid, max_valid)
+    if n_valid >= len(order):
+        raise DataError(f"{len(order)} texts are too few for a train/valid split (valid_fraction {valid_fraction})")
+
+    def take(idx: list[int]) -> Texts:
+        return Texts([data.texts[i] for i in idx], [data.labels[i] for i in idx] if data.labels else [])
+
+    return take(sorted(order[n_valid:])), take(sorted(order[:n_valid]))
+
+
+# ----------------------------------------------------------------------------------------- BPE
+def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2):
+    """A byte-level BPE (GPT-2's: any text encodes, decoding restores it exactly) trained with the
+    ``tokenizers`` library; ids 0-3 are ``SPECIALS`` (<pad>, <eos>, <cls>, <mask>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_bpe(path: str | Path):
+    """A ``tokenizer.json`` holding the ``SPECIALS`` as ids 0-3 (as :func:`train_bpe` makes them)."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no tokenizer at {path}")
+    tok = Tokenizer.from_file(str(path))
+    ids = [tok.token_to_id(s) for s in SPECIALS]
+    if ids != list(range(len(SPECIALS))):
+        raise DataError(f"{path}: the tokenizer must hold {' '.join(SPECIALS)} as ids 0-{len(SPECIALS) - 1} (found ids {ids}); "
+                        "train one with zoo.data.text.train_bpe")
+    return tok
+
+
+def encode(tokenizer, texts: Sequence[str], *, batch: int = 10000) -> list[list[int]]:
+    """Token ids of each text (no special tokens)."""
+    out: list[list[int]] = []
+    for i in range(0, len(texts), batch):
+        out += [e.ids for e in tokenizer.encode_batch(list(texts[i : i + batch]), add_special_tokens=False)]
+    return out
+
+
+# ------------------------------------------------------------------------------ GPT-style blocks
+def pack_blocks(docs: Iterable[Sequence[int]], block_len: int, *, eos_id: int) -> Tensor:
+    """Documents joined into one stream, each followed by ``eos_id``, cut into rows of
+    ``block_len + 1`` tokens that overlap by one (inputs ``row[:-1]``, targets ``row[1:]``), so each
+    token of the stream is a target once. The last partial row is dropped. Shape [N, block_len + 1]."""
+    stream: list[int] = []
+    for d in docs:
+        stream.extend(d)
+        stream.append(eos_id)
+    n = (len(stream) - 1) // block_len
+    if n < 1:
+        raise DataError(f"{len(stream)} tokens are too few for one block of {block_len} + 1")
+    flat = torch.tensor(stream[: n * block_len + 1], dtype=torch.long)
+    return flat.unfold(0, block_len + 1, block_len).contiguous()
+
+
+def unigram_perplexity(train_tokens: Tensor, valid_tokens: Tensor, vocab_size: int) -> float:
+    """Perplexity on ``valid_tokens`` of a unigram model fit on ``train_tokens`` with add-one
+    smoothing over the whole vocabulary: the baseline a language model must beat."""
+    counts = torch.bincount(train_tokens.reshape(-1), minlength=vocab_size).double() + 1.0
+    logp = (counts / counts.sum()).log()
+    return math.exp(-float(logp[valid_tokens.reshape(-1)].mean()))
+
+
+def most_frequent_accuracy(train_tokens: Tensor, valid_tokens: Tensor, vocab_size: int) -> float:
+    """Accuracy on ``valid_tokens`` of always guessing the most frequent training token."""
+    top = int(torch.bincount(train_tokens.reshape(-1), minlength=vocab_size).argmax())
+    return float((valid_tokens.reshape(-1) == top).double().mean())
+
+
+# -------------------------------------------------------------------------------- BERT-style MLM
+def pad_batch(rows: Sequence[Sequence[int]], *, pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Right-padded tokens [B, T] (T = the longest row) and the padding mask (True = real token)."""
+    T = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rows])
+    return tokens, torch.arange(T)[None, :] < lengths[:, None]
+
+
+def mask_tokens(
+    tokens: Tensor,
+    maskable: Tensor,
+    *,
+    mask_id: int,
+    vocab_size: int,
+    first_regular: int = len(SPECIALS),
+    prob: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """BERT's rule (Devlin et al. 2019): each token where ``maskable`` is True is selected with
+    probability ``prob``; a selected token becomes ``mask_id`` 80% of the time, a random regular
+    token (id >= ``first_regular``) 10%, and stays itself 10%. Returns (inputs, labels) with labels
+    -100 where not selected. At least one token per row is selected when the row has any."""
+    g = generator
+    selected = (torch.rand(tokens.shape, generator=g) < prob) & maskable
+    # rows that drew nothing: select one maskable position so every example teaches something
+    empty = ~selected.any(dim=1) & maskable.any(dim=1)
+    if bool(empty.any()):
+        scores = torch.rand(tokens.shape, generator=g).masked_fill(~maskable, -1.0)
+        pick = scores.argmax(dim=1)
+        selected[empty, pick[empty]] = True
+    labels = tokens.masked_fill(~selected, -100)
+    action = torch.rand(tokens.shape, generator=g)
+    random_ids = torch.randint(first_regular, vocab_size, tokens.shape, generator=g)
+    inputs = torch.where(selected & (action < 0.8), torch.full_like(tokens, mask_id), tokens)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, labels
