@@ -98,3 +98,27 @@ def test_the_command_writes_table_and_plot(tmp_path, capsys):
     assert (tmp_path / "out" / "table.png").is_file() and (tmp_path / "out" / "table.csv").is_file()
     assert main(["ablate", str(path), "-o", str(tmp_path / "out"), "--only", "nope"]) == 2
     assert "unknown row 'nope'" in capsys.readouterr().err
+
+
+def test_shipped_table3_rows_are_valid_specs():
+    """Every row of the shipped grid resolves to a valid model; the parameter counts move as the paper's do."""
+    from pathlib import Path
+
+    import yaml
+
+    import zoo
+    from zoo.ablate import row_overrides
+
+    grid, recipe = load_ablation(Path(__file__).resolve().parents[1] / "recipes" / "ablations" / "table3.yaml")
+    assert recipe.name == "translate.py" and grid.reference == "base"
+    base_preset = yaml.safe_load((recipe.parent / "translate.yaml").read_text())["model"]
+    counts = {}
+    for row in grid.rows:
+        gathered = [o for o in row_overrides(grid, row) if o.startswith("model_overrides=")]
+        model = yaml.safe_load(gathered[0].split("=", 1)[1]) if gathered else []
+        counts[row] = zoo.count_parameters(zoo.build(zoo.load_spec(base_preset, model), device="meta"))
+    assert all(counts[r] == counts["base"] for r in ("A-h1", "A-h2", "A-h8", "A-h16", "D-ls0", "D-drop0"))  # (A), (D): same size
+    assert counts["B-dk16"] < counts["B-dk32"] < counts["base"]  # (B): smaller keys, fewer parameters
+    assert counts["C-N1"] < counts["C-N2"] < counts["base"] < counts["C-N4"]
+    assert counts["C-d128"] < counts["base"] < counts["C-d512"] < counts["big"]
+    assert counts["E-learned"] > counts["base"]  # a learned table instead of fixed sinusoids

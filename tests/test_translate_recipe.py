@@ -1,0 +1,145 @@
+"""The translation recipe end to end on a slice of the default data: trains, averages, decodes,
+scores, exports, reloads, translates; resumes exactly; runs under torchrun with gloo."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo.data import translation as T
+from zoo.train import list_checkpoints, load_checkpoint, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "translate.py"
+
+pytestmark = pytest.mark.skipif(not T.DING_PATH.is_file(), reason=T.INSTALL_HINT)
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("translate_recipe", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the config's annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+recipe = _recipe()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A slice of the embedded Ding default as TSV files (read once: parsing the dictionary takes seconds)."""
+    root = tmp_path_factory.mktemp("ding")
+    splits, _ = T.ding_splits(direction="en-de")
+    for name, n in (("train", 400), ("valid", 24), ("test", 24)):
+        p = splits[name]
+        (root / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(p.src[:n], p.tgt[:n])), encoding="utf-8")
+    return root
+
+
+def tiny(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        f"data.path={data}", "data.vocab_size=400", f"run.out_dir={out}",
+        "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=4,block.ffn.hidden=64]",
+        "train.max_tokens=600", "train.minutes=null", "train.average_last=2", "schedule.warmup=10", "optim.lr=2.0",
+        "run.log_every=2", "run.eval_every=4", "run.checkpoint_every=4", "run.progress=false", "run.plot=false",
+        "decode.beams=2", "decode.max_len_b=10", "decode.samples=2", *extra,
+    ]
+
+
+def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert recipe.main(tiny(data, out, "train.steps=12", "run.plot=true")) == 0
+    text = capsys.readouterr().out
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in text and "chrF signature" in text
+    assert "padding" in text and "averaged 2 checkpoints" in text
+    results = json.loads((out / "results.json").read_text())
+    for key in ("valid/last", "valid/averaged", "test/last", "test/averaged"):
+        assert 0 <= results[key]["bleu"] <= 100 and results[key]["chrf"] >= 0
+    assert results["step"] == 12 and 0 < results["padding_tgt"] < 0.5
+    for name in ("curves.png", "cross_attention.png", "tokenizer.json", "metrics.jsonl"):
+        assert (out / name).stat().st_size > 0
+    records = read_metrics(out / "metrics.jsonl")
+    assert any(r["split"] == "train" and r["tokens_per_s"] > 0 for r in records)
+
+    # the export reloads with zoo.load and is the mean of the last two checkpoints
+    model = zoo.load(out / "model" / "model.safetensors")
+    assert model.spec.d_model == 32 and model.spec.vocab_size == 400
+    ckpts = [load_checkpoint(p)["model"] for p in list_checkpoints(out)[-2:]]
+    w = "encoder.blocks.0.ffn.fc1.weight" if "encoder.blocks.0.ffn.fc1.weight" in ckpts[0] else next(
+        k for k in ckpts[0] if k.startswith("encoder.blocks.0") and k.endswith("weight"))
+    torch.testing.assert_close(model.state_dict()[w], (ckpts[0][w].double() + ckpts[1][w].double()).div(2).float())
+
+    # the translate command: stdin line by line, an empty line stays empty
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The room faces north.\n\nHe is hoping for a promotion.\n"))
+    assert recipe.main(["translate", "--model", str(out / "model")]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    assert recipe.main(["translate", "--model", str(tmp_path / "nothing")]) == 2
+    assert "no model.safetensors" in capsys.readouterr().err
+
+
+def test_resume_reproduces_the_uninterrupted_run(data, tmp_path, capsys):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    steps = ["train.steps=14", "decode.beams=1"]
+    assert recipe.main(tiny(data, straight, *steps)) == 0
+    # the same run, stopped after step 6 (mid-epoch), then resumed from its newest checkpoint
+    assert recipe.main(tiny(data, resumed, "train.steps=6", "decode.beams=1", "run.checkpoint_every=6")) == 0
+    ck = load_checkpoint(list_checkpoints(resumed)[-1])
+    assert ck["step"] == 6 and ck["state"]["pos"] > 0  # inside an epoch
+    for p in list_checkpoints(resumed):
+        if p.name != list_checkpoints(resumed)[-1].name:
+            p.unlink()
+    assert recipe.main([*tiny(data, resumed, *steps), "--resume"]) == 0
+    capsys.readouterr()
+    a, b = (json.loads((d / "results.json").read_text()) for d in (straight, resumed))
+    for key in ("valid/last", "test/last"):
+        assert a[key]["loss"] == b[key]["loss"] and a[key]["bleu"] == b[key]["bleu"]
+    wa, wb = (zoo.load(d / "model" / "model.safetensors").state_dict() for d in (straight, resumed))
+    la, lb = (load_checkpoint(list_checkpoints(d)[-1]) for d in (straight, resumed))
+    for k in la["model"]:
+        assert torch.equal(la["model"][k], lb["model"][k]), k
+    assert la["optimizer"]["state"][0]["exp_avg"].equal(lb["optimizer"]["state"][0]["exp_avg"])
+    train = lambda d: [(r["step"], r["loss"]) for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"]  # noqa: E731
+    assert train(straight) == train(resumed)
+    assert set(wa) == set(wb)
+
+
+def test_resume_without_checkpoint_and_bad_data_fail_in_one_line(data, tmp_path, capsys):
+    assert recipe.main([*tiny(data, tmp_path / "empty", "train.steps=2"), "--resume"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.tsv").write_text("a\tb\nonly one column\n")
+    (bad / "valid.tsv").write_text("a\tb\n")
+    assert recipe.main(tiny(bad, tmp_path / "x", "train.steps=2")) == 2
+    err = capsys.readouterr().err
+    assert "train.tsv:2: expected 2 tab-separated columns" in err and "Traceback" not in err
+
+
+def test_torchrun_two_processes_gloo(data, tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("no torchrun")
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(RECIPE),
+         *tiny(data, out, "train.steps=4", "decode.beams=1", "run.eval_every=2")],
+        capture_output=True, text=True, timeout=240, env=env, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 process(es)" in proc.stdout and "sacreBLEU signature" in proc.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["step"] == 4 and "test/averaged" in results
+    assert zoo.load(out / "model" / "model.safetensors").spec.d_model == 32
