@@ -21,6 +21,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 
+from zoo.data.common import DataError, read_lines
+
 __all__ = [
     "WORDNET_DIR", "WORDNET_PARTS", "INSTALL_HINT", "SPECIALS", "PAD", "EOS", "CLS", "MASK", "DataError", "Texts",
     "read_wordnet", "read_text_files", "read_labelled_tsv", "split_texts", "train_bpe", "load_bpe", "encode",
@@ -33,10 +35,6 @@ INSTALL_HINT = "install the embedded default text with: apt-get install wordnet-
 
 PAD, EOS, CLS, MASK = "<pad>", "<eos>", "<cls>", "<mask>"
 SPECIALS = [PAD, EOS, CLS, MASK]  # ids 0, 1, 2, 3
-
-
-class DataError(ValueError):
-    """Unusable data; the message names the file, the line and the fix."""
 
 
 @dataclass
@@ -64,7 +62,7 @@ def read_wordnet(path: str | Path = WORDNET_DIR, parts: Sequence[str] = WORDNET_
         f = path / f"data.{part}"
         if not f.is_file():
             raise DataError(f"no WordNet data at {f}; {INSTALL_HINT}")
-        for lineno, line in enumerate(_lines(f), 1):
+        for lineno, line in enumerate(read_lines(f), 1):
             if line.startswith("  ") or not line.strip():
                 continue
             _, sep, gloss = line.partition(" | ")
@@ -98,7 +96,7 @@ def read_text_files(paths: str | Path | Iterable[str | Path]) -> Texts:
             raise DataError(f"no such file or folder: {p}")
     out = Texts()
     for f in files:
-        for line in _lines(f):
+        for line in read_lines(f):
             line = line.strip()
             if line:
                 out.texts.append(line)
@@ -113,7 +111,7 @@ def read_labelled_tsv(path: str | Path) -> Texts:
     """``text<TAB>label`` lines (empty lines skipped); a line without exactly one tab is an error."""
     path = Path(path)
     out = Texts()
-    for lineno, line in enumerate(_lines(path), 1):
+    for lineno, line in enumerate(read_lines(path), 1):
         if not line.strip():
             continue
         cols = line.split("\t")
@@ -124,18 +122,6 @@ def read_labelled_tsv(path: str | Path) -> Texts:
     if not out.texts:
         raise DataError(f"{path} holds no labelled lines")
     return out
-
-
-def _lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise DataError(f"no such file: {path}")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        lineno = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason}); re-encode the file as UTF-8") from None
-    return text.splitlines()
 
 
 def split_texts(data: Texts, *, valid_fraction: float, seed: int = 1234, max_valid: int | None = None) -> tuple[Texts, Texts]:

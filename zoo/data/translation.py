@@ -16,15 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from zoo.data.common import DataError, read_lines
+
 DING_PATH = Path("/usr/share/trans/de-en")
 INSTALL_HINT = "install the embedded default data with: apt-get install trans-de-en (Debian/Ubuntu)"
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3
-
-
-class DataError(ValueError):
-    """Unusable data; the message names the file, the line and the fix."""
 
 
 @dataclass
@@ -196,17 +194,10 @@ def read_tsv(path: str | Path) -> Pairs:
 
 
 def _read_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise DataError(f"no such file: {path}")
-    data = path.read_bytes()
-    if not data.strip():
+    lines = read_lines(path)
+    if not "".join(lines).strip(" \t\n\r\x0b\x0c"):  # only ASCII whitespace, as bytes.strip() sees it
         raise DataError(f"{path} is empty")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        lineno = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason}); re-encode the file as UTF-8") from None
-    return text.splitlines()
+    return lines
 
 
 # ------------------------------------------------------------------------------------------- BPE
