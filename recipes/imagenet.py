@@ -46,10 +46,10 @@ from zoo.data.images import (
     normalize,
 )
 from zoo.train import (
-    EMA,
     CheckpointError,
     Config,
     Dist,
+    EMA,
     MetricsLog,
     OptimConfig,
     Progress,
@@ -65,6 +65,7 @@ from zoo.train import (
     parse_args,
     plot_metrics,
     prune_checkpoints,
+    resolve_precision,
     restore_rng,
     save_checkpoint,
     seed_everything,
@@ -86,7 +87,7 @@ class DataConfig(Config):
     train_limit: PositiveInt | None = Field(None, description="use only the first N training images")
     valid_limit: PositiveInt | None = Field(None, description="evaluate on the first N validation images")
     # the tensor default's augmentation
-    crop_padding: NonNegativeInt = 2
+    crop_padding: NonNegativeInt = 0
     flip: bool = True
     # image folders: timm's pipeline
     image_size: PositiveInt | None = Field(None, description="crop size; default: the model's image_size")
@@ -99,7 +100,7 @@ class DataConfig(Config):
 
 
 class TrainConfig(Config):
-    epochs: PositiveInt = 5
+    epochs: PositiveInt = 10
     max_steps: PositiveInt | None = Field(None, description="stop after this many optimizer steps (schedule included)")
     warmup_epochs: NonNegativeFloat | None = Field(None, description="warmup in epochs; overrides schedule.warmup")
     label_smoothing: NonNegativeFloat = 0.1
@@ -110,9 +111,9 @@ class RecipeConfig(Config):
     model_overrides: list[str] = []
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
-    optim: OptimConfig = OptimConfig(lr=2e-3)
+    optim: OptimConfig = OptimConfig(lr=1e-3)
     schedule: ScheduleConfig = ScheduleConfig(warmup=200, min_lr_ratio=0.01)
-    run: RunConfig = RunConfig(out_dir=Path("runs/imagenet"), ema=0.995, precision="fp32")
+    run: RunConfig = RunConfig(out_dir=Path("runs/imagenet"), ema=0.995)
 
 
 # --------------------------------------------------------------------------------------- data
@@ -257,6 +258,7 @@ def _loss_fn(cfg: RecipeConfig, mixup: Any):
 # --------------------------------------------------------------------------------------- main
 def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     wall_start = time.perf_counter()
+    cfg.run.precision = resolve_precision(cfg.run.precision, dist.device)
     out = Path(cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.run.threads:

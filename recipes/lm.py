@@ -37,6 +37,7 @@ from zoo.train import (
     config_to_yaml,
     distributed,
     parse_args,
+    resolve_precision,
     seed_everything,
     tune_malloc,
 )
@@ -95,6 +96,7 @@ def lm_loss(model, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     t_start = time.perf_counter()
     device = dist.device
+    cfg.run.precision = resolve_precision(cfg.run.precision, device)
     out = Path(cfg.run.out_dir)
     ckpt_path = resolve_resume(resume, out)
     if cfg.run.threads:

@@ -40,6 +40,7 @@ from zoo.train import (
     distributed,
     latest_checkpoint,
     parse_args,
+    resolve_precision,
     seed_everything,
     tune_malloc,
 )
@@ -126,6 +127,7 @@ def eval_batches(rows, batch_size: int, rank: int, world: int):
 # --------------------------------------------------------------------------------------- pre-train
 def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
     device = dist.device
+    cfg.run.precision = resolve_precision(cfg.run.precision, device)
     ckpt_path = resolve_resume(resume, out)
     t0 = time.perf_counter()
     train_texts, valid_texts, source = load_text(cfg.data)

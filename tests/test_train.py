@@ -167,6 +167,24 @@ def test_config_errors_name_the_field(tmp_path):
         __import__("yaml").safe_load(T.config_to_yaml(Cfg()))).model_dump()
 
 
+def test_auto_precision_is_bf16_only_where_bf16_matmuls_are_native(monkeypatch):
+    cpu = torch.device("cpu")
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert T.resolve_precision("auto", cpu) == ("bf16" if native else "fp32")
+    assert T.resolve_precision("fp32", cpu) == "fp32" and T.resolve_precision("bf16", cpu) == "bf16"
+    with pytest.raises(ValueError, match="auto, bf16 or fp32"):
+        T.resolve_precision("fp16", cpu)
+    # a CPU without AVX-512/AMX bf16 kernels (torch would fall back to a scalar GEMM): fp32, no autocast
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert T.resolve_precision("auto", cpu) == "fp32"
+    with T.autocast(cpu, "auto"):
+        assert torch.ones(2, 2).matmul(torch.ones(2, 2)).dtype == torch.float32
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    with T.autocast(cpu, "auto"):
+        assert torch.ones(2, 2).matmul(torch.ones(2, 2)).dtype == torch.bfloat16
+    assert T.RunConfig().precision == "auto"
+
+
 def test_ema_tracks_the_average():
     model = torch.nn.Linear(2, 2, bias=False)
     ema = T.EMA(model, decay=0.5)

@@ -89,12 +89,26 @@ def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatc
     assert "no model.safetensors" in capsys.readouterr().err
 
 
+def test_word_dropout_replaces_only_real_tokens_at_the_rate():
+    torch.manual_seed(0)
+    x = torch.randint(4, 100, (200, 50))
+    x[:, 0], x[:, -1], x[:, -10:-1] = recipe.BOS_ID, recipe.EOS_ID, recipe.PAD_ID
+    y = recipe.word_dropout(x, 0.3)
+    real = x > recipe.UNK_ID
+    assert torch.equal(y[~real], x[~real])  # <s>, </s> and padding untouched
+    changed = y != x
+    assert (y[changed] == recipe.UNK_ID).all()
+    assert abs(changed.sum().item() / real.sum().item() - 0.3) < 0.02
+    assert torch.equal(recipe.word_dropout(x, 0.0), x)
+
+
 def test_resume_reproduces_the_uninterrupted_run(data, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    steps = ["train.steps=14", "decode.beams=1"]
+    steps = ["train.steps=14", "decode.beams=1", "train.word_dropout=0.2"]  # word dropout draws from the RNG too
     assert recipe.main(tiny(data, straight, *steps)) == 0
     # the same run, stopped after step 6 (mid-epoch), then resumed from its newest checkpoint
-    assert recipe.main(tiny(data, resumed, "train.steps=6", "decode.beams=1", "run.checkpoint_every=6")) == 0
+    assert recipe.main(tiny(data, resumed, "train.steps=6", "decode.beams=1", "train.word_dropout=0.2",
+                            "run.checkpoint_every=6")) == 0
     ck = load_checkpoint(list_checkpoints(resumed)[-1])
     assert ck["step"] == 6 and ck["state"]["pos"] > 0  # inside an epoch
     for p in list_checkpoints(resumed):

@@ -31,13 +31,14 @@ from zoo.train.config import (
 from zoo.train.distributed import Dist, distributed, resolve_device
 from zoo.train.metrics import MetricsLog, Progress, plot_metrics, read_metrics
 from zoo.train.runtime import attention_kernels, tune_malloc
-from zoo.train.optim import EMA, autocast, build_optimizer, build_scheduler, lr_factor, param_groups, seed_everything
+from zoo.train.optim import (EMA, autocast, bf16_is_fast, build_optimizer, build_scheduler, lr_factor, param_groups,
+                             resolve_precision, seed_everything)
 
 __all__ = [
     "CheckpointError", "average_checkpoints", "average_state_dicts", "checkpoint_name", "latest_checkpoint",
     "list_checkpoints", "load_checkpoint", "prune_checkpoints", "restore_rng", "rng_state", "save_checkpoint",
     "unwrap", "Config", "ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig", "config_to_yaml",
     "load_config", "parse_args", "Dist", "distributed", "resolve_device", "MetricsLog", "Progress",
-    "plot_metrics", "read_metrics", "EMA", "autocast", "build_optimizer", "build_scheduler", "lr_factor",
+    "plot_metrics", "read_metrics", "EMA", "autocast", "bf16_is_fast", "resolve_precision", "build_optimizer", "build_scheduler", "lr_factor",
     "param_groups", "seed_everything", "tune_malloc", "attention_kernels",
 ]

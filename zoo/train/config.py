@@ -90,7 +90,9 @@ class RunConfig(Config):
     out_dir: Path = Field(Path("runs/run"), description="checkpoints, metrics.jsonl, plots, the exported model")
     seed: int = 0
     device: str = Field("auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
-    precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16: autocast on CPU and GPU")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="bf16: autocast on CPU and GPU; auto: bf16 where the hardware runs it natively "
+        "(GPUs with bf16, CPUs with AVX-512/AMX), else fp32")
     compile: bool = Field(False, description="torch.compile the model for training")
     attention: Literal["default", "math", "flash", "efficient"] = Field(
         "default", description="SDPA kernel: default lets torch choose; math/flash/efficient force one (zoo.train.attention_kernels)"

@@ -79,13 +79,35 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step, total_steps, d_model))
 
 
-def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CPU or GPU, or nothing for fp32."""
+def bf16_is_fast(device: torch.device | str) -> bool:
+    """Whether bf16 matmuls run natively here: a CUDA GPU with bf16 support, or a CPU whose oneDNN has
+    bf16 kernels (AVX-512 or AMX). On an AVX2-only CPU torch falls back to a scalar bf16 GEMM that is
+    many times slower than fp32."""
     device = torch.device(device)
-    if precision == "fp32":
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):  # pragma: no cover - a torch without oneDNN
+            return False
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """``bf16`` or ``fp32``: ``auto`` is bf16 where :func:`bf16_is_fast`, else fp32."""
+    if precision == "auto":
+        return "bf16" if bf16_is_fast(device) else "fp32"
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"precision {precision!r}: use auto, bf16 or fp32")
+    return precision
+
+
+def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CPU or GPU, or nothing for fp32 (``auto``: see :func:`resolve_precision`)."""
+    device = torch.device(device)
+    if resolve_precision(precision, device) == "fp32":
         return contextlib.nullcontext()
-    if precision != "bf16":
-        raise ValueError(f"precision {precision!r}: use bf16 or fp32")
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
