@@ -46,10 +46,10 @@ from zoo.data.images import (
     normalize,
 )
 from zoo.train import (
+    EMA,
     CheckpointError,
     Config,
     Dist,
-    EMA,
     MetricsLog,
     OptimConfig,
     Progress,

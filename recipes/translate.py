@@ -429,8 +429,7 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
                 measure_nll = (step + 1) % cfg.run.log_every == 0 or step + 1 == total
                 for j, b in enumerate(group):
                     s, t_in, t_out = T.collate(train_src, train_tgt, b)
-                    if cfg.train.word_dropout:
-                        s, t_in = word_dropout(s, cfg.train.word_dropout), word_dropout(t_in, cfg.train.word_dropout)
+                    s, t_in = (word_dropout(x, cfg.train.word_dropout) for x in (s, t_in))
                     s, t_in, t_out = s.to(device), t_in.to(device), t_out.to(device)
                     sync = j == len(group) - 1 or not dist.enabled
                     with (contextlib.nullcontext() if sync else train_model.no_sync()):

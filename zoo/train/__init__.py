@@ -39,6 +39,6 @@ __all__ = [
     "list_checkpoints", "load_checkpoint", "prune_checkpoints", "restore_rng", "rng_state", "save_checkpoint",
     "unwrap", "Config", "ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig", "config_to_yaml",
     "load_config", "parse_args", "Dist", "distributed", "resolve_device", "MetricsLog", "Progress",
-    "plot_metrics", "read_metrics", "EMA", "autocast", "bf16_is_fast", "resolve_precision", "build_optimizer", "build_scheduler", "lr_factor",
-    "param_groups", "seed_everything", "tune_malloc", "attention_kernels",
+    "plot_metrics", "read_metrics", "EMA", "autocast", "bf16_is_fast", "resolve_precision", "build_optimizer",
+    "build_scheduler", "lr_factor", "param_groups", "seed_everything", "tune_malloc", "attention_kernels",
 ]
