@@ -43,14 +43,18 @@ def test_rows_run_once_and_an_interrupted_grid_resumes(tmp_path):
     assert len(ran) == 4 and ran[-1].startswith("h4-")  # only the unfinished row ran again
     assert [r["cached"] for r in records] == [True, True, False]
     assert [r["results"]["params"] for r in records] == [8000, 1000, 4000]
-    run_grid(path, tmp_path / "out", echo=lambda *_: None)
+    again = run_grid(path, tmp_path / "out", echo=lambda *_: None)
     assert len(count.read_text().splitlines()) == 4  # nothing left to run
+    assert all(r["cached"] and r["results"]["wall_seconds"] > 0 for r in again)  # the wall time stays with the row
 
     md, csv_path = write_table(records, ["valid_ppl", "valid_bleu"], tmp_path / "table")
     lines = md.read_text().splitlines()
     assert lines[0] == "| row | changed | params | valid_ppl | valid_bleu | wall_seconds |"
     assert lines[3].startswith("| h1 | `heads=1` | 1,000 | 10.00 | 1.50 |")
     assert csv_path.read_text().splitlines()[1].startswith("base,(base),8000,1.25,12.0")
+    # params named among the metrics (to get a plot panel) is still one column of the table
+    md, _ = write_table(records, ["params", "valid_ppl"], tmp_path / "again")
+    assert md.read_text().splitlines()[0] == "| row | changed | params | valid_ppl | wall_seconds |"
     assert plot_grid(records, ["valid_ppl", "valid_bleu"], tmp_path / "table").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -67,6 +67,7 @@ def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatc
     for key in ("valid/last", "valid/averaged", "test/last", "test/averaged"):
         assert 0 <= results[key]["bleu"] <= 100 and results[key]["chrf"] >= 0
     assert results["step"] == 12 and 0 < results["padding_tgt"] < 0.5
+    assert results["params"] == sum(p.numel() for p in zoo.load(out / "model" / "model.safetensors").parameters())
     for name in ("curves.png", "cross_attention.png", "tokenizer.json", "metrics.jsonl"):
         assert (out / name).stat().st_size > 0
     records = read_metrics(out / "metrics.jsonl")
@@ -87,6 +88,26 @@ def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatc
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
     assert recipe.main(["translate", "--model", str(tmp_path / "nothing")]) == 2
     assert "no model.safetensors" in capsys.readouterr().err
+
+
+def test_ablation_setting_scores_the_last_model_once_on_valid_only(data, tmp_path, capsys):
+    """The paper's Table 3 setting: no averaging, dev only. One checkpoint is the final model, so it is decoded
+    once; the test split is never decoded; the export is that checkpoint's weights."""
+    out = tmp_path / "run"
+    assert recipe.main(tiny(data, out, "train.steps=8", "train.average_last=1", "decode.final_splits=[valid]")) == 0
+    text = capsys.readouterr().out
+    assert text.count("valid last") == 1 and "valid averaged" not in text and "test  last" not in text
+    assert "valid: BLEU" in text  # the summary line names the split it scored
+    results = json.loads((out / "results.json").read_text())
+    assert "test/last" not in results and "test/averaged" not in results
+    assert results["valid/averaged"] == results["valid/last"] and results["averaged"] == ["ckpt-0000008.pt"]
+    last = load_checkpoint(list_checkpoints(out)[-1])["model"]
+    exported = zoo.load(out / "model" / "model.safetensors").state_dict()
+    for k, v in exported.items():
+        assert torch.equal(v, last[k]), k
+    with pytest.raises(SystemExit):  # an empty list is refused by the config, naming the field
+        recipe.main(tiny(data, tmp_path / "bad", "decode.final_splits=[]"))
+    assert "final_splits" in capsys.readouterr().err
 
 
 def test_word_dropout_replaces_only_real_tokens_at_the_rate():

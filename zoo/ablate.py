@@ -122,7 +122,9 @@ def _run_row(recipe: Path, overrides: list[str], where: Path) -> dict[str, Any]:
     if not results_path.is_file():
         raise AblationError(f"{where.name}: the recipe wrote no {RESULTS} in {where}")
     results = json.loads(results_path.read_text())
-    results.setdefault("wall_seconds", round(wall, 1))
+    if "wall_seconds" not in results:  # kept with the row, so a cached row's table cell keeps its time
+        results["wall_seconds"] = round(wall, 1)
+        results_path.write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
@@ -189,7 +191,7 @@ def _cell(v: Any) -> str:
 
 def write_table(records: list[dict[str, Any]], metrics: list[str], out: Path) -> tuple[Path, Path]:
     """``out``.md (the paper's layout: row, changed fields, params, metrics, wall) and ``out``.csv."""
-    cols = ["row", "changed", "params", *metrics, "wall_seconds"]
+    cols = ["row", "changed", "params", *[m for m in metrics if m not in ("params", "wall_seconds")], "wall_seconds"]
     rows = []
     for r in records:
         res = r["results"]
@@ -208,11 +210,13 @@ def write_table(records: list[dict[str, Any]], metrics: list[str], out: Path) ->
 
 
 def plot_grid(records: list[dict[str, Any]], metrics: list[str], out: Path, reference: str | None = None) -> Path:
-    """One horizontal bar panel per metric, the reference row as a dashed line."""
+    """One horizontal bar panel per metric, values written on the bars, the reference row as a dashed line; a
+    panel whose values span more than 3x is drawn on a log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     reference = reference or records[0]["row"]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 0.35 * len(records) + 1.5), squeeze=False)
@@ -220,7 +224,13 @@ def plot_grid(records: list[dict[str, Any]], metrics: list[str], out: Path, refe
     for ax, m in zip(axes[0], metrics):
         vals = [metric(r["results"], m) for r in records]
         nums = [v if isinstance(v, (int, float)) else float("nan") for v in vals]
-        ax.barh(range(len(names)), nums, color=["tab:orange" if n == reference else "tab:blue" for n in names])
+        bars = ax.barh(range(len(names)), nums, color=["tab:orange" if n == reference else "tab:blue" for n in names])
+        ax.bar_label(bars, [_cell(v) for v in vals], fontsize=7, padding=2)
+        finite = [v for v in nums if v == v]
+        if finite and min(finite) > 0 and max(finite) > 3 * min(finite):  # one outlier must not flatten the rest
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.margins(x=0.15)
         ref = next((v for n, v in zip(names, nums) if n == reference), None)
         if ref is not None:
             ax.axvline(ref, color="k", ls="--", lw=1)
