@@ -511,24 +511,25 @@ def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, step, epoch, 
     model = unwrap(model)
     model.eval()
     paths = list_checkpoints(out)[-cfg.train.average_last :]
-    averaged = zoo.build(spec, seed=cfg.run.seed).to(device)
-    averaged.load_state_dict(average_checkpoints(paths))
-    averaged.eval()
+    if len(paths) == 1 and paths[0].name == checkpoint_name(step):
+        averaged = model  # the final checkpoint alone is the model itself (the paper's Table 3 reports no averaging)
+    else:
+        averaged = zoo.build(spec, seed=cfg.run.seed).to(device)
+        averaged.load_state_dict(average_checkpoints(paths))
+        averaged.eval()
     dist.print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}")
-    results: dict = {"params": sum(p.numel() for p in model.parameters()), "step": step, "epochs": epoch,
+    results: dict = {"params": zoo.count_parameters(model), "step": step, "epochs": epoch,
                      "train_seconds": round(train_seconds, 1), "stopped_early": stopped_early,
                      "averaged": [p.name for p in paths], "padding_src": pad[0], "padding_tgt": pad[1]}
     with attention_kernels(cfg.run.attention):
         hyps_out: dict = {}
-        # one checkpoint "averaged" is the final model itself (the paper's Table 3 reports no averaging): score it once
-        same = len(paths) == 1 and paths[0].name == checkpoint_name(step)
         for split in ("valid", "test"):
             if not len(splits[split]) or split not in cfg.decode.final_splits:
                 continue
             src_ids, tgt_ids = ids[split]
             refs = splits[split].tgt
             for name, m in (("last", model), ("averaged", averaged)):
-                if same and name == "averaged":
+                if name == "averaged" and averaged is model:  # scored already as "last"
                     results[f"{split}/averaged"] = results[f"{split}/last"]
                     hyps_out[(split, name)] = hyps_out[(split, "last")]
                     continue
@@ -554,7 +555,7 @@ def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, step, epoch, 
         (model_dir / "translate.json").write_text(json.dumps({
             "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "max_len": cfg.data.max_len,
             "decode": cfg.decode.model_dump(mode="json")}, indent=2) + "\n")
-        key = "test" if len(splits["test"]) and "test" in cfg.decode.final_splits else "valid"
+        key = "test" if "test/averaged" in results else "valid"
         sig = results[f"{key}/averaged"]["bleu_signature"]
         print(f"sacreBLEU signature: {sig}")
         print(f"chrF signature:      {results[f'{key}/averaged']['chrf_signature']}")
