@@ -100,14 +100,14 @@ class DataConfig(Config):
 
 
 class TrainConfig(Config):
-    epochs: PositiveInt = 10
+    epochs: PositiveInt = 8
     max_steps: PositiveInt | None = Field(None, description="stop after this many optimizer steps (schedule included)")
     warmup_epochs: NonNegativeFloat | None = Field(None, description="warmup in epochs; overrides schedule.warmup")
     label_smoothing: NonNegativeFloat = 0.1
 
 
 class RecipeConfig(Config):
-    model: str = "vit-fashion-mnist-7"
+    model: str = "vitc-fashion-mnist-7"
     model_overrides: list[str] = []
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
@@ -342,7 +342,10 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     step, epoch, k = start_step, int(state["epoch"]), int(state["batch"])
     interval_start, interval_images = time.perf_counter(), 0
 
+    synced = [model] + ([ema.module] if ema is not None else [])  # BatchNorm statistics: rank 0's everywhere
+
     def run_eval() -> dict[str, Any]:
+        dist.sync_buffers(*synced)
         rec = {f"{n}": v for n, v in evaluate(model, data, dist, cfg.run.precision).items()}
         if ema is not None:
             rec.update({f"ema_{n}": v for n, v in evaluate(ema.module, data, dist, cfg.run.precision).items()
@@ -356,6 +359,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         return rec
 
     def checkpoint() -> None:
+        dist.sync_buffers(*synced)
         st = {"epoch": epoch, "batch": k, "images_seen": images_seen, "skipped_total": skipped_total,
               "last_valid": last_valid, **acc}
         if dist.is_main:
@@ -430,6 +434,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         last_valid = run_eval()
 
     # export, reload, re-check
+    dist.sync_buffers(*synced)
     exported = {"model": out / "model.safetensors"}
     if ema is not None:
         exported["ema"] = out / "model-ema.safetensors"
@@ -446,14 +451,16 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         "model": spec.name, "parameters": n_params, "steps": step, "epochs": round(step / steps_per_epoch, 3),
         "world_size": dist.world_size, "batch_size": cfg.data.batch_size, "valid_images": last_valid["images"],
         "top1": last_valid["top1"], "top5": last_valid["top5"], "loss": last_valid["loss"],
-        "ema_top1": last_valid.get("ema_top1"), "ema_top5": last_valid.get("ema_top5"),
+        "ema_top1": last_valid.get("ema_top1"), "ema_top5": last_valid.get("ema_top5"), "ema_loss": last_valid.get("ema_loss"),
         "reloaded_top1": reloaded["model"]["top1"], "reloaded_top5": reloaded["model"]["top5"],
+        "reloaded_loss": reloaded["model"]["loss"],
         "reloaded_ema_top1": reloaded["ema"]["top1"] if "ema" in reloaded else None,
+        "reloaded_ema_loss": reloaded["ema"]["loss"] if "ema" in reloaded else None,
         "skipped_train_images": skipped_total, "skipped_valid_images": last_valid["skipped"],
         "train_images_per_s": round(images_seen / max(train_time, 1e-9), 1) if train_time else None,
         "train_s": round(train_time, 1), "wall_s": round(time.perf_counter() - wall_start, 1),
     }
-    same = abs(results["reloaded_top1"] - results["top1"]) < 1e-9
+    same = results["reloaded_top1"] == results["top1"] and abs(results["reloaded_loss"] - results["loss"]) < 1e-6
     if dist.is_main:
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         if cfg.run.plot:

@@ -90,10 +90,11 @@ def reference_attention(q, k, v, allowed):
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (False, True), (True, True)])
-def test_attention_equals_reference_math(n_kv_heads, causal, padded):
-    B, T, D, H, K, V = 2, 5, 16, 4, 6, 3
+@pytest.mark.parametrize("T,grad", [(5, True), (12, False), (24, True), (24, False), (48, True)])  # both sides of the CPU math/flash switch
+def test_attention_equals_reference_math(n_kv_heads, causal, padded, T, grad):
+    B, D, H, K, V = 2, 16, 4, 6, 3
     attn = Attention(D, n_heads=H, n_kv_heads=n_kv_heads, head_dim=K, v_head_dim=V).eval()
-    x = torch.randn(B, T, D)
+    x = torch.randn(B, T, D, requires_grad=grad)
     pad = torch.ones(B, T, dtype=torch.bool)
     if padded:
         pad[0, -2:] = False
@@ -111,6 +112,11 @@ def test_attention_equals_reference_math(n_kv_heads, causal, padded):
     ref = attn.out(ref)
     real = pad  # padded query rows are free to differ
     torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)
+    if grad:
+        w = torch.randn_like(out) * real[..., None]
+        (dx,) = torch.autograd.grad((out * w).sum(), x)
+        (dx_ref,) = torch.autograd.grad((ref * w).sum(), x)
+        torch.testing.assert_close(dx, dx_ref, atol=1e-5, rtol=1e-5)
 
 
 def test_gqa_equals_mha_with_repeated_key_value_heads():

@@ -439,6 +439,7 @@ TO_REFUSED = {
     "vit sincos2d": ("vit-tiny-16", ["position.kind=sincos2d"], "timm", "position.kind='sincos2d'"),
     "vit post-norm": ("vit-tiny-16", ["block.norm.placement=post"], "timm", "block.norm.placement='post'"),
     "vit swiglu": ("vit-tiny-16", ["block.ffn.kind=swiglu"], "timm", "block.ffn.kind='swiglu'"),
+    "vit conv stem": ("vit-tiny-16", ["stem.channels=[8]"], "timm", "stem=ConvStemSpec.* timm's VisionTransformer embeds patches without"),
 }
 
 

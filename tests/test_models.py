@@ -191,6 +191,43 @@ def test_vit_mean_pooling_with_fc_norm_and_no_class_token():
     assert model(*example_inputs(model)).shape == (3, 7)
 
 
+def test_vit_conv_stem_sees_across_patch_borders():
+    """Without a stem a token depends on its own patch only; a stride-1 3x3 stem layer lets the
+    pixel next to a patch border reach the neighbouring token too, and the token grid is unchanged."""
+    image = torch.randn(1, 3, 16, 16)
+    nudged = image.clone()
+    nudged[0, :, 0, 3] += 1.0  # the last column of patch (0, 0), next to patch (0, 1)
+    for stem, reaches in (([], False), (["stem.channels=[8]"], True)):
+        model = tiny_model("vit", stem).eval()
+        a, b = model.patch_embed(image), model.patch_embed(nudged)
+        assert a.shape == (1, 16, model.spec.d_model)
+        assert not torch.equal(a[0, 0], b[0, 0])
+        assert (not torch.allclose(a[0, 1], b[0, 1])) == reaches
+        assert torch.equal(a[0, 2:], b[0, 2:])
+
+
+def test_vit_conv_stem_strides_shrink_the_projection():
+    """ViTC's layout: four stride-2 layers then a 1x1 projection keep patch 16's 14 x 14 grid."""
+    spec = zoo.load_spec("vit-tiny-16", ["stem.channels=[24, 48, 96, 192]", "stem.strides=[2, 2, 2, 2]"])
+    model = zoo.build(spec, device="meta")
+    assert model.patch_embed.proj.kernel_size == (1, 1) and model.patch_embed.proj.in_channels == 192
+    assert model(torch.empty(2, 3, 224, 224, device="meta")).shape == (2, 1000)
+    half = tiny_model("vit", ["stem.channels=[8, 8]", "stem.strides=[2, 1]"])
+    assert half.patch_embed.proj.kernel_size == (2, 2)
+    assert half(*example_inputs(half)).shape == (3, 7)
+
+
+def test_vit_conv_stem_batch_statistics_survive_save_and_load(tmp_path):
+    model = tiny_model("vit", ["stem.channels=[8]"])
+    model.train()(torch.randn(4, 3, 16, 16) * 3 + 1)  # moves BatchNorm's running statistics
+    bn = model.patch_embed.stem[1]
+    assert int(bn.num_batches_tracked) == 1 and not torch.allclose(bn.running_mean, torch.zeros(8))
+    zoo.save(model, tmp_path / "m.safetensors")
+    back = zoo.load(tmp_path / "m.safetensors")
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(back.eval()(x), model.eval()(x), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "family,call,message",
     [

@@ -34,7 +34,7 @@ from zoo.registry import REGISTRIES, RegistryError, registry, suggest
 __all__ = [
     "Spec", "ComponentSpec", "AttentionSpec", "PositionSpec", "FFNSpec", "NormSpec", "FamilySpec",
     "BlockSpec", "DropoutSpec", "InitSpec", "DecoderSpec", "EncoderSpec", "EncoderDecoderSpec",
-    "VitSpec", "SpecError", "load_spec", "parse_spec", "apply_overrides", "preset_names",
+    "VitSpec", "ConvStemSpec", "SpecError", "load_spec", "parse_spec", "apply_overrides", "preset_names",
     "preset_path", "to_yaml", "json_schema",
 ]
 
@@ -420,6 +420,27 @@ class EncoderDecoderSpec(TextSpec):
         return self.src_vocab_size or self.vocab_size
 
 
+class ConvStemSpec(Spec):
+    """Convolutions before the patch projection (Xiao et al. 2021, "Early convolutions help
+    transformers see better"; timm's hybrid ViTs): one 3x3 conv + BatchNorm + ReLU layer per entry of
+    ``channels``, with the matching ``strides`` (default 1). The patch projection then takes
+    ``patch_size / prod(strides)`` pixels of the stem's output, so the token grid is unchanged:
+    ViTC's ImageNet stem is ``channels: [48, 96, 192, 384], strides: [2, 2, 2, 2]`` with patch 16
+    (a 1x1 projection); on small images, stride-1 layers add overlapping local features at a few
+    percent of the FLOPs."""
+
+    channels: list[PositiveInt] = Field(min_length=1, description="output channels of each 3x3 conv layer")
+    strides: list[PositiveInt] | None = Field(None, description="one per layer; default all 1")
+
+    @property
+    def layer_strides(self) -> list[int]:
+        return self.strides or [1] * len(self.channels)
+
+    @property
+    def stride(self) -> int:
+        return math.prod(self.layer_strides)
+
+
 class VitSpec(FamilySpec):
     """Vision Transformer: ``model(images[B,C,H,W]) -> logits[B,num_classes]``."""
 
@@ -431,6 +452,7 @@ class VitSpec(FamilySpec):
     class_token: bool = True
     pool: Literal["cls", "mean"] = "cls"
     fc_norm: bool = Field(False, description="norm after pooling instead of before (timm's fc_norm)")
+    stem: ConvStemSpec | None = Field(None, description="convolutions before the patch projection; null: none (the plain ViT)")
     position: Position = Field(default_factory=LearnedSpec)
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="trunc_normal"))
 
@@ -445,6 +467,18 @@ class VitSpec(FamilySpec):
             raise ValueError(f"position.kind: sincos2d splits d_model in four (row/column x sin/cos); d_model ({self.d_model}) must be divisible by 4")
         if self.pool == "cls" and not self.class_token:
             raise ValueError("pool: cls needs class_token: true; set class_token: true or pool: mean")
+        if self.stem is not None:
+            stem = self.stem
+            if stem.strides is not None and len(stem.strides) != len(stem.channels):
+                raise ValueError(
+                    f"stem.strides: one stride per conv layer, got {len(stem.strides)} strides for "
+                    f"{len(stem.channels)} channels; give {len(stem.channels)} strides or leave strides out (all 1)"
+                )
+            if self.patch_size % stem.stride:
+                raise ValueError(
+                    f"stem.strides: their product ({stem.stride}) must divide patch_size ({self.patch_size}), "
+                    f"so the patch projection covers whole stem pixels; use strides whose product divides {self.patch_size}"
+                )
         return self
 
     _foreign_positions: ClassVar[frozenset[str]] = frozenset({"sinusoidal", "rope", "alibi"})  # 1-D text positions

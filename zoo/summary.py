@@ -11,7 +11,8 @@ Conventions (docs/io.md has the worked formulas):
   forward passes (the backward pass costs two).
 * Activation memory is what a training step keeps for the backward pass at a batch and length, in
   the given dtype, assuming fused attention (no T x T matrix is stored), plus the logits the loss
-  reads and one byte per element of each dropout mask.
+  reads and one byte per element of each dropout mask. (On CPU, zoo runs sequences of at most 32
+  keys through SDPA's math path, which keeps the H x T x S probabilities too: small at that length.)
 * The KV cache is the keys and values a decoder keeps per generated token.
 
 Shapes: B batch, T tokens, S source tokens, D model width, H heads, G key/value heads, K and V head
@@ -153,10 +154,17 @@ def forward_flops(model: nn.Module, seq: int) -> int | None:
     if family == "encoder_decoder":
         return _stack_flops(model.encoder, seq) + _stack_flops(model.decoder, seq, seq) + _linear_flops(model.head, seq)
     if family == "vit":
-        n_patches = model.spec.grid[0] * model.spec.grid[1]
-        patch = 2 * model.patch_embed.proj.weight.numel() * n_patches
-        return patch + _stack_flops(model.stack, model.spec.n_tokens) + _linear_flops(model.head, 1)
+        return _patch_flops(model) + _stack_flops(model.stack, model.spec.n_tokens) + _linear_flops(model.head, 1)
     return None
+
+
+def _patch_flops(model: nn.Module) -> int:
+    """A ViT's patch embedding: each convolution's multiply-adds at its output resolution."""
+    side, total = model.spec.image_size, 0
+    for conv in [m for m in model.patch_embed.modules() if isinstance(m, nn.Conv2d)]:
+        side //= conv.stride[0]
+        total += 2 * conv.weight.numel() * side * side
+    return total
 
 
 # ------------------------------------------------------------------------------ activation memory
@@ -237,6 +245,11 @@ def activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_elemen
         n = spec.n_tokens
         elements, masks = _stack_activations(model.stack, spec, n)
         elements += spec.in_channels * spec.image_size**2 + 2 * d + spec.num_classes  # images, pooled, logits
+        if spec.stem is not None:  # each stem layer keeps its conv output (BatchNorm's input) and its ReLU output
+            side = spec.image_size
+            for channels, stride in zip(spec.stem.channels, spec.stem.layer_strides):
+                side //= stride
+                elements += 2 * channels * side * side
         masks += n * emb_mask
     else:
         return None

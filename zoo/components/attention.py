@@ -11,13 +11,34 @@ one ``attn_mask`` SDPA takes.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from zoo.components.cache import LayerCache
 from zoo.components.position import Position
 from zoo.registry import register
+
+
+# On CPU, SDPA's flash kernel works in blocks of queries and keys; on short sequences the plain
+# matmul-softmax-matmul path is faster. Measured on a 2-core AVX2 CPU, 8 to 256 queries and as many
+# keys, q, k, v as views of a fused projection: fwd+bwd at 4 heads of 32 it is 2.3x at 8 keys,
+# 1.7x at 16-24, 1.2x at 32 and level from 64; forward-only it wins to 16 keys (1.9x at 8, 1.1x at
+# 16) and loses beyond. One query against a cache (a decoding step) is 1.1-5x faster on flash at any
+# length, so decoding keeps it. The ViT on Fashion-MNIST (17 tokens) trains ~17% faster this way.
+_MATH_KEYS_TRAINING, _MATH_KEYS_INFERENCE, _MATH_MIN_QUERIES = 32, 16, 8
+
+
+def _short_sequence_backend(q: Tensor, k: Tensor) -> contextlib.AbstractContextManager:
+    """SDPA's math backend for short sequences on CPU, else SDPA's own choice."""
+    if q.device.type == "cpu" and q.shape[-2] >= _MATH_MIN_QUERIES and not torch.compiler.is_compiling():
+        limit = _MATH_KEYS_TRAINING if torch.is_grad_enabled() and q.requires_grad else _MATH_KEYS_INFERENCE
+        if k.shape[-2] <= limit:
+            return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
 
 
 class Attention(nn.Module):
@@ -92,13 +113,14 @@ class Attention(nn.Module):
                 k, v = cache.append(k, v)
         if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
             mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
-        y = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal and mask is None,
-            enable_gqa=self.n_kv_heads != self.n_heads,
-        )  # (B, H, T, V)
+        with _short_sequence_backend(q, k):
+            y = F.scaled_dot_product_attention(
+                q, k, v,
+                attn_mask=mask,
+                dropout_p=self.dropout if self.training else 0.0,
+                is_causal=is_causal and mask is None,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )  # (B, H, T, V)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim))
 
 

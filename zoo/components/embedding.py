@@ -6,6 +6,7 @@ Shapes: B batch, T tokens, D model width, C channels, P patch size, N patches.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 
@@ -24,11 +25,24 @@ class TokenEmbedding(nn.Embedding):
 
 class PatchEmbedding(nn.Module):
     """Images [B, C, H, W] -> patch vectors [B, N, D] by a stride-P convolution (one linear map of
-    each non-overlapping P x P patch)."""
+    each non-overlapping P x P patch), optionally after a convolutional stem.
 
-    def __init__(self, *, in_channels: int, dim: int, patch_size: int) -> None:
+    ``stem``: (channels, stride) per 3x3 conv + BatchNorm + ReLU layer (Xiao et al. 2021); the
+    projection then covers ``patch_size / prod(strides)`` stem pixels, so N is unchanged."""
+
+    def __init__(self, *, in_channels: int, dim: int, patch_size: int,
+                 stem: Sequence[tuple[int, int]] = ()) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+        layers: list[nn.Module] = []
+        c = in_channels
+        for channels, stride in stem:
+            layers += [nn.Conv2d(c, channels, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(channels),
+                       nn.ReLU(inplace=True)]
+            c = channels
+        self.stem = nn.Sequential(*layers) if layers else None
+        kernel = patch_size // math.prod(s for _, s in stem)
+        self.proj = nn.Conv2d(c, dim, kernel_size=kernel, stride=kernel)
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.proj(images).flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
+        x = self.stem(images) if self.stem is not None else images
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)

@@ -1,6 +1,6 @@
 """Vision Transformer (Dosovitskiy et al. 2021), laid out as timm's VisionTransformer.
 
-    images [B, C, H, W] -> patches [B, N, D] -> [class token;] + positions -> blocks -> pool -> logits
+    images [B, C, H, W] -> [conv stem ->] patches [B, N, D] -> [class token;] + positions -> blocks -> pool -> logits
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.spec = spec
         d = spec.d_model
-        self.patch_embed = PatchEmbedding(in_channels=spec.in_channels, dim=d, patch_size=spec.patch_size)
+        stem = list(zip(spec.stem.channels, spec.stem.layer_strides)) if spec.stem else []
+        self.patch_embed = PatchEmbedding(in_channels=spec.in_channels, dim=d, patch_size=spec.patch_size, stem=stem)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if spec.class_token else None
         self.position = build_position(spec, max_len=spec.n_tokens, grid=spec.grid)
         self.drop = nn.Dropout(spec.dropout.embedding)

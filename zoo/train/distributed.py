@@ -84,6 +84,15 @@ class Dist:
             td.all_reduce(tensor, op=ops[op])
         return tensor
 
+    def sync_buffers(self, *modules: nn.Module) -> None:
+        """Give every rank rank 0's buffers (BatchNorm's running statistics). DDP broadcasts them
+        before each training forward, so after the last one every other rank holds its own batch's
+        update; call this before evaluating, checkpointing or exporting. A no-op when alone."""
+        if self.enabled:
+            for module in modules:
+                for buffer in module.buffers():
+                    td.broadcast(buffer, src=0)
+
     def gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order (picklable objects; small ones)."""
         if not self.enabled:
