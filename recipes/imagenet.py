@@ -55,6 +55,7 @@ from zoo.train import (
     Progress,
     RunConfig,
     ScheduleConfig,
+    attention_kernels,
     autocast,
     build_optimizer,
     build_scheduler,
@@ -238,15 +239,6 @@ def evaluate(model: nn.Module, data: Any, dist: Dist, precision: str) -> dict[st
             "images": int(totals[3].item()), "skipped": int(totals[4].item())}
 
 
-def _attention_context(cfg: RecipeConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    mode = cfg.run.attention
-    if mode == "math" or (mode == "auto" and device.type == "cpu"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel(SDPBackend.MATH)
-    return contextlib.nullcontext()
-
-
 def _loss_fn(cfg: RecipeConfig, mixup: Any):
     if mixup is not None:
         from timm.loss import SoftTargetCrossEntropy
@@ -368,7 +360,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
             prune_checkpoints(out, cfg.run.keep_checkpoints)
         dist.barrier()
 
-    with _attention_context(cfg, dist.device):
+    with attention_kernels(cfg.run.attention):
         train_model.train()
         while step < total_steps:
             batches = data.train_batches(epoch, k * accum)

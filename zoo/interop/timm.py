@@ -192,10 +192,10 @@ def _mlp_ratio(d: int, hidden: int) -> float:
 
 def _timm_kwargs(s: FamilySpec) -> dict:
     """VisionTransformer arguments for ``s``, refusing what timm's ViT cannot express."""
-    att, ffn, norm, d = s.block.attention, s.block.ffn, s.block.norm, s.d_model
+    att, ffn, norm, d, stem = s.block.attention, s.block.ffn, s.block.norm, s.d_model, getattr(s, "stem", None)
     problems = [
         ("family", s.family, s.family == "vit", "to_timm converts zoo ViTs"),
-        ("stem", getattr(s, "stem", None), getattr(s, "stem", None) is None, "timm's VisionTransformer embeds patches without a conv stem"),
+        ("stem", stem, stem is None, "timm's VisionTransformer embeds patches without a conv stem"),
         ("position.kind", s.position.kind, s.position.kind in ("learned", "none"), "timm's ViT has learned positions or none"),
         ("block.norm.kind", norm.kind, norm.kind == "layernorm" and getattr(norm, "bias", False), "timm's ViT uses LayerNorm with bias"),
         ("block.norm.placement", norm.placement, norm.placement == "pre", "timm's ViT is pre-norm"),
