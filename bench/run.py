@@ -23,6 +23,7 @@ import torch
 
 from bench import workloads as W
 from bench.common import MALLOC, Row, machine, matmul_peak
+from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ["peak", "vit", "gpt2", "bert", "transformer", "generate", "compile"]
@@ -76,7 +77,7 @@ def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
         f"Measured {env['date']} on {env['cpu']} ({env['threads']} threads, torch {env['torch']}, "
         f"malloc `{env['malloc']}`, 1-min load average before the run {env.get('loadavg_1min', '?')}).",
         "",
-        f"Peak matmul: fp32 {peaks.get('fp32', 0) / 1e9:,.0f} GFLOP/s, bf16 {peaks.get('bf16', 0) / 1e9:,.0f} GFLOP/s "
+        "Peak matmul: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()) + " "
         "(MFU is measured FLOPs per step / step time / this peak).",
         "",
     ]
@@ -110,6 +111,17 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
+def usable_precisions(requested: list[str], tiny: bool) -> list[str]:
+    """The requested precisions, less bf16 on a CPU without native bf16 matmuls: an AVX2-only CPU runs
+    them in a scalar fallback (~1 GFLOP/s), so the bf16 rows would take hours and measure no one's real
+    setting. ``--tiny`` keeps bf16, since it only checks that the scripts run."""
+    out = list(requested)
+    if "bf16" in out and not tiny and not bf16_is_fast("cpu"):
+        out.remove("bf16")
+        print("bf16 skipped: this CPU has no native bf16 matmul (it needs AVX-512 BF16 or AMX)", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,16 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     env["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     timing = dict(warmup=1 if args.tiny else args.warmup, repeats=2 if args.tiny else args.repeats)
     chosen = args.only or WORKLOADS
+    precisions = usable_precisions(args.precision, args.tiny)
     peaks: dict[str, float] = {}
     if "peak" in chosen or not args.tiny:
         n = 256 if args.tiny else 4096
-        peaks = {"fp32": matmul_peak(torch.float32, n), "bf16": matmul_peak(torch.bfloat16, n)}
-        print(f"peak matmul: fp32 {peaks['fp32'] / 1e9:,.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:,.0f} GFLOP/s", flush=True)
+        peaks = {"fp32": matmul_peak(torch.float32, n)}
+        if "bf16" in precisions or args.tiny:
+            peaks["bf16"] = matmul_peak(torch.bfloat16, n)
+        print("peak matmul: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()), flush=True)
     rows: list[Row] = []
     for name in chosen:
         if name == "peak":
             continue
-        for row in _rows(name, args.precision, timing, args.tiny):
+        for row in _rows(name, precisions, timing, args.tiny):
             rows.append(row)
             ratios = ", ".join(f"{row.ratio('zoo' if 'zoo' in row.seconds else 'zoo compiled', s):.2f}x vs {s}"
                                for s in row.seconds if not s.startswith("zoo"))

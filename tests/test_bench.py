@@ -8,7 +8,8 @@ import math
 import torch
 
 from bench.common import Row, count_flops
-from bench.run import main
+import bench.run
+from bench.run import main, usable_precisions
 
 
 def test_every_workload_runs_at_toy_size(tmp_path):
@@ -43,3 +44,11 @@ def test_ratio_and_mfu():
     row = Row("w", "fp32", "tokens", work=100, seconds={"zoo": 1.0, "peer": 1.5}, flops=2e9)
     assert row.ratio() == 1.5 and row.throughput("zoo") == 100
     assert row.mfu("zoo", peak=4e9) == 0.5 and row.mfu("zoo", None) is None
+
+
+def test_bf16_rows_are_skipped_only_where_bf16_matmuls_are_not_native(monkeypatch):
+    monkeypatch.setattr(bench.run, "bf16_is_fast", lambda device: False)
+    assert usable_precisions(["fp32", "bf16"], tiny=False) == ["fp32"]
+    assert usable_precisions(["fp32", "bf16"], tiny=True) == ["fp32", "bf16"]  # toy sizes only check the scripts
+    monkeypatch.setattr(bench.run, "bf16_is_fast", lambda device: True)
+    assert usable_precisions(["fp32", "bf16"], tiny=False) == ["fp32", "bf16"]
