@@ -60,6 +60,23 @@ def test_cached_decoding_equals_full_recomputation(family, position, attention):
             assert got.argmax(-1).equal(full.argmax(-1))
 
 
+@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+def test_last_only_logits_are_the_last_position_of_the_full_logits(family):
+    model = tiny_model(family, []).eval()
+    V = model.spec.vocab_size
+    with torch.no_grad():
+        if family == "decoder":
+            tokens, mask = left_padded(V, [5, 2, 4])
+            full, last = model(tokens, mask), model(tokens, mask, last_only=True)
+        else:
+            src = torch.randint(0, V, (3, 7), generator=torch.Generator().manual_seed(2))
+            tgt = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(3))
+            memory = model.encode(src)
+            full, last = model.decode(tgt, memory), model.decode(tgt, memory, last_only=True)
+    assert last.shape == (3, 1, V)
+    torch.testing.assert_close(last, full[:, -1:], rtol=0, atol=1e-6)
+
+
 def test_cache_capacity_and_position_table_limits_are_clear():
     model = tiny_model("decoder").eval()
     cache = model.new_cache(4)

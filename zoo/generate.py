@@ -71,9 +71,9 @@ class _Stepper:
 
     def _call(self, tokens: Tensor, mask: Tensor | None) -> Tensor:
         if self.encdec:
-            out = self.model.decode(tokens, self.memory, self.mask, None, cache=self.cache)
+            out = self.model.decode(tokens, self.memory, self.mask, None, cache=self.cache, last_only=True)
         else:
-            out = self.model(tokens, mask, cache=self.cache)
+            out = self.model(tokens, mask, cache=self.cache, last_only=True)
         return out[:, -1]  # (rows, V)
 
     def first(self) -> Tensor:

@@ -37,9 +37,12 @@ class DecoderLM(nn.Module):
         if spec.tie_embeddings:
             self.head.weight = self.tok_emb.weight
 
-    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, cache: KVCache | None = None, *,
+                last_only: bool = False) -> Tensor:
         """With a ``cache`` (from :meth:`new_cache`), ``tokens`` continue the cached ones: pass the
-        prompt first (with its padding mask), then each new token; the logits equal a full pass."""
+        prompt first (with its padding mask), then each new token; the logits equal a full pass.
+        ``last_only``: logits of the last position only ([B, 1, V]), what generation needs; a long
+        prompt then skips its [B, T, V] vocabulary projection."""
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
         positions, mask, is_causal = self_attention_inputs(
@@ -47,7 +50,7 @@ class DecoderLM(nn.Module):
         )
         x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), positions)))  # (B, T, D)
         x = self.stack(x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal, cache=cache)
-        return self.head(x)  # (B, T, V)
+        return self.head(x[:, -1:] if last_only else x)  # (B, T, V)
 
     def new_cache(self, capacity: int) -> KVCache:
         """An empty KV cache for up to ``capacity`` positions (prompt + new tokens)."""

@@ -66,8 +66,10 @@ class EncoderDecoder(nn.Module):
         src_padding_mask: Tensor | None = None,
         tgt_padding_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        *,
+        last_only: bool = False,
     ) -> Tensor:
-        """Target ids [B, T] and memory [B, S, D] -> logits [B, T, V].
+        """Target ids [B, T] and memory [B, S, D] -> logits [B, T, V] ([B, 1, V] with ``last_only``).
 
         With a ``cache`` (from :meth:`new_cache`), ``tgt_in`` continues the cached target tokens and
         the memory's keys/values are computed at the first call only."""
@@ -82,7 +84,7 @@ class EncoderDecoder(nn.Module):
             x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal,
             memory=memory, memory_mask=memory_mask, cache=cache,
         )
-        return self.head(x)
+        return self.head(x[:, -1:] if last_only else x)
 
     def new_cache(self, capacity: int) -> KVCache:
         """An empty KV cache for up to ``capacity`` target positions."""
