@@ -58,6 +58,10 @@ def _fmt(x: float | None, pct: bool = False) -> str:
     return f"{100 * x:.0f}%" if pct else (f"{x:,.1f}" if x < 1000 else f"{x:,.0f}")
 
 
+def _peaks_text(peaks: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items())
+
+
 def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
     lines = [
         "| workload | precision | zoo | peer | ratio (zoo / peer) | zoo MFU | peer MFU | spread |",
@@ -77,7 +81,7 @@ def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
         f"Measured {env['date']} on {env['cpu']} ({env['threads']} threads, torch {env['torch']}, "
         f"malloc `{env['malloc']}`, 1-min load average before the run {env.get('loadavg_1min', '?')}).",
         "",
-        "Peak matmul: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()) + " "
+        f"Peak matmul: {_peaks_text(peaks)} "
         "(MFU is measured FLOPs per step / step time / this peak).",
         "",
     ]
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         peaks = {"fp32": matmul_peak(torch.float32, n)}
         if "bf16" in precisions or args.tiny:
             peaks["bf16"] = matmul_peak(torch.bfloat16, n)
-        print("peak matmul: " + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peaks.items()), flush=True)
+        print(f"peak matmul: {_peaks_text(peaks)}", flush=True)
     rows: list[Row] = []
     for name in chosen:
         if name == "peak":
