@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from zoo.components.cache import LayerCache
+from zoo.components.linear import Linear
 from zoo.components.position import Position
 from zoo.registry import register
 
@@ -70,11 +71,11 @@ class Attention(nn.Module):
         q_size, k_size, v_size = n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * v_head_dim
         self.splits = (q_size, k_size, v_size)
         if cross:
-            self.q = nn.Linear(dim, q_size, bias=bias)
-            self.kv = nn.Linear(kv_dim or dim, k_size + v_size, bias=bias)
+            self.q = Linear(dim, q_size, bias=bias)
+            self.kv = Linear(kv_dim or dim, k_size + v_size, bias=bias)
         else:
-            self.qkv = nn.Linear(dim, q_size + k_size + v_size, bias=bias)
-        self.out = nn.Linear(n_heads * v_head_dim, dim, bias=bias)
+            self.qkv = Linear(dim, q_size + k_size + v_size, bias=bias)
+        self.out = Linear(n_heads * v_head_dim, dim, bias=bias)
 
     def forward(
         self,

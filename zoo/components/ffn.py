@@ -12,16 +12,17 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.components.linear import Linear
 from zoo.registry import register
 
 
 class MLP(nn.Module):
     def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        self.fc1 = Linear(dim, hidden, bias=bias)
         self.act = activation
         self.drop = nn.Dropout(dropout)
-        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+        self.fc2 = Linear(hidden, dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
         return self.fc2(self.drop(self.act(self.fc1(x))))
@@ -30,10 +31,10 @@ class MLP(nn.Module):
 class GatedMLP(nn.Module):
     def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias)  # [gate | up]
+        self.fc1 = Linear(dim, 2 * hidden, bias=bias)  # [gate | up]
         self.act = activation
         self.drop = nn.Dropout(dropout)
-        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+        self.fc2 = Linear(hidden, dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.fc1(x).chunk(2, dim=-1)  # (B, T, F) each

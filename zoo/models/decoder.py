@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
 from zoo.components.embedding import TokenEmbedding
+from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
 from zoo.registry import register
 from zoo.spec import DecoderSpec
@@ -32,7 +33,7 @@ class DecoderLM(nn.Module):
         self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = nn.Dropout(spec.dropout.embedding)
         self.stack = build_stack(spec, spec.n_layers)
-        self.head = nn.Linear(d, spec.vocab_size, bias=spec.head_bias)
+        self.head = Linear(d, spec.vocab_size, bias=spec.head_bias)
         init_weights(self, spec)
         if spec.tie_embeddings:
             self.head.weight = self.tok_emb.weight

@@ -8,6 +8,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from zoo.components.embedding import TokenEmbedding
+from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
 from zoo.registry import register
 from zoo.spec import EncoderSpec
@@ -19,10 +20,10 @@ class MLMHead(nn.Module):
     def __init__(self, dim: int, vocab_size: int, *, transform: bool, norm: nn.Module | None, bias: bool) -> None:
         super().__init__()
         if transform:
-            self.transform = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), norm)
+            self.transform = nn.Sequential(Linear(dim, dim), nn.GELU(), norm)
         else:
             self.transform = nn.Identity()
-        self.proj = nn.Linear(dim, vocab_size, bias=bias)
+        self.proj = Linear(dim, vocab_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(self.transform(x))
@@ -33,9 +34,9 @@ class Classifier(nn.Module):
 
     def __init__(self, dim: int, num_labels: int, *, pooler: bool, dropout: float) -> None:
         super().__init__()
-        self.pooler = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if pooler else nn.Identity()
+        self.pooler = nn.Sequential(Linear(dim, dim), nn.Tanh()) if pooler else nn.Identity()
         self.drop = nn.Dropout(dropout)
-        self.out = nn.Linear(dim, num_labels)
+        self.out = Linear(dim, num_labels)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, num_labels)
         return self.out(self.drop(self.pooler(x[:, 0])))

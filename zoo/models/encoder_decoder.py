@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
 from zoo.components.embedding import TokenEmbedding
+from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
 from zoo.registry import register
 from zoo.spec import EncoderDecoderSpec
@@ -42,7 +43,7 @@ class EncoderDecoder(nn.Module):
         self.drop = nn.Dropout(spec.dropout.embedding)
         self.encoder = build_stack(spec, spec.encoder_layers)
         self.decoder = build_stack(spec, spec.decoder_layers, cross=True)
-        self.head = nn.Linear(d, spec.vocab_size, bias=spec.head_bias)
+        self.head = Linear(d, spec.vocab_size, bias=spec.head_bias)
         init_weights(self, spec)
         if spec.tie_embeddings:
             self.head.weight = self.tgt_emb.weight

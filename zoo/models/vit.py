@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.components.embedding import PatchEmbedding
+from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, init_weights
 from zoo.registry import register
 from zoo.spec import VitSpec
@@ -31,7 +32,7 @@ class VisionTransformer(nn.Module):
         pre = spec.norm_placement == "pre"
         self.stack = build_stack(spec, spec.n_layers, final_norm=pre and not spec.fc_norm)
         self.fc_norm = build_part("norm", spec.block.norm, dim=d) if spec.fc_norm else nn.Identity()
-        self.head = nn.Linear(d, spec.num_classes)
+        self.head = Linear(d, spec.num_classes)
         init_weights(self, spec)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)  # as timm

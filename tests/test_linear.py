@@ -1,0 +1,176 @@
+"""zoo's Linear: the oneDNN fp32 CPU path against float64 F.linear, its fallbacks, the backend choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import zoo
+from zoo.components import linear as L
+from conftest import example_inputs, tiny_model
+
+needs_onednn = pytest.mark.skipif(not L._onednn_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.fixture
+def onednn_everywhere(monkeypatch):
+    """Force the oneDNN path for every fp32 CPU linear, however small, and count its calls."""
+    monkeypatch.setattr(L, "_choice", "onednn")
+    monkeypatch.setattr(L, "_MIN_MACS", 0)
+    monkeypatch.setattr(L, "_MIN_WEIGHT", 0)
+    calls = []
+    real = L._OneDnnLinear.apply
+    monkeypatch.setattr(L._OneDnnLinear, "apply", lambda *a: calls.append(a[0].shape) or real(*a))
+    return calls
+
+
+def _grads_against_float64(x, w, b, out_grad):
+    """Outputs and gradients of zoo's linear (fp32) and of F.linear in float64 on the same values."""
+    results = []
+    for fn, dtype in [(L.linear, torch.float32), (F.linear, torch.float64)]:
+        xs = x.detach().to(dtype).requires_grad_(x.requires_grad)
+        ws = w.detach().to(dtype).requires_grad_(w.requires_grad)
+        bs = None if b is None else b.detach().to(dtype).requires_grad_(b.requires_grad)
+        y = fn(xs, ws, bs)
+        y.backward(out_grad.to(dtype))
+        results.append((y, xs.grad, ws.grad, None if bs is None else bs.grad))
+    return results
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(5, 24), (3, 7, 24), (2, 3, 4, 24), (1, 1, 24)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("grads", ["all", "input_only", "weight_only"])
+def test_onednn_linear_matches_float64_forward_and_backward(onednn_everywhere, shape, bias, grads):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g).requires_grad_(grads != "weight_only")
+    w = torch.randn(40, 24, generator=g).requires_grad_(grads != "input_only")
+    b = torch.randn(40, generator=g).requires_grad_(grads == "all") if bias else None
+    out_grad = torch.randn(*shape[:-1], 40, generator=g)
+    (y, gx, gw, gb), (y64, gx64, gw64, gb64) = _grads_against_float64(x, w, b, out_grad)
+    assert onednn_everywhere, "the oneDNN path was not taken"
+    assert y.dtype == torch.float32 and y.shape == y64.shape
+    torch.testing.assert_close(y, y64.float(), rtol=1e-5, atol=1e-5)
+    for ours, ref in [(gx, gx64), (gw, gw64), (gb, gb64)]:
+        assert (ours is None) == (ref is None)
+        if ref is not None:
+            torch.testing.assert_close(ours, ref.float(), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_onednn_linear_takes_strided_inputs(onednn_everywhere):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 48, generator=g)[:, ::2]  # a non-contiguous view
+    w = torch.randn(30, 24, generator=g)
+    torch.testing.assert_close(L.linear(x, w), F.linear(x.double(), w.double()).float(), rtol=1e-5, atol=1e-5)
+    wt = torch.randn(24, 30, generator=g).t()  # a transposed weight
+    torch.testing.assert_close(L.linear(x, wt), F.linear(x.double(), wt.double()).float(), rtol=1e-5, atol=1e-5)
+    assert len(onednn_everywhere) == 2
+
+
+@needs_onednn
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder", "vit"])
+def test_models_train_the_same_on_either_backend(family, monkeypatch):
+    """Three AdamW steps of a tiny model give the same losses and weights on oneDNN as on ATen."""
+    monkeypatch.setattr(L, "_MIN_MACS", 0)
+    monkeypatch.setattr(L, "_MIN_WEIGHT", 0)
+    finals = {}
+    for backend in ["aten", "onednn"]:
+        monkeypatch.setattr(L, "_choice", backend)
+        model = tiny_model(family, ["dropout.residual=0", "dropout.attention=0", "dropout.embedding=0"]).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        inputs = example_inputs(model)
+        losses = []
+        for _ in range(3):
+            out = model(*inputs)
+            loss = out.float().square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        finals[backend] = (losses, model.state_dict())
+    (l0, s0), (l1, s1) = finals["aten"], finals["onednn"]
+    assert l0 == pytest.approx(l1, rel=1e-4)
+    for k in s0:
+        torch.testing.assert_close(s0[k], s1[k], rtol=1e-4, atol=1e-5)
+
+
+def test_fast_path_leaves_autocast_small_products_and_other_dtypes_to_torch(monkeypatch):
+    monkeypatch.setattr(L, "_choice", "onednn")
+    calls = []
+    monkeypatch.setattr(L._OneDnnLinear, "apply", lambda *a: calls.append(1))
+    big_x, big_w = torch.randn(64, 256), torch.randn(512, 256)  # 8M multiply-adds
+    small_x, small_w = torch.randn(2, 16), torch.randn(8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert L.linear(big_x, big_w).dtype == torch.bfloat16  # autocast still casts
+    assert L.linear(small_x, small_w).shape == (2, 8)
+    assert L.linear(big_x.double(), big_w.double()).dtype == torch.float64
+    assert L.linear(torch.randn(0, 256), big_w).shape == (0, 512)
+    assert calls == []
+    monkeypatch.setattr(L, "_choice", "aten")
+    L.linear(big_x, big_w)
+    assert calls == []
+    if L._onednn_available():
+        monkeypatch.setattr(L, "_choice", "onednn")
+        L.linear(big_x, big_w)
+        L.linear(torch.randn(1, 1024), torch.randn(1024, 1024))  # a decoding step over a 1M weight
+        assert len(calls) == 2
+
+
+def test_backend_choice_is_validated_and_follows_the_cpu(monkeypatch):
+    with pytest.raises(ValueError, match="auto, onednn, aten"):
+        L.set_cpu_linear("mkl")
+    monkeypatch.setattr(L, "_choice", None)
+    monkeypatch.setenv("ZOO_CPU_LINEAR", "fast")
+    with pytest.raises(ValueError, match="ZOO_CPU_LINEAR='fast'"):
+        L.cpu_linear_backend()
+    monkeypatch.setenv("ZOO_CPU_LINEAR", "aten")
+    assert L.cpu_linear_backend() == "aten"
+    monkeypatch.setenv("ZOO_CPU_LINEAR", "auto")
+    for prefers in [True, False]:
+        monkeypatch.setattr(L, "_cpu_prefers_onednn", lambda: prefers)
+        expected = "onednn" if prefers and L._onednn_available() else "aten"
+        assert L.cpu_linear_backend() == expected
+    L.set_cpu_linear("onednn")
+    try:
+        assert L.cpu_linear_backend() == ("onednn" if L._onednn_available() else "aten")
+    finally:
+        L.set_cpu_linear(None)
+
+
+AMD = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx2 avx512f avx512bw\n\nprocessor\t: 1\n"
+INTEL = "vendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512f amx_bf16\n"
+ZEN3 = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu avx avx2 fma\n"
+
+
+def test_cpuinfo_reading():
+    assert L.amd_with_avx512(AMD)
+    assert not L.amd_with_avx512(INTEL)
+    assert not L.amd_with_avx512(ZEN3)
+    assert not L.amd_with_avx512("")
+
+
+def test_linear_is_an_nn_linear_with_the_same_state():
+    ours, ref = L.Linear(8, 4), nn.Linear(8, 4)
+    assert isinstance(ours, nn.Linear)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(ours(x), ref(x))
+    model = zoo.build(zoo.load_spec("gpt2-small", ["n_layers=1", "d_model=32", "block.attention.n_heads=4",
+                                                   "vocab_size=50"]), seed=0)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(isinstance(m, L.Linear) for m in linears)
+
+
+@needs_onednn
+def test_flop_counter_counts_the_onednn_path(onednn_everywhere):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = torch.randn(4, 6, 24, requires_grad=True), torch.randn(40, 24, requires_grad=True)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        L.linear(x, w).sum().backward()
+    assert onednn_everywhere
+    assert counter.get_total_flops() == 3 * 2 * 4 * 6 * 24 * 40  # forward, input grad, weight grad
