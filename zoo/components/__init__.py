@@ -1,9 +1,10 @@
 """Interchangeable parts; importing this package registers the built-in builders."""
 
-from zoo.components import attention, block, embedding, ffn, linear, norm, position  # noqa: F401
+from zoo.components import attention, block, dropout, embedding, ffn, linear, norm, position  # noqa: F401
 from zoo.components.attention import Attention, attention_mask
 from zoo.components.block import Block, PostNormBlock, PreNormBlock, Stack
 from zoo.components.embedding import PatchEmbedding, TokenEmbedding
+from zoo.components.dropout import Dropout
 from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.linear import Linear
 from zoo.components.norm import RMSNorm
@@ -19,6 +20,6 @@ from zoo.components.position import (
 
 __all__ = [
     "Attention", "attention_mask", "Block", "PreNormBlock", "PostNormBlock", "Stack", "TokenEmbedding",
-    "PatchEmbedding", "MLP", "GatedMLP", "Linear", "RMSNorm", "Position", "NoPosition", "LearnedPosition",
+    "PatchEmbedding", "MLP", "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition",
     "SinusoidalPosition", "RotaryPosition", "AlibiPosition", "SinCos2dPosition",
 ]

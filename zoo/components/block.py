@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from zoo.components.attention import Attention
 from zoo.components.cache import KVCache
+from zoo.components.dropout import Dropout
 from zoo.components.position import Position
 
 
@@ -39,7 +40,7 @@ class Block(nn.Module):
         else:
             self.cross_attn = None
         self.ffn_norm, self.ffn = ffn_norm, ffn
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def _self(self, x: Tensor, ctx: dict) -> Tensor:
         return self.attn(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
 from zoo.registry import register
 
@@ -21,7 +22,7 @@ class MLP(nn.Module):
         super().__init__()
         self.fc1 = Linear(dim, hidden, bias=bias)
         self.act = activation
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.fc2 = Linear(hidden, dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
@@ -33,7 +34,7 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.fc1 = Linear(dim, 2 * hidden, bias=bias)  # [gate | up]
         self.act = activation
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.fc2 = Linear(hidden, dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
+from zoo.components.dropout import Dropout
 from zoo.components.embedding import TokenEmbedding
 from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
@@ -31,7 +32,7 @@ class DecoderLM(nn.Module):
         self.tok_emb = TokenEmbedding(spec.vocab_size, d, scale=spec.embedding.scale)
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
-        self.drop = nn.Dropout(spec.dropout.embedding)
+        self.drop = Dropout(spec.dropout.embedding)
         self.stack = build_stack(spec, spec.n_layers)
         self.head = Linear(d, spec.vocab_size, bias=spec.head_bias)
         init_weights(self, spec)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from zoo.components.dropout import Dropout
 from zoo.components.embedding import TokenEmbedding
 from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
@@ -35,7 +36,7 @@ class Classifier(nn.Module):
     def __init__(self, dim: int, num_labels: int, *, pooler: bool, dropout: float) -> None:
         super().__init__()
         self.pooler = nn.Sequential(Linear(dim, dim), nn.Tanh()) if pooler else nn.Identity()
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.out = Linear(dim, num_labels)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, num_labels)
@@ -57,7 +58,7 @@ class Encoder(nn.Module):
         self.type_emb = nn.Embedding(spec.type_vocab_size, d) if spec.type_vocab_size else None
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
-        self.drop = nn.Dropout(spec.dropout.embedding)
+        self.drop = Dropout(spec.dropout.embedding)
         self.stack = build_stack(spec, spec.n_layers)
         head_norm = build_part("norm", spec.block.norm, dim=d) if spec.mlm_head.transform else None
         self.head = MLMHead(d, spec.vocab_size, transform=spec.mlm_head.transform, norm=head_norm, bias=spec.head_bias)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
+from zoo.components.dropout import Dropout
 from zoo.components.embedding import TokenEmbedding
 from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
@@ -40,7 +41,7 @@ class EncoderDecoder(nn.Module):
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.src_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.tgt_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
-        self.drop = nn.Dropout(spec.dropout.embedding)
+        self.drop = Dropout(spec.dropout.embedding)
         self.encoder = build_stack(spec, spec.encoder_layers)
         self.decoder = build_stack(spec, spec.decoder_layers, cross=True)
         self.head = Linear(d, spec.vocab_size, bias=spec.head_bias)

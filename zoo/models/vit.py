@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from zoo.components.dropout import Dropout
 from zoo.components.embedding import PatchEmbedding
 from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, init_weights
@@ -28,7 +29,7 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbedding(in_channels=spec.in_channels, dim=d, patch_size=spec.patch_size, stem=stem)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if spec.class_token else None
         self.position = build_position(spec, max_len=spec.n_tokens, grid=spec.grid)
-        self.drop = nn.Dropout(spec.dropout.embedding)
+        self.drop = Dropout(spec.dropout.embedding)
         pre = spec.norm_placement == "pre"
         self.stack = build_stack(spec, spec.n_layers, final_norm=pre and not spec.fc_norm)
         self.fc_norm = build_part("norm", spec.block.norm, dim=d) if spec.fc_norm else nn.Identity()
