@@ -90,8 +90,15 @@ def reference_attention(q, k, v, allowed):
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("T,grad", [(5, True), (12, False), (24, True), (24, False), (48, True)])  # both sides of the CPU math/flash switch
-def test_attention_equals_reference_math(n_kv_heads, causal, padded, T, grad):
+@pytest.mark.parametrize("T,grad", [(5, True), (12, False), (24, True), (24, False), (48, True)])
+@pytest.mark.parametrize("path", ["zoo", "sdpa"])  # zoo's CPU attention, or SDPA's kernels
+def test_attention_equals_reference_math(n_kv_heads, causal, padded, T, grad, path, monkeypatch):
+    import zoo.components.attention as A
+
+    calls = []
+    real_apply = A._CpuAttention.apply
+    monkeypatch.setattr(A._CpuAttention, "apply", lambda *a: calls.append(1) or real_apply(*a))
+    monkeypatch.setattr(A, "_ZOO_KEYS", {torch.float32: (1000, 1000)} if path == "zoo" else {})
     B, D, H, K, V = 2, 16, 4, 6, 3
     attn = Attention(D, n_heads=H, n_kv_heads=n_kv_heads, head_dim=K, v_head_dim=V).eval()
     x = torch.randn(B, T, D, requires_grad=grad)
@@ -100,6 +107,7 @@ def test_attention_equals_reference_math(n_kv_heads, causal, padded, T, grad):
         pad[0, -2:] = False
     mask, is_causal = attention_mask(q_len=T, k_len=T, causal=causal, key_padding=pad if padded else None)
     out = attn(x, mask=mask, is_causal=is_causal)
+    assert len(calls) == (path == "zoo" and (grad or T >= A._MIN_QUERIES))
     q, k, v = attn.qkv(x).split([H * K, n_kv_heads * K, n_kv_heads * V], dim=-1)
     q = q.view(B, T, H, K).transpose(1, 2)
     k = k.view(B, T, n_kv_heads, K).transpose(1, 2)

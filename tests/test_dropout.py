@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import zoo
 import zoo.components.attention as A
 import zoo.components.dropout as D
 from conftest import example_inputs, tiny_model
@@ -126,14 +127,14 @@ def test_cpu_attention_is_used_for_dropout_and_short_training_sequences(monkeypa
     for dropout, limit, training, grad, expected in [
         (0.1, 224, True, True, True),  # dropout: always (SDPA would take its math path, bernoulli_ masks)
         (0.1, 0, True, True, True),
-        (0.1, 224, True, False, True),
-        (0.0, 224, True, True, True),  # no dropout: with gradients, on sequences up to the limit
-        (0.0, 224, False, True, True),
+        (0.1, 0, True, False, True),
+        (0.0, 224, True, True, True),  # no dropout: sequences up to the limit
+        (0.0, 224, False, False, True),
         (0.0, 0, True, True, False),
-        (0.0, 224, True, False, False),  # no dropout, no gradients: SDPA
-        (0.1, 224, False, False, False),  # eval
+        (0.0, 0, False, False, False),
+        (0.1, 0, False, False, False),  # eval: no dropout
     ]:
-        monkeypatch.setattr(A, "_ZOO_KEYS_TRAINING", {torch.float32: limit})
+        monkeypatch.setattr(A, "_ZOO_KEYS", {torch.float32: (limit, limit)})
         model = tiny_model("decoder", [f"dropout.attention={dropout}"]).train(training)
         calls.clear()
         with torch.set_grad_enabled(grad):
@@ -141,6 +142,11 @@ def test_cpu_attention_is_used_for_dropout_and_short_training_sequences(monkeypa
         if grad:
             out.sum().backward()
         assert len(calls) == (model.spec.n_layers if expected else 0), (dropout, limit, training, grad)
+    # generation: the prompt (9 tokens) may take it, decoding steps (one query) keep SDPA's flash kernel
+    monkeypatch.setattr(A, "_ZOO_KEYS", {torch.float32: (224, 224)})
+    calls.clear()
+    zoo.generate(model, example_inputs(model)[0], max_new_tokens=4)
+    assert len(calls) == model.spec.n_layers
 
 
 def test_attention_dropout_keeps_the_expected_output():

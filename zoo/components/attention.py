@@ -11,12 +11,9 @@ one ``attn_mask`` SDPA takes.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from zoo.components.cache import LayerCache
 from zoo.components.dropout import _keep_mask, cpu_dropout_applies, quantized_p
@@ -26,37 +23,38 @@ from zoo.registry import register
 
 
 # Attention on CPU. SDPA's flash kernel works in blocks of queries and keys and has no dropout, so
-# with dropout SDPA falls back to its math path (fp32 throughout, bernoulli_ masks). For training,
-# zoo's own path (:class:`_CpuAttention`: fp32 scores and softmax, bf16 matmuls where the inputs are
-# bf16, masks from :mod:`zoo.components.dropout`) is faster. Measured fwd+bwd on a 2-core AVX-512
-# EPYC (flash / zoo): bf16 without dropout 4.3x at 64 keys, 2.7x at 128, 1.7-1.9x at 197 (ViT),
-# 1.35x at 256 causal, 1.2-1.3x at 512, and flash wins at 1024 (0.74x); fp32 without dropout
-# 1.5x at 64, 1.2x at 128, 1.06x at 197, level or behind from 256 (fp32 batched matmuls run on
-# MKL, slower than oneDNN's on AMD). With dropout SDPA's math path is slower still at any length.
-_ZOO_KEYS_TRAINING = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 224}
-# For inference SDPA's math path beats flash on short sequences (2-core AVX2 CPU, forward-only,
-# 4 heads of 32): 1.9x at 8 keys, 1.1x at 16, and loses beyond. One query against a cache (a
-# decoding step) is 1.1-5x faster on flash at any length, so decoding keeps it.
-_MATH_KEYS_INFERENCE, _MATH_MIN_QUERIES = 16, 8
+# with dropout SDPA falls back to its math path (fp32 throughout, bernoulli_ masks). zoo's own path
+# (:class:`_CpuAttention`: fp32 scores and softmax, bf16 matmuls where the inputs are bf16, masks
+# from :mod:`zoo.components.dropout`) is faster wherever the [B, H, T, S] weights are small enough.
+# Measured on a 2-core AVX-512 EPYC (SDPA's faster kernel / zoo):
+#   training (fwd+bwd), bf16: 4.3x at 64 keys, 2.7x at 128, 1.7-1.9x at 197 (ViT), 1.35x at 256
+#     causal, 1.2-1.3x at 512, 0.74x at 1024; fp32: 1.5x at 64, 1.2x at 128, 1.06x at 197, level or
+#     behind from 256 (fp32 batched matmuls run on MKL, slower than oneDNN's on AMD);
+#   inference (forward), bf16: 1.5-1.9x up to 64 keys, 1.2x at 197, 1.15x at 512; fp32: 1.4-3x up to
+#     64 keys (SDPA's math path included), 0.9x at 197;
+#   with dropout SDPA's math path is slower still at any length.
+# Decoding steps (fewer than 8 queries against a cache) keep SDPA's flash kernel: 1.1-5x faster
+# than the math path there.
+_ZOO_KEYS = {  # (training, inference): the longest key sequence zoo's path takes without dropout
+    torch.bfloat16: (512, 512),
+    torch.float16: (512, 512),
+    torch.float32: (224, 64),
+}
+_MIN_QUERIES = 8
 
 
-def _use_cpu_training_attention(q: Tensor, k: Tensor, p: float, mask: Tensor | None) -> bool:
-    """zoo's CPU attention for dropout, or for training where it beats SDPA's kernels (above)."""
+def _use_cpu_attention(q: Tensor, k: Tensor, p: float, mask: Tensor | None) -> bool:
+    """zoo's CPU attention for dropout, or where it beats SDPA's kernels (above)."""
     if q.device.type != "cpu" or torch.compiler.is_compiling() or not q.is_floating_point():
         return False
     if mask is not None and mask.requires_grad:  # a trainable bias: SDPA's autograd covers it
         return False
     if p:
         return cpu_dropout_applies(q, p)
-    return torch.is_grad_enabled() and q.requires_grad and k.shape[-2] <= _ZOO_KEYS_TRAINING.get(q.dtype, 0)
-
-
-def _short_sequence_backend(q: Tensor, k: Tensor) -> contextlib.AbstractContextManager:
-    """SDPA's math backend for short sequences in inference on CPU, else SDPA's own choice."""
-    if q.device.type == "cpu" and q.shape[-2] >= _MATH_MIN_QUERIES and not torch.compiler.is_compiling():
-        if k.shape[-2] <= _MATH_KEYS_INFERENCE:
-            return sdpa_kernel(SDPBackend.MATH)
-    return contextlib.nullcontext()
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if not training and q.shape[-2] < _MIN_QUERIES:
+        return False
+    return k.shape[-2] <= _ZOO_KEYS.get(q.dtype, (0, 0))[0 if training else 1]
 
 
 class Attention(nn.Module):
@@ -132,17 +130,16 @@ class Attention(nn.Module):
         if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
             mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
         p = self.dropout if self.training else 0.0
-        if _use_cpu_training_attention(q, k, p, mask):
+        if _use_cpu_attention(q, k, p, mask):
             y = _cpu_attention(q, k, v, mask, is_causal and mask is None, p)
         else:
-            with _short_sequence_backend(q, k):
-                y = F.scaled_dot_product_attention(
-                    q, k, v,
-                    attn_mask=mask,
-                    dropout_p=p,
-                    is_causal=is_causal and mask is None,
-                    enable_gqa=self.n_kv_heads != self.n_heads,
-                )  # (B, H, T, V)
+            y = F.scaled_dot_product_attention(
+                q, k, v,
+                attn_mask=mask,
+                dropout_p=p,
+                is_causal=is_causal and mask is None,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )  # (B, H, T, V)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim))
 
 
@@ -156,8 +153,8 @@ class Attention(nn.Module):
 
 
 def _cpu_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float) -> Tensor:
-    """Attention for training on CPU (and for dropout in any mode there): SDPA's semantics, with
-    dropout ``p`` on the weights from zoo's CPU masks.
+    """Attention on CPU where it beats SDPA (see ``_ZOO_KEYS``) and for all attention dropout there:
+    SDPA's semantics, with dropout ``p`` on the weights from zoo's CPU masks.
 
     Precision is flash attention's (FA2): scores, softmax and the weights' gradient in fp32; the
     weights and the scores' gradient rounded to the inputs' dtype for the matmuls with v, q and k. In
