@@ -3,6 +3,7 @@
     python -m bench                       # everything (tens of minutes on a 2-core CPU)
     python -m bench --only vit gpt2       # some workloads
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
+    python -m bench --from-json bench/results/<time>.json   # rewrite docs/benchmarks.md from a run
 
 Writes bench/results/<time>.json, and (unless --tiny) docs/benchmarks.md with docs/benchmarks.png.
 Sides are timed alternately in this one process after warm-up; medians over --repeats.
@@ -115,6 +116,18 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
+def write_docs(rows: list[Row], peaks: dict[str, float], env: dict, out_md: Path) -> None:
+    """The markdown page (table, plot link, bench/NOTES.md) at ``out_md`` and its plot beside it."""
+    notes = ROOT / "bench" / "NOTES.md"
+    body = ["# Benchmarks", "", "zoo side by side with its peers, the same architecture (the same weights "
+            "where a converter exists), timed alternately in one process; ratios > 1 mean zoo is faster. "
+            "Made with `python -m bench`.", "", markdown(rows, peaks, env), "![zoo / peer throughput](benchmarks.png)", ""]
+    if notes.exists():
+        body.append(notes.read_text())
+    out_md.write_text("\n".join(body))
+    plot(rows, out_md.with_suffix(".png"))
+
+
 def usable_precisions(requested: list[str], tiny: bool) -> list[str]:
     """The requested precisions, less bf16 on a CPU without native bf16 matmuls: an AVX2-only CPU runs
     them in a scalar fallback (~1 GFLOP/s), so the bf16 rows would take hours and measure no one's real
@@ -137,7 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="toy sizes: checks the scripts, measures nothing")
     parser.add_argument("--out", type=Path, default=None, help="markdown table (default: docs/benchmarks.md unless --tiny)")
     parser.add_argument("--json", type=Path, default=None, help="results JSON (default: bench/results/<time>.json)")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="JSON",
+                        help="measure nothing: write the markdown table, notes and plot of an earlier run's JSON")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        data = json.loads(args.from_json.read_text())
+        rows = [Row(**r) for r in data["rows"]]
+        write_docs(rows, data["peaks"], data["machine"], args.out or ROOT / "docs" / "benchmarks.md")
+        return 0
 
     if sys.platform.startswith("linux") and os.environ.get("GLIBC_TUNABLES") != MALLOC and not args.tiny:
         os.environ["GLIBC_TUNABLES"] = MALLOC
@@ -175,14 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     out_json.write_text(json.dumps({"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]}, indent=1))
     out_md = args.out or (None if args.tiny else ROOT / "docs" / "benchmarks.md")
     if out_md is not None:
-        notes = ROOT / "bench" / "NOTES.md"
-        body = ["# Benchmarks", "", "zoo side by side with its peers, the same architecture (the same weights "
-                "where a converter exists), timed alternately in one process; ratios > 1 mean zoo is faster. "
-                "Made with `python -m bench`.", "", table, "![zoo / peer throughput](benchmarks.png)", ""]
-        if notes.exists():
-            body.append(notes.read_text())
-        out_md.write_text("\n".join(body))
-        plot(rows, out_md.with_suffix(".png"))
+        write_docs(rows, peaks, env, out_md)
     print(table)
     return 0
 

@@ -25,6 +25,9 @@ def test_every_workload_runs_at_toy_size(tmp_path):
         assert all(s > 0 and math.isfinite(s) for s in r["seconds"].values())
     assert "| vit_tiny_patch16_224 train | fp32 |" in md.read_text()
     assert md.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    again = tmp_path / "again.md"  # the page rebuilt from the JSON alone
+    assert main(["--from-json", str(out), "--out", str(again)]) == 0
+    assert again.read_text() == md.read_text() and again.with_suffix(".png").exists()
 
 
 def test_flop_count_of_a_linear_layer_by_hand():
