@@ -60,6 +60,19 @@ def test_onednn_linear_matches_float64_forward_and_backward(onednn_everywhere, s
 
 
 @needs_onednn
+def test_onednn_linear_backward_takes_an_expanded_gradient(onednn_everywhere):
+    g = torch.Generator().manual_seed(2)
+    x, w, b = torch.randn(3, 5, 24, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
+    ours = [t.clone().requires_grad_() for t in (x, w, b)]
+    L.linear(*ours).sum().backward()  # the gradient of sum() is a stride-0 expansion
+    ref = [t.double().requires_grad_() for t in (x, w, b)]
+    F.linear(*ref).sum().backward()
+    for a, r in zip(ours, ref):
+        torch.testing.assert_close(a.grad, r.grad.float(), rtol=1e-5, atol=1e-5)
+    assert onednn_everywhere
+
+
+@needs_onednn
 def test_onednn_linear_takes_strided_inputs(onednn_everywhere):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 48, generator=g)[:, ::2]  # a non-contiguous view

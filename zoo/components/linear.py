@@ -118,6 +118,7 @@ def _fast_path(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
         and w.dtype == torch.float32
         and (b is None or b.dtype == torch.float32)
         and x.dim() >= 1
+        and w.dim() == 2
         and x.numel() > 0
         and (w.numel() >= _MIN_WEIGHT or x.numel() // x.shape[-1] * w.numel() >= _MIN_MACS)
         and not torch.is_autocast_enabled("cpu")
@@ -128,7 +129,7 @@ def _fast_path(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear``, on oneDNN where :data:`cpu_linear_backend` says so and the product is large."""
+    """``F.linear``, on oneDNN where :func:`cpu_linear_backend` says so and the product is large."""
     if _fast_path(x, weight, bias):
         return _OneDnnLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
