@@ -156,3 +156,20 @@ def test_attention_dropout_keeps_the_expected_output():
     plain = F.scaled_dot_product_attention(q, k, v)
     mean = torch.stack([A._cpu_attention(q, k, v, None, False, 0.5) for _ in range(4000)]).mean(0)
     torch.testing.assert_close(mean, plain, atol=0.08, rtol=0)
+
+
+def test_a_forced_sdpa_kernel_covers_zoos_attention_too(monkeypatch):
+    from zoo.train import attention_kernels
+
+    calls = []
+    real = A._CpuAttention.apply
+    monkeypatch.setattr(A._CpuAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    model = tiny_model("decoder", ["dropout.attention=0.1"]).train()
+    with attention_kernels("math"):
+        model(*example_inputs(model)).sum().backward()
+    assert calls == []
+    with attention_kernels("default"):
+        model(*example_inputs(model)).sum().backward()
+    assert len(calls) == model.spec.n_layers
+    with pytest.raises(ValueError, match="use default, math"):
+        attention_kernels("fastest")

@@ -11,6 +11,10 @@ one ``attn_mask`` SDPA takes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -41,11 +45,23 @@ _ZOO_KEYS = {  # (training, inference): the longest key sequence zoo's path take
     torch.float32: (224, 64),
 }
 _MIN_QUERIES = 8
+_SDPA_ONLY = contextvars.ContextVar("zoo_sdpa_only", default=False)
+
+
+@contextlib.contextmanager
+def sdpa_only() -> Iterator[None]:
+    """Within this context every attention goes through ``F.scaled_dot_product_attention`` (so a
+    forced SDPA kernel, ``torch.nn.attention.sdpa_kernel``, applies everywhere)."""
+    token = _SDPA_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SDPA_ONLY.reset(token)
 
 
 def _use_cpu_attention(q: Tensor, k: Tensor, p: float, mask: Tensor | None) -> bool:
     """zoo's CPU attention for dropout, or where it beats SDPA's kernels (above)."""
-    if q.device.type != "cpu" or torch.compiler.is_compiling() or not q.is_floating_point():
+    if q.device.type != "cpu" or torch.compiler.is_compiling() or not q.is_floating_point() or _SDPA_ONLY.get():
         return False
     if mask is not None and mask.requires_grad:  # a trainable bias: SDPA's autograd covers it
         return False

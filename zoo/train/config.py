@@ -95,7 +95,7 @@ class RunConfig(Config):
         "(GPUs with bf16, CPUs with AVX-512/AMX), else fp32")
     compile: bool = Field(False, description="torch.compile the model for training")
     attention: Literal["default", "math", "flash", "efficient"] = Field(
-        "default", description="SDPA kernel: default lets torch choose; math/flash/efficient force one (zoo.train.attention_kernels)"
+        "default", description="attention kernel: default lets zoo and torch choose; math/flash/efficient force one SDPA kernel (zoo.train.attention_kernels)"
     )
     threads: PositiveInt | None = Field(None, description="torch intra-op threads; default: torch's choice")
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")

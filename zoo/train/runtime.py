@@ -35,13 +35,19 @@ def tune_malloc(trim_threshold: int = 64 << 30) -> bool:
 
 
 def attention_kernels(choice: str = "default") -> contextlib.AbstractContextManager:
-    """A context forcing ``F.scaled_dot_product_attention`` onto one kernel (``math``, ``flash``,
-    ``efficient``), or leaving torch's choice (``default``)."""
+    """A context forcing attention onto one SDPA kernel (``math``, ``flash``, ``efficient``), zoo's own
+    CPU attention included (see zoo.components.attention); ``default`` leaves the choice to zoo and
+    torch."""
     if choice == "default":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from zoo.components.attention import sdpa_only
+
     backends = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
     if choice not in backends:
         raise ValueError(f"attention kernel {choice!r}: use default, {', '.join(backends)}")
-    return sdpa_kernel(backends[choice])
+    stack = contextlib.ExitStack()
+    stack.enter_context(sdpa_kernel(backends[choice]))
+    stack.enter_context(sdpa_only())
+    return stack
