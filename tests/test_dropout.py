@@ -105,7 +105,7 @@ def test_cpu_attention_matches_float64(case, dtype, tol, p, monkeypatch):
     elif case == "additive":
         mask = torch.randn(1, H, T, S, generator=g)
     keep = torch.rand(B, H, T, S, generator=g) > p
-    monkeypatch.setattr(A, "_keep_mask", lambda shape, p, dtype: keep.to(dtype))
+    monkeypatch.setattr(A, "keep_mask", lambda shape, p, dtype: keep.to(dtype))
     y = A._cpu_attention(q, k, v, mask, case == "causal", p)
     out_grad = torch.randn(y.shape, generator=g).to(dtype)
     grads = torch.autograd.grad(y, (q, k, v), out_grad)

@@ -31,7 +31,7 @@ def quantized_p(p: float) -> float:
     return round(p * _LANES) / _LANES
 
 
-def _keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:
+def keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:
     """1 (keep) or 0 (drop) in ``dtype``, each element dropped with probability ``quantized_p(p)``."""
     n = shape.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)  # all 64 bits random
@@ -45,7 +45,7 @@ class _CpuDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
         scale = 1.0 / (1.0 - quantized_p(p))
-        mask = _keep_mask(x.shape, p, x.dtype)
+        mask = keep_mask(x.shape, p, x.dtype)
         folded = x.dtype in (torch.float32, torch.float64)  # the scale is exact enough to fold in
         if folded:
             mask.mul_(scale)
