@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from zoo.components.linear import onednn_available, onednn_linear
+
 MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 
 
@@ -99,8 +101,8 @@ def matmul_peak(dtype: torch.dtype, n: int = 4096, repeats: int = 5, device: str
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     kernels = [lambda: a @ b]
-    if device == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
+    if device == "cpu" and onednn_available():
+        kernels.append(lambda: onednn_linear(a, b))
     best = float("inf")
     for kernel in kernels:
         kernel()

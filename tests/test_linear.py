@@ -11,7 +11,7 @@ import zoo
 from zoo.components import linear as L
 from conftest import example_inputs, tiny_model
 
-needs_onednn = pytest.mark.skipif(not L._onednn_available(), reason="this torch build has no oneDNN")
+needs_onednn = pytest.mark.skipif(not L.onednn_available(), reason="this torch build has no oneDNN")
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_fast_path_leaves_autocast_small_products_and_other_dtypes_to_torch(monk
     monkeypatch.setattr(L, "_choice", "aten")
     L.linear(big_x, big_w)
     assert calls == []
-    if L._onednn_available():
+    if L.onednn_available():
         monkeypatch.setattr(L, "_choice", "onednn")
         L.linear(big_x, big_w)
         L.linear(torch.randn(1, 1024), torch.randn(1024, 1024))  # a decoding step over a 1M weight
@@ -144,11 +144,11 @@ def test_backend_choice_is_validated_and_follows_the_cpu(monkeypatch):
     monkeypatch.setenv("ZOO_CPU_LINEAR", "auto")
     for prefers in [True, False]:
         monkeypatch.setattr(L, "_cpu_prefers_onednn", lambda: prefers)
-        expected = "onednn" if prefers and L._onednn_available() else "aten"
+        expected = "onednn" if prefers and L.onednn_available() else "aten"
         assert L.cpu_linear_backend() == expected
     L.set_cpu_linear("onednn")
     try:
-        assert L.cpu_linear_backend() == ("onednn" if L._onednn_available() else "aten")
+        assert L.cpu_linear_backend() == ("onednn" if L.onednn_available() else "aten")
     finally:
         L.set_cpu_linear(None)
 

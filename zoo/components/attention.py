@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.components.cache import LayerCache
-from zoo.components.dropout import cpu_dropout_applies, keep_mask, quantized_p
+from zoo.components.dropout import cpu_dropout_applies, keep_mask, keep_scale
 from zoo.components.linear import Linear
 from zoo.components.position import Position
 from zoo.registry import register
@@ -205,7 +205,7 @@ class _CpuAttention(torch.autograd.Function):
             weights.nan_to_num_(0.0)  # a query with no allowed key attends to nothing, as in SDPA
         keep = None
         if p:
-            keep = keep_mask(weights.shape, p, torch.float32).mul_(1.0 / (1.0 - quantized_p(p)))  # 0 or the scale
+            keep = keep_mask(weights.shape, p, torch.float32).mul_(keep_scale(p))  # 0 or the scale
         dropped = (weights if keep is None else weights * keep).to(v.dtype)
         ctx.save_for_backward(q, k, v, weights, keep)
         ctx.scale = scale

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Dropout", "dropout", "quantized_p", "cpu_dropout_applies"]
+__all__ = ["Dropout", "dropout", "quantized_p", "keep_scale", "keep_mask", "cpu_dropout_applies"]
 
 _LANES = 65536
 
@@ -29,6 +29,11 @@ _LANES = 65536
 def quantized_p(p: float) -> float:
     """The drop probability the CPU path realises for ``p``: the nearest multiple of 1/65536."""
     return round(p * _LANES) / _LANES
+
+
+def keep_scale(p: float) -> float:
+    """What kept elements are multiplied by: 1 / (1 - ``quantized_p(p)``), so expectations are exact."""
+    return 1.0 / (1.0 - quantized_p(p))
 
 
 def keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:
@@ -44,7 +49,7 @@ def keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:
 class _CpuDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
-        scale = 1.0 / (1.0 - quantized_p(p))
+        scale = keep_scale(p)
         mask = keep_mask(x.shape, p, x.dtype)
         folded = x.dtype in (torch.float32, torch.float64)  # the scale is exact enough to fold in
         if folded:

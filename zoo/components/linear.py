@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Linear", "linear", "set_cpu_linear", "cpu_linear_backend"]
+__all__ = ["Linear", "linear", "set_cpu_linear", "cpu_linear_backend", "onednn_available", "onednn_linear"]
 
 _MIN_MACS, _MIN_WEIGHT = 1 << 21, 1 << 19
 _CHOICES = ("auto", "onednn", "aten")
@@ -61,7 +61,8 @@ def _cpu_prefers_onednn() -> bool:
         return False
 
 
-def _onednn_available() -> bool:
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN and its linear op."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -79,12 +80,12 @@ def cpu_linear_backend() -> str:
     choice = _choice or os.environ.get("ZOO_CPU_LINEAR", "auto").strip().lower() or "auto"
     if choice not in _CHOICES:
         raise ValueError(f"ZOO_CPU_LINEAR={choice!r}: use one of {', '.join(_CHOICES)}")
-    if choice == "aten" or not _onednn_available() or not torch.backends.mkldnn.enabled:
+    if choice == "aten" or not onednn_available() or not torch.backends.mkldnn.enabled:
         return "aten"
     return "onednn" if choice == "onednn" or _cpu_prefers_onednn() else "aten"
 
 
-def _onednn(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+def onednn_linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """x [M, K] @ w[N, K].T (+ b) on oneDNN; either operand may be a strided view."""
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
@@ -95,7 +96,7 @@ class _OneDnnLinear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(x2, w)
         ctx.has_bias, ctx.in_shape = b is not None, x.shape
-        return _onednn(x2, w, b).view(*x.shape[:-1], w.shape[0])
+        return onednn_linear(x2, w, b).view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -103,9 +104,9 @@ class _OneDnnLinear(torch.autograd.Function):
         g2 = grad.reshape(-1, w.shape[0])  # (M, N)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = _onednn(g2, w.t(), None).view(ctx.in_shape)  # (M, N) @ (N, K)
+            gx = onednn_linear(g2, w.t(), None).view(ctx.in_shape)  # (M, N) @ (N, K)
         if ctx.needs_input_grad[1]:
-            gw = _onednn(g2.t(), x2.t(), None)  # (N, M) @ (M, K)
+            gw = onednn_linear(g2.t(), x2.t(), None)  # (N, M) @ (M, K)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(0)
         return gx, gw, gb
@@ -138,7 +139,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 def _register_flop_formula() -> None:
     """Teach ``torch.utils.flop_counter`` the oneDNN op (it counts aten's matmuls only), so FLOP counts
     and MFU stay right whichever backend ran."""
-    if not _onednn_available():
+    if not onednn_available():
         return
     from torch.utils.flop_counter import flop_registry, register_flop_formula
 
