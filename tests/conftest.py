@@ -1,6 +1,9 @@
-"""Shared helpers: tiny specs of every family, seeded."""
+"""Shared helpers: tiny specs of every family, seeded; gettext catalogs written with Babel."""
 
 from __future__ import annotations
+
+import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,3 +44,36 @@ def example_inputs(model, batch: int = 3, length: int = 9, seed: int = 0) -> tup
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# ------------------------------------------------------------------------- message catalogs
+def write_catalog(path: Path, entries, *, charset: str = "utf-8") -> Path:
+    """A compiled catalog of ``entries``: (msgid, msgstr) or (msgid, msgstr, context)."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.mofile import write_mo
+
+    cat = Catalog(locale="de", charset=charset)
+    for entry in entries:
+        cat.add(entry[0], entry[1], context=entry[2] if len(entry) > 2 else None)
+    buf = io.BytesIO()
+    write_mo(buf, cat)
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+NOUNS = ["file", "folder", "device", "printer", "network", "window", "archive", "server", "user", "key"]
+VERBS = ["open", "remove", "copy", "find", "create", "lock", "mount", "save", "check", "rename"]
+DE_NOUNS = ["Datei", "Ordner", "Gerät", "Drucker", "Netzwerk", "Fenster", "Archiv", "Server", "Benutzer", "Schlüssel"]
+DE_VERBS = ["öffnen", "entfernen", "kopieren", "finden", "erstellen", "sperren", "einhängen", "speichern", "prüfen",
+            "umbenennen"]
+
+
+def messages(prefix: str) -> list[tuple[str, str]]:
+    """100 distinct message pairs, plus near-duplicates of some (other placeholders, digits, case)."""
+    out = []
+    for v, dv in zip(VERBS, DE_VERBS):
+        for n, dn in zip(NOUNS, DE_NOUNS):
+            out.append((f"{prefix} cannot {v} {n} %s", f"{prefix} kann {dn} %s nicht {dv}"))
+    out += [("Cannot open file {path} (error 2)", "Kann Datei {path} nicht öffnen (Fehler 2)"),
+            ("cannot OPEN file %s: error 17", "kann Datei »%1$s« nicht öffnen: Fehler 17")]
+    return out

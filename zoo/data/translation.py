@@ -7,7 +7,6 @@ malformed input fails with the file and line.
 
 from __future__ import annotations
 
-import math
 import random
 import re
 import unicodedata
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from zoo.data.common import DataError, read_lines
+from zoo.data.messages import PLACEHOLDER
 
 DING_PATH = Path("/usr/share/trans/de-en")
 INSTALL_HINT = "install the embedded default data with: apt-get install trans-de-en (Debian/Ubuntu)"
@@ -95,7 +95,10 @@ def _alternatives(de: str, en: str) -> list[tuple[str, str]]:
     one sentence against several pairs with the first. A slash between two words keeps the first
     ("abgemacht/ausgemacht" -> "abgemacht"); spaced slashes join longer alternatives, which cannot
     be resolved safely, so those sentences are dropped."""
-    de, en = _SLASHED.sub(r"\1", de), _SLASHED.sub(r"\1", en)
+    if "/" in de:
+        de = _SLASHED.sub(r"\1", de)
+    if "/" in en:
+        en = _SLASHED.sub(r"\1", en)
     ds, es = [x.strip() for x in de.split("; ")], [x.strip() for x in en.split("; ")]
     if len(ds) == len(es):
         return list(zip(ds, es))
@@ -118,9 +121,13 @@ def _lines(f, path: Path) -> Iterator[str]:
 
 
 def normalise(text: str) -> str:
-    """Case-, accent-form- and punctuation-insensitive key for duplicate detection."""
-    text = unicodedata.normalize("NFKC", text).lower().replace("’", "'")
-    return " ".join(re.sub(r"[^\w' ]+", " ", text).split())
+    """The key for near-duplicate detection: format placeholders (``%s``, ``%1$s``, ``{name}``, ``$VAR``)
+    collapse to one token, every digit run to ``0``, and case, punctuation, accent forms and
+    whitespace are ignored. "Cannot open %s: %d." and "cannot open {path} (2)" share a key."""
+    text = unicodedata.normalize("NFKC", text)
+    text = PLACEHOLDER.sub(" 0 ", text).lower().replace("’", "'")
+    text = re.sub(r"\d+", "0", text)
+    return " ".join(re.sub(r"[^\w']+|_", " ", text).split())
 
 
 def dedupe(pairs: Pairs) -> Pairs:
@@ -191,6 +198,26 @@ def read_tsv(path: str | Path) -> Pairs:
         else:
             pairs.dropped["empty side"] += 1
     return pairs
+
+
+def read_folder(root: str | Path, src_lang: str, tgt_lang: str) -> dict[str, Pairs]:
+    """train / valid / test pairs of a folder: ``{split}.tsv`` or ``{split}.{src_lang}`` + ``{split}.{tgt_lang}``
+    (the WMT layout); test may be absent (empty pairs)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"data.path {root} is not a folder (want train.{src_lang}/train.{tgt_lang} or train.tsv)")
+    splits = {}
+    for name in ("train", "valid", "test"):
+        tsv, src, tgt = root / f"{name}.tsv", root / f"{name}.{src_lang}", root / f"{name}.{tgt_lang}"
+        if tsv.is_file():
+            splits[name] = read_tsv(tsv)
+        elif src.is_file() or tgt.is_file():
+            splits[name] = read_parallel(src, tgt)
+        elif name == "test":
+            splits[name] = Pairs()
+        else:
+            raise DataError(f"no {name} data in {root}: want {src.name} and {tgt.name}, or {tsv.name}")
+    return splits
 
 
 def _read_lines(path: Path) -> list[str]:
