@@ -4,6 +4,8 @@
     python -m bench --only vit gpt2       # some workloads
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
     python -m bench --from-json bench/results/<time>.json   # rewrite docs/benchmarks.md from a run
+    python -m bench --only translation-quality   # zoo's translation recipe vs HF Marian, same data and
+                                                 # budget (not in the default set: ~35 minutes)
 
 Writes bench/results/<time>.json, and (unless --tiny) docs/benchmarks.md with docs/benchmarks.png.
 Sides are timed alternately in this one process after warm-up; medians over --repeats.
@@ -28,6 +30,8 @@ from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ["peak", "vit", "gpt2", "bert", "transformer", "generate", "compile"]
+QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
+QUALITY_MD = ROOT / "bench" / "QUALITY.md"
 
 
 def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Row]:
@@ -122,6 +126,8 @@ def write_docs(rows: list[Row], peaks: dict[str, float], env: dict, out_md: Path
     body = ["# Benchmarks", "", "zoo side by side with its peers, the same architecture (the same weights "
             "where a converter exists), timed alternately in one process; ratios > 1 mean zoo is faster. "
             "Made with `python -m bench`.", "", markdown(rows, peaks, env), "![zoo / peer throughput](benchmarks.png)", ""]
+    if QUALITY_MD.exists():
+        body.append(QUALITY_MD.read_text())
     if notes.exists():
         body.append(notes.read_text())
     out_md.write_text("\n".join(body))
@@ -142,7 +148,10 @@ def usable_precisions(requested: list[str], tiny: bool) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=WORKLOADS, default=None, help="workloads to run (default: all)")
+    parser.add_argument("--only", nargs="+", choices=WORKLOADS + [QUALITY], default=None,
+                        help=f"workloads to run (default: all but {QUALITY})")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help=f"{QUALITY}: the training budget of each side (default: the recipe's train.minutes)")
     parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
@@ -167,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     env = machine()
     env["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if args.only and QUALITY in args.only:
+        return translation_quality_main(args, env)
     timing = dict(warmup=1 if args.tiny else args.warmup, repeats=2 if args.tiny else args.repeats)
     chosen = args.only or WORKLOADS
     precisions = usable_precisions(args.precision, args.tiny)
@@ -197,6 +208,37 @@ def main(argv: list[str] | None = None) -> int:
     if out_md is not None:
         write_docs(rows, peaks, env, out_md)
     print(table)
+    return 0
+
+
+def translation_quality_main(args, env: dict) -> int:
+    """zoo's translation recipe against HF Marian (bench/quality.py); writes bench/QUALITY.md and
+    rebuilds docs/benchmarks.md with the newest speed run (unless --tiny)."""
+    from bench import quality
+
+    stamp = env["date"].replace(" ", "_").replace(":", "")
+    out = (args.json.parent if args.json else ROOT / "runs") / f"{QUALITY}-{stamp}"
+    tiny = ["data.valid=10", "data.test=10", "data.train_limit=300", "train.steps=6", "run.eval_every=3",
+            "run.checkpoint_every=3", "train.average_last=2", "data.vocab_size=300", "decode.max_len_b=5",
+            "decode.eval_sentences=4", "model_overrides=[d_model=32,n_layers=1,block.attention.n_heads=2,block.ffn.hidden=64]"]
+    report = quality.translation_quality(minutes=0.2 if args.tiny else args.minutes, out_dir=out,
+                                         peer_lrs=(1e-3,) if args.tiny else (5e-4, 1e-3),
+                                         zoo_overrides=tiny if args.tiny else [])
+    report["machine"] = env
+    out_json = args.json or ROOT / "bench" / "results" / (("tiny-" if args.tiny else "") + f"{QUALITY}-{stamp}.json")
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(report, indent=1))
+    md = "## Translation quality: zoo's recipe against HF Marian\n\n" + quality.markdown(report, env)
+    print(md)
+    if args.tiny:
+        if args.out:
+            args.out.write_text(md)
+        return 0
+    QUALITY_MD.write_text(md)
+    speed = sorted(p for p in (ROOT / "bench" / "results").glob("2*.json"))
+    if speed:
+        data = json.loads(speed[-1].read_text())
+        write_docs([Row(**r) for r in data["rows"]], data["peaks"], data["machine"], args.out or ROOT / "docs" / "benchmarks.md")
     return 0
 
 

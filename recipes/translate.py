@@ -22,14 +22,16 @@ import math
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 import zoo
+from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.train import (
     CheckpointError,
@@ -59,6 +61,8 @@ from zoo.train import (
     tune_malloc,
     unwrap,
 )
+from zoo.train.translation import (DECODE_KEYS, Translator, cross_attention_weights, decode_batches, plot_attention,
+                                   score_domains)
 
 DEFAULT_CONFIG = Path(__file__).with_name("translate.yaml")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -66,19 +70,33 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 # ------------------------------------------------------------------------------------------ config
 class DataConfig(Config):
-    path: Path | None = Field(None, description="folder with train/valid/test.{src,tgt} or *.tsv; null: Ding pairs")
+    path: Path | None = Field(None, description="folder with train/valid/test.{src,tgt} or *.tsv; null: the embedded corpus")
+    corpus: str = Field("both", description=(
+        "without data.path, the embedded EN-DE domains to use: ding (Ding dictionary sentences), messages (software "
+        "messages from German gettext catalogs), stories (game dialogue and narrative), both (ding+messages), all, "
+        "or domains joined by '+'; training uses their union, valid and test are scored per domain"))
+    catalogs: Path | None = Field(None, description="folder of the German catalogs (default: where tools/install-data puts them)")
     src_lang: str = "en"
     tgt_lang: str = "de"
     vocab_size: PositiveInt = Field(6000, description="shared source-target BPE vocabulary")
     min_frequency: PositiveInt = 2
     tokenizer: Path | None = Field(None, description="an existing tokenizer.json to use instead of training BPE")
     max_len: PositiveInt = Field(128, description="tokens per sentence (longer ones are truncated)")
-    valid: PositiveInt = Field(500, description="Ding only: held-out validation pairs")
-    test: PositiveInt = Field(1000, description="Ding only: held-out test pairs")
+    oversample: dict[str, PositiveInt] = Field(default_factory=dict, description=(
+        "embedded corpus: copies of a domain's training pairs in the union, e.g. {ding: 2}, to give a smaller "
+        "domain more of the updates"))
+    valid: PositiveInt = Field(500, description="embedded corpus: held-out validation pairs per domain")
+    test: PositiveInt = Field(1000, description="embedded corpus: held-out test pairs per domain")
     split_seed: int = 1234
     train_limit: PositiveInt | None = Field(None, description="use only the first N training pairs")
-    valid_limit: PositiveInt | None = None
-    test_limit: PositiveInt | None = None
+    valid_limit: PositiveInt | None = Field(None, description="use only the first N validation pairs (per domain)")
+    test_limit: PositiveInt | None = Field(None, description="use only the first N test pairs (per domain)")
+
+    @field_validator("corpus")
+    @classmethod
+    def _known_domains(cls, v: str) -> str:
+        C.parse_corpus(v)  # raises with the choices
+        return v
 
 
 class TrainConfig(Config):
@@ -103,10 +121,15 @@ class DecodeConfig(Config):
     batch_tokens: PositiveInt = Field(4000, description="source tokens x beams per decoding batch")
     eval_beams: PositiveInt = Field(1, description="beams for the BLEU curve during training (1: greedy)")
     eval_bleu: bool = Field(True, description="decode valid at each evaluation for the BLEU curve")
-    samples: int = Field(5, description="example translations to print")
+    eval_sentences: PositiveInt | None = Field(200, description="valid sentences per domain decoded for the BLEU curve "
+                                               "(null: all); the final scores always use all of them")
+    samples: int = Field(5, description="example translations to print (per domain)")
+    score_last: bool = Field(True, description="also decode valid/test with the last (not averaged) model; its "
+                             "loss is always computed")
     final_splits: list[Literal["valid", "test"]] = Field(
-        ["valid", "test"], min_length=1, description="splits scored (beam search, BLEU, chrF, ppl) at the end of "
-        "training; an ablation grid that selects on dev needs only valid")
+        ["valid", "test"], min_length=1, description="splits decoded and scored (beam search, BLEU, chrF) at the end "
+        "of training (the valid loss of the last and averaged models is always computed); an ablation grid that "
+        "selects on dev needs only valid")
 
 
 class TranslateConfig(Config):
@@ -125,41 +148,72 @@ class RecipeError(RuntimeError):
 
 
 # -------------------------------------------------------------------------------------------- data
-def load_splits(cfg: DataConfig) -> dict[str, T.Pairs]:
-    """train / valid / test pairs as the config says (test may be empty for user data)."""
+def load_splits(cfg: DataConfig) -> tuple[dict[str, T.Pairs], dict[str, list[str]], C.Corpus | None]:
+    """train / valid / test pairs as the config says (test may be empty for user data), the domain
+    of each valid and test pair, and the embedded corpus by domain (None for user data)."""
     if cfg.path is None:
-        direction = f"{cfg.src_lang}-{cfg.tgt_lang}"
-        splits, _ = T.ding_splits(direction=direction, valid=cfg.valid, test=cfg.test, seed=cfg.split_seed)
+        if {cfg.src_lang, cfg.tgt_lang} != {"en", "de"}:
+            raise T.DataError(f"the embedded corpus is English-German; got data.src_lang={cfg.src_lang} "
+                              f"data.tgt_lang={cfg.tgt_lang} (use en/de or de/en, or your own data.path)")
+        corpus = C.build_corpus(cfg.corpus, direction=f"{cfg.src_lang}-{cfg.tgt_lang}", valid=cfg.valid, test=cfg.test,
+                                seed=cfg.split_seed, catalogs=cfg.catalogs)
+        limits = {"valid": cfg.valid_limit, "test": cfg.test_limit}
+        try:
+            splits, labels = {"train": corpus.union("train", cfg.oversample)}, {}
+        except T.DataError as e:
+            raise T.DataError(f"data.oversample: {e} (data.corpus={cfg.corpus})") from None
+        for name in ("valid", "test"):
+            splits[name], labels[name] = T.Pairs(), []
+            for domain, parts in corpus.splits.items():
+                p = parts[name]
+                n = min(len(p), limits[name] or len(p))
+                splits[name].src += p.src[:n]
+                splits[name].tgt += p.tgt[:n]
+                labels[name] += [domain] * n
     else:
-        root = Path(cfg.path)
-        if not root.is_dir():
-            raise T.DataError(f"data.path {root} is not a folder (want train.{cfg.src_lang}/train.{cfg.tgt_lang} or train.tsv)")
-        splits = {}
-        for name in ("train", "valid", "test"):
-            tsv, src, tgt = root / f"{name}.tsv", root / f"{name}.{cfg.src_lang}", root / f"{name}.{cfg.tgt_lang}"
-            if tsv.is_file():
-                splits[name] = T.read_tsv(tsv)
-            elif src.is_file() or tgt.is_file():
-                splits[name] = T.read_parallel(src, tgt)
-            elif name == "test":
-                splits[name] = T.Pairs()
-            else:
-                raise T.DataError(f"no {name} data in {root}: want {src.name} and {tgt.name}, or {tsv.name}")
-    for name, limit in (("train", cfg.train_limit), ("valid", cfg.valid_limit), ("test", cfg.test_limit)):
-        if limit is not None:
-            p = splits[name]
-            splits[name] = T.Pairs(p.src[:limit], p.tgt[:limit], p.dropped)
-    return splits
+        splits = T.read_folder(cfg.path, cfg.src_lang, cfg.tgt_lang)
+        for name, limit in (("valid", cfg.valid_limit), ("test", cfg.test_limit)):
+            if limit is not None:
+                p = splits[name]
+                splits[name] = T.Pairs(p.src[:limit], p.tgt[:limit], p.dropped)
+        labels = {name: ["data"] * len(splits[name]) for name in ("valid", "test")}
+        corpus = None
+    if cfg.train_limit is not None:
+        p = splits["train"]
+        splits["train"] = T.Pairs(p.src[: cfg.train_limit], p.tgt[: cfg.train_limit], p.dropped)
+    return splits, labels, corpus
 
 
-def get_tokenizer(cfg: DataConfig, splits: dict[str, T.Pairs], out_dir: Path, dist, *, resume: bool):
+def describe_corpus(corpus: C.Corpus, cfg: TranslateConfig, dist, out: Path) -> None:
+    """Log each domain's size, fingerprint and drops by reason, and the catalogs that could not be
+    read; write the exact splits to ``out/data/{train,valid,test}.<domain>.tsv``."""
+    for domain, st in corpus.stats.items():
+        drops = ", ".join(f"{n:,} {why}" for why, n in sorted(st["dropped"].items(), key=lambda kv: -kv[1]))
+        dist.print(f"corpus {domain}: {st['pairs']:,} pairs (train {st['train']:,}, valid {st['valid']:,}, test "
+                   f"{st['test']:,}), sha256 {st['sha256'][:16]}; dropped: {drops or 'none'}")
+    for path, why in corpus.unreadable:
+        dist.print(f"corpus: skipped unreadable catalog {path}: {why}")
+    if corpus.missing_packages:
+        dist.print(f"corpus: no catalogs of {len(corpus.missing_packages)} listed packages ({' '.join(corpus.missing_packages)}); "
+                   f"the corpus differs from the documented one; "
+                   + C.catalog_hint("stories" if set(corpus.missing_packages) & set(C.catalog_packages("stories")) else "messages"))
+    if dist.is_main:
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        for domain, parts in corpus.splits.items():
+            for name, pairs in parts.items():
+                C.write_tsv(pairs, out / "data" / f"{name}.{domain}.tsv")
+
+
+def get_tokenizer(cfg: DataConfig, splits: dict[str, T.Pairs], out_dir: Path, dist, *, resume: bool, corpus=None):
     """The shared BPE: ``data.tokenizer`` if given, else ``out_dir/tokenizer.json`` when it was trained
     with these settings (or when resuming), else trained on the training pairs and saved there."""
     if cfg.tokenizer is not None:
         return T.load_bpe(cfg.tokenizer), "given"
     path, meta_path = out_dir / "tokenizer.json", out_dir / "tokenizer.settings.json"
     settings = {"vocab_size": cfg.vocab_size, "min_frequency": cfg.min_frequency, "path": str(cfg.path),
-                "langs": [cfg.src_lang, cfg.tgt_lang], "train_limit": cfg.train_limit, "n_train": len(splits["train"])}
+                "langs": [cfg.src_lang, cfg.tgt_lang], "train_limit": cfg.train_limit, "n_train": len(splits["train"]),
+                "corpus": {d: st["sha256"] for d, st in corpus.stats.items()} if corpus is not None else None,
+                "oversample": cfg.oversample}
     reuse = path.is_file() and (resume or (meta_path.is_file() and json.loads(meta_path.read_text()) == settings))
     if not reuse and dist.is_main:
         tok = T.train_bpe(splits["train"].src + splits["train"].tgt, cfg.vocab_size, min_frequency=cfg.min_frequency)
@@ -170,11 +224,6 @@ def get_tokenizer(cfg: DataConfig, splits: dict[str, T.Pairs], out_dir: Path, di
         meta_path.write_text(json.dumps(settings))
     dist.barrier()
     return T.load_bpe(path), "reused" if reuse else "trained"
-
-
-def batches_by_tokens(lens: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices in length order, grouped so that batch size x longest stays under ``max_tokens``."""
-    return T.token_batches(lens, lens, max_tokens=max(max_tokens, max(lens, default=1)), shuffle=False)
 
 
 def word_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -188,46 +237,38 @@ def word_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------ evaluation
 @torch.no_grad()
-def valid_loss(model, src, tgt, cfg: TranslateConfig, dist, device) -> tuple[float, float]:
-    """Teacher-forced (label-smoothed loss, NLL) per target token on this data, over all ranks."""
+def valid_loss(model, src, tgt, cfg: TranslateConfig, dist, device, labels: Sequence[str] | None = None) -> dict:
+    """Teacher-forced (label-smoothed loss, NLL) per target token on this data, over all ranks:
+    ``{"all": (loss, nll), domain: (loss, nll), ...}`` with ``labels`` naming each pair's domain."""
     model.eval()
-    totals = torch.zeros(3, dtype=torch.float64)
+    names = list(dict.fromkeys(labels)) if labels is not None else []
+    col = {d: i for i, d in enumerate(names)}
+    totals = torch.zeros(len(names) + 1, 3, dtype=torch.float64)  # row 0: all
     batches = T.token_batches([len(s) for s in src], [len(t) for t in tgt], max_tokens=cfg.train.max_tokens, shuffle=False)
     for b in batches[dist.rank :: dist.world_size]:
         s, t_in, t_out = (x.to(device) for x in T.collate(src, tgt, b))
         with autocast(device, cfg.run.precision):
             logits = model(s, t_in, s != PAD_ID, t_in != PAD_ID)
         flat, gold = logits.float().flatten(0, 1), t_out.flatten()
-        totals[0] += F.cross_entropy(flat, gold, ignore_index=PAD_ID, label_smoothing=cfg.train.label_smoothing, reduction="sum").item()
-        totals[1] += F.cross_entropy(flat, gold, ignore_index=PAD_ID, reduction="sum").item()
-        totals[2] += int((gold != PAD_ID).sum())
+        smoothed = F.cross_entropy(flat, gold, ignore_index=PAD_ID, label_smoothing=cfg.train.label_smoothing, reduction="none")
+        nll = F.cross_entropy(flat, gold, ignore_index=PAD_ID, reduction="none")
+        per_row = torch.stack([smoothed.view(len(b), -1).sum(1), nll.view(len(b), -1).sum(1),
+                               (t_out != PAD_ID).sum(1).to(smoothed.dtype)], dim=1).double().cpu()
+        totals[0] += per_row.sum(0)
+        for r, i in enumerate(b):
+            if names:
+                totals[1 + col[labels[i]]] += per_row[r]
     dist.all_reduce(totals)
     model.train()
-    return float(totals[0] / totals[2]), float(totals[1] / totals[2])
+    rows = {"all": totals[0], **{d: totals[1 + j] for d, j in col.items()}}
+    return {d: (float(t[0] / max(t[2], 1)), float(t[1] / max(t[2], 1))) for d, t in rows.items()}
 
 
-@torch.no_grad()
 def translate_ids(model, src: Sequence[Sequence[int]], dcfg: DecodeConfig, *, device, precision="auto",
                   beams: int | None = None) -> list[list[int]]:
-    """Beam search (or greedy) over ``src`` token ids, batched by length; output in input order."""
-    model.eval()
-    beams = beams or dcfg.beams
-    out: list[list[int]] = [[] for _ in src]
-    if not src:
-        return out
-    for b in batches_by_tokens([len(s) for s in src], max(1, dcfg.batch_tokens // beams)):
-        S = max(len(src[i]) for i in b)
-        x = torch.full((len(b), S), PAD_ID, dtype=torch.long)
-        for row, i in enumerate(b):
-            x[row, : len(src[i])] = torch.tensor(src[i])
-        x = x.to(device)
-        with autocast(device, precision):
-            gen = zoo.generate(model, x, padding_mask=x != PAD_ID, num_beams=beams, length_penalty=dcfg.length_penalty,
-                               alpha=dcfg.alpha, max_len_a=dcfg.max_len_a, max_len_b=dcfg.max_len_b,
-                               eos_id=EOS_ID, bos_id=BOS_ID, pad_id=PAD_ID)
-        for row, i in enumerate(b):
-            out[i] = gen.tokens[row, : int(gen.lengths[row])].tolist()
-    return out
+    """Beam search (or greedy) over ``src`` token ids with the decoding settings, in input order."""
+    return decode_batches(model, src, beams=beams or dcfg.beams, device=device, precision=precision, pad_id=PAD_ID,
+                          bos_id=BOS_ID, eos_id=EOS_ID, **dcfg.model_dump(include=set(DECODE_KEYS)))
 
 
 def translate_split(model, tok, src_ids, cfg: TranslateConfig, dist, device, beams: int | None = None) -> list[str]:
@@ -241,74 +282,11 @@ def translate_split(model, tok, src_ids, cfg: TranslateConfig, dist, device, bea
     return hyps
 
 
-def score(hyps: list[str], refs: list[str]) -> dict:
-    """sacreBLEU (13a tokenization, on detokenized text) and chrF, with their signatures."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    bleu, chrf = BLEU(), CHRF()
-    b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
-    return {"bleu": round(b.score, 2), "chrf": round(c.score, 2), "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b)}
-
-
-# --------------------------------------------------------------------------- cross-attention picture
-@torch.no_grad()
-def cross_attention_weights(model, src: list[int], tgt: list[int], layer: int = -1) -> torch.Tensor:
-    """Cross-attention probabilities [H, T, S] of decoder block ``layer`` for a source and its
-    translation (teacher-forced, fp32), computed from the module's own q and kv projections."""
-    block = model.decoder.blocks[layer]
-    attn = block.cross_attn
-    seen = {}
-
-    def hook(module, args, kwargs):
-        seen["x"], seen["memory"] = args[0], args[1] if len(args) > 1 else kwargs["memory"]
-
-    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        model.eval()
-        s = torch.tensor([src])
-        t_in = torch.tensor([[BOS_ID] + tgt[:-1]])
-        model(s, t_in)
-    finally:
-        handle.remove()
-    x, memory = seen["x"].float(), seen["memory"].float()
-    B, Tq, _ = x.shape
-    q = attn.q(x).view(B, Tq, attn.n_heads, attn.head_dim).transpose(1, 2)  # (1, H, T, K)
-    k, _ = attn._heads_kv(attn.kv(memory))  # (1, G, S, K)
-    k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
-    return ((q @ k.transpose(-1, -2)) / math.sqrt(attn.head_dim)).softmax(dim=-1)[0]
-
-
-def plot_attention(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    H = weights.shape[0]
-    cols = 2 if H <= 4 else 4
-    rows = math.ceil(H / cols)
-    S, Tn = len(src_tokens), len(tgt_tokens)
-    fig, axes = plt.subplots(rows, cols, figsize=(0.32 * S * cols + 2, 0.3 * Tn * rows + 1.5), squeeze=False)
-    for h, ax in enumerate(axes.flat):
-        if h >= H:
-            ax.axis("off")
-            continue
-        ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto")
-        ax.set_xticks(range(S), src_tokens, rotation=90, fontsize=7)
-        ax.set_yticks(range(Tn), tgt_tokens, fontsize=7)
-        ax.set_title(f"head {h}", fontsize=9)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def attention_picture(model, tok, src_text: str, dcfg: DecodeConfig, path: Path) -> Path:
+    """``cross_attention.png``: every head of the last decoder layer over one sentence and its translation."""
     src = T.encode(tok, [src_text])[0]
     hyp = translate_ids(model, [src], dcfg, device=torch.device("cpu"), precision="fp32")[0]
-    weights = cross_attention_weights(model, src, hyp)
+    weights = cross_attention_weights(model, src, hyp, bos_id=BOS_ID)
     names = lambda ids: [tok.id_to_token(i) for i in ids]  # noqa: E731
     n = len(model.decoder.blocks)
     return plot_attention(weights, names(src), names(hyp), path,
@@ -335,12 +313,14 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
 
     # data and the shared BPE
     t0 = time.perf_counter()
-    splits = load_splits(cfg.data)
-    tok, how = get_tokenizer(cfg.data, splits, out, dist, resume=ckpt is not None)
+    splits, labels, corpus = load_splits(cfg.data)
+    if corpus is not None:
+        describe_corpus(corpus, cfg, dist, out)
+    tok, how = get_tokenizer(cfg.data, splits, out, dist, resume=ckpt is not None, corpus=corpus)
     V = tok.get_vocab_size()
     ids = {name: (T.encode(tok, p.src, max_len=cfg.data.max_len), T.encode(tok, p.tgt, max_len=cfg.data.max_len))
            for name, p in splits.items()}
-    source = str(cfg.data.path) if cfg.data.path else f"Ding dictionary pairs ({T.DING_PATH})"
+    source = str(cfg.data.path) if cfg.data.path else f"the embedded corpus ({cfg.data.corpus}: {', '.join(corpus.domains)})"
     dist.print(f"data: {source}, {cfg.data.src_lang}->{cfg.data.tgt_lang}: "
                + ", ".join(f"{k} {len(v):,}" for k, v in splits.items())
                + f"; BPE {how}: {V:,} tokens; {time.perf_counter() - t0:.1f}s")
@@ -396,16 +376,27 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     total = cfg.train.steps
     valid_src, valid_tgt = ids["valid"]
     valid_refs = splits["valid"].tgt
+    domains = list(dict.fromkeys(labels["valid"])) if corpus is not None else []  # per-domain rows: embedded corpus
+    n_curve = cfg.decode.eval_sentences or len(valid_refs)  # the first n of each domain for the BLEU curve
+    seen, curve = Counter(), []
+    for i, d in enumerate(labels["valid"]):
+        seen[d] += 1
+        if seen[d] <= n_curve:
+            curve.append(i)
     cfg_json = cfg.model_dump(mode="json")
     spec_json = spec.model_dump(mode="json")
 
     def evaluate(s: int) -> dict:
-        loss, nll = valid_loss(unwrap(train_model), valid_src, valid_tgt, cfg, dist, device)
-        values = {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 50))}
+        losses = valid_loss(unwrap(train_model), valid_src, valid_tgt, cfg, dist, device, labels["valid"])
+        values = {d: {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 50))} for d, (loss, nll) in losses.items()}
         if cfg.decode.eval_bleu:
-            hyps = translate_split(unwrap(train_model), tok, valid_src, cfg, dist, device, beams=cfg.decode.eval_beams)
-            values["bleu"] = score(hyps, valid_refs)["bleu"]
-        log.write(step=s, split="valid", **values)
+            hyps = translate_split(unwrap(train_model), tok, [valid_src[i] for i in curve], cfg, dist, device,
+                                   beams=cfg.decode.eval_beams)
+            for d, sc in score_domains(hyps, [valid_refs[i] for i in curve], [labels["valid"][i] for i in curve]).items():
+                values[d]["bleu"] = sc["bleu"]
+        for d in domains:
+            log.write(step=s, split=f"valid_{d}", **values[d])
+        log.write(step=s, split="valid", **values["all"])
         return values
 
     if ckpt is not None:
@@ -480,9 +471,13 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
                 final = step == total or stopped_early
                 if step % eval_every == 0 or final:
                     last_valid = evaluate(step)
-                    progress.write(f"step {step}: valid loss {last_valid['loss']:.3f}, ppl {last_valid['ppl']:.2f}"
-                                   + (f", BLEU {last_valid['bleu']:.2f} ({'greedy' if cfg.decode.eval_beams == 1 else 'beam'})"
-                                      if "bleu" in last_valid else ""))
+                    v = last_valid["all"]
+                    progress.write(f"step {step}: valid loss {v['loss']:.3f}, ppl {v['ppl']:.2f}"
+                                   + (f", BLEU {v['bleu']:.2f} ({'greedy' if cfg.decode.eval_beams == 1 else 'beam'})"
+                                      if "bleu" in v else "")
+                                   + "".join(f"; {d} ppl {last_valid[d]['ppl']:.1f}"
+                                             + (f" BLEU {last_valid[d]['bleu']:.2f}" if "bleu" in last_valid[d] else "")
+                                             for d in domains))
                     model.train()
                 if step % ckpt_every == 0 or final:
                     if dist.is_main:
@@ -500,13 +495,15 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
                 epoch, pos = epoch + 1, 0
     progress.close()
     train_seconds = elapsed_before + time.perf_counter() - t_loop
-    return finish(cfg, dist, model, spec, tok, splits, ids, out, step=step, epoch=epoch, log=log, t_start=t_start,
+    return finish(cfg, dist, model, spec, tok, splits, ids, out, labels=labels, corpus=corpus, step=step, epoch=epoch,
+                  log=log, t_start=t_start,
                   train_seconds=train_seconds, pad=(pad_src, pad_tgt), stopped_early=stopped_early)
 
 
-def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, step, epoch, log, t_start, train_seconds, pad,
-           stopped_early) -> dict:
-    """Average the last checkpoints, score last and averaged on valid and test, export, plot."""
+def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, labels, corpus, step, epoch, log, t_start,
+           train_seconds, pad, stopped_early) -> dict:
+    """Average the last checkpoints, score last and averaged on valid and test (overall and per
+    domain), export, plot."""
     device = dist.device
     model = unwrap(model)
     model.eval()
@@ -521,32 +518,47 @@ def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, step, epoch, 
     results: dict = {"params": zoo.count_parameters(model), "step": step, "epochs": epoch,
                      "train_seconds": round(train_seconds, 1), "stopped_early": stopped_early,
                      "averaged": [p.name for p in paths], "padding_src": pad[0], "padding_tgt": pad[1]}
+    results["config"] = cfg.model_dump(mode="json")
+    if corpus is not None:
+        results["corpus"] = {"name": cfg.data.corpus, **corpus.summary()}
+    domains = list(corpus.splits) if corpus is not None else []
+    hyps_out: dict = {}
     with attention_kernels(cfg.run.attention):
-        hyps_out: dict = {}
         for split in ("valid", "test"):
-            if not len(splits[split]) or split not in cfg.decode.final_splits:
+            scored = split in cfg.decode.final_splits  # decoded and scored; valid's loss is always computed
+            if not len(splits[split]) or not (scored or split == "valid"):
                 continue
             src_ids, tgt_ids = ids[split]
-            refs = splits[split].tgt
             for name, m in (("last", model), ("averaged", averaged)):
                 if name == "averaged" and averaged is model:  # scored already as "last"
-                    results[f"{split}/averaged"] = results[f"{split}/last"]
-                    hyps_out[(split, name)] = hyps_out[(split, "last")]
+                    for key in [k for k in results if k.startswith(f"{split}/") and k.endswith("/last")]:
+                        results[key[: -len("last")] + "averaged"] = results[key]
+                    hyps_out[(split, name)] = hyps_out.get((split, "last"))
                     continue
                 t0 = time.perf_counter()
-                hyps = translate_split(m, tok, src_ids, cfg, dist, device)
-                sc = score(hyps, refs)
-                loss, nll = valid_loss(m, src_ids, tgt_ids, cfg, dist, device)
-                sc.update(loss=round(loss, 4), ppl=round(math.exp(min(nll, 50)), 3), decode_seconds=round(time.perf_counter() - t0, 1))
-                results[f"{split}/{name}"] = sc
-                hyps_out[(split, name)] = hyps
-                log.write(step=step, split=f"{split}_{name}", bleu=sc["bleu"], chrf=sc["chrf"], loss=loss)
-                dist.print(f"{split:5s} {name:8s}: BLEU {sc['bleu']:.2f}  chrF {sc['chrf']:.2f}  "
-                           f"loss {loss:.3f}  ({len(hyps)} sentences, beam {cfg.decode.beams}, {sc['decode_seconds']}s)")
-    final_name = "averaged"
-    if "valid/averaged" in results and results["valid/averaged"]["bleu"] < results["valid/last"]["bleu"]:
+                losses = valid_loss(m, src_ids, tgt_ids, cfg, dist, device, labels[split])
+                decode = scored and (name == "averaged" or cfg.decode.score_last or averaged is model)
+                scores = {}
+                if decode:
+                    hyps = translate_split(m, tok, src_ids, cfg, dist, device)
+                    scores = score_domains(hyps, splits[split].tgt, labels[split])
+                    hyps_out[(split, name)] = hyps
+                seconds = round(time.perf_counter() - t0, 1)
+                for d in ["all", *domains]:
+                    loss, nll = losses[d]
+                    sc = {**scores.get(d, {}), "loss": round(loss, 4), "ppl": round(math.exp(min(nll, 50)), 3)}
+                    key = f"{split}/{name}" if d == "all" else f"{split}/{d}/{name}"
+                    results[key] = sc
+                    log.write(step=step, split=f"{split}_{name}" if d == "all" else f"{split}_{d}_{name}",
+                              **{k: v for k, v in sc.items() if k in ("bleu", "chrf", "loss")})
+                    what = f"BLEU {sc['bleu']:6.2f}  chrF {sc['chrf']:6.2f}  " if "bleu" in sc else ""
+                    n = labels[split].count(d) if d != "all" else len(labels[split])
+                    dist.print(f"{split:5s} {name:8s} {d if domains else '':9s}: {what}loss {loss:.3f}  ({n} sentences"
+                               + (f", beam {cfg.decode.beams}, {seconds}s)" if decode and d == "all" else ")"))
+    results["exported"] = "averaged"
+    va, vl = results.get("valid/averaged", {}), results.get("valid/last", {})
+    if "bleu" in va and "bleu" in vl and va["bleu"] < vl["bleu"]:
         dist.print("note: the averaged model scores below the last one on valid; exporting the averaged model all the same")
-    results["exported"] = final_name
     if dist.is_main:
         model_dir = out / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -556,20 +568,25 @@ def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, step, epoch, 
             "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "max_len": cfg.data.max_len,
             "decode": cfg.decode.model_dump(mode="json")}, indent=2) + "\n")
         key = "test" if "test/averaged" in results else "valid"
-        sig = results[f"{key}/averaged"]["bleu_signature"]
-        print(f"sacreBLEU signature: {sig}")
-        print(f"chrF signature:      {results[f'{key}/averaged']['chrf_signature']}")
-        hyps = hyps_out[(key, "averaged")]
-        for i in range(min(cfg.decode.samples, len(hyps))):
-            print(f"  src: {splits[key].src[i]}\n  ref: {splits[key].tgt[i]}\n  hyp: {hyps[i]}")
+        r = results[f"{key}/averaged"]
+        print(f"sacreBLEU signature: {r['bleu_signature']}")
+        print(f"chrF signature:      {r['chrf_signature']}")
+        hyps, src, refs = hyps_out[(key, "averaged")], splits[key].src, splits[key].tgt
+        for d in domains or ["data"]:
+            rows = [i for i, x in enumerate(labels[key]) if x == d][: cfg.decode.samples]
+            if rows and domains:
+                print(f"{d}:")
+            for i in rows:
+                print(f"  src: {src[i]}\n  ref: {refs[i]}\n  hyp: {hyps[i]}")
         if cfg.run.plot:
             plot_metrics(out / "metrics.jsonl", out / "curves.png",
                          panels=[("loss (label-smoothed)", ["train/loss", "valid/loss"]),
-                                 ("perplexity", ["train/ppl", "valid/ppl"]),
-                                 ("valid BLEU", ["valid/bleu"])], log_y=["perplexity"],
-                         title=f"{spec.name or cfg.model} {cfg.data.src_lang}->{cfg.data.tgt_lang}")
-            pick = next((i for i, s in enumerate(splits[key].src) if 6 <= len(s.split()) <= 14), 0)
-            attention_picture(averaged.float().cpu(), tok, splits[key].src[pick], cfg.decode, out / "cross_attention.png")
+                                 ("perplexity", ["train/ppl", "valid/ppl", *(f"valid_{d}/ppl" for d in domains)]),
+                                 ("valid BLEU", ["valid/bleu", *(f"valid_{d}/bleu" for d in domains)])],
+                         log_y=["perplexity"], title=f"{spec.name or cfg.model} {cfg.data.src_lang}->{cfg.data.tgt_lang}")
+            first = domains[0] if domains else "data"
+            pick = next((i for i, (s, x) in enumerate(zip(src, labels[key])) if x == first and 6 <= len(s.split()) <= 14), 0)
+            attention_picture(averaged.float().cpu(), tok, src[pick], cfg.decode, out / "cross_attention.png")
         from zoo.train import read_metrics
 
         speeds = [r["tokens_per_s"] for r in read_metrics(out / "metrics.jsonl") if r.get("split") == "train"]
@@ -579,39 +596,16 @@ def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, step, epoch, 
                   f"(mean over log intervals), padding {100 * pad[0]:.1f}% source / {100 * pad[1]:.1f}% target")
         results["total_seconds"] = round(time.perf_counter() - t_start, 1)
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        r = results[f"{key}/averaged"]
-        print(f"{key}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} (averaged), "
-              f"BLEU {results[f'{key}/last']['bleu']:.2f} (last); exported {model_dir} "
-              f"[{results['total_seconds']:.0f}s in all]", flush=True)
+        last = results.get(f"{key}/last", {})
+        per_domain = "".join(f", {d} {results[f'{key}/{d}/averaged']['bleu']:.2f}" for d in domains)
+        print(f"{key}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} (averaged{per_domain})"
+              + (f", BLEU {last['bleu']:.2f} (last)" if "bleu" in last else "")
+              + f"; exported {model_dir} [{results['total_seconds']:.0f}s in all]", flush=True)
     dist.barrier()
     return results
 
 
 # ------------------------------------------------------------------------------------- translate
-class Translator:
-    """An exported model folder (model.safetensors, tokenizer.json, translate.json) ready to translate."""
-
-    def __init__(self, model_dir: str | Path, device: str = "cpu") -> None:
-        model_dir = Path(model_dir)
-        for name in ("model.safetensors", "tokenizer.json"):
-            if not (model_dir / name).is_file():
-                raise RecipeError(f"no {name} in {model_dir}; export a model with recipes/translate.py first")
-        settings = json.loads((model_dir / "translate.json").read_text()) if (model_dir / "translate.json").is_file() else {}
-        self.max_len = settings.get("max_len", 256)
-        self.decode = DecodeConfig.model_validate(settings.get("decode", {}))
-        self.device = torch.device(device)
-        self.model = zoo.load(model_dir / "model.safetensors", device=self.device).eval()
-        self.tok = T.load_bpe(model_dir / "tokenizer.json")
-
-    def __call__(self, lines: Sequence[str]) -> list[str]:
-        keep = [i for i, line in enumerate(lines) if line.strip()]
-        src = T.encode(self.tok, [lines[i].strip() for i in keep], max_len=self.max_len)
-        out = [""] * len(lines)
-        for i, text in zip(keep, T.decode(self.tok, translate_ids(self.model, src, self.decode, device=self.device, precision="fp32"))):
-            out[i] = text
-        return out
-
-
 def translate_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="translate.py translate",
                                      description="translate stdin line by line with an exported model")
@@ -621,11 +615,11 @@ def translate_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         tr = Translator(args.model)
-    except (RecipeError, OSError, ValueError) as e:
+    except (OSError, ValueError) as e:
         print(f"{parser.prog}: error: {zoo.io.one_line(e)}", file=sys.stderr)
         return 2
     if args.beams:
-        tr.decode = tr.decode.model_copy(update={"beams": args.beams})
+        tr.decode["beams"] = args.beams
     buf: list[str] = []
     for line in sys.stdin:
         buf.append(line.rstrip("\n"))

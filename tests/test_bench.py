@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 from bench.common import Row, count_flops
 import bench.run
 from bench.run import main, usable_precisions
+from zoo.data.corpus import CATALOG_HINT, catalogs_dir
+from zoo.data.translation import DING_PATH, INSTALL_HINT
 
 
 def test_every_workload_runs_at_toy_size(tmp_path):
@@ -28,6 +31,21 @@ def test_every_workload_runs_at_toy_size(tmp_path):
     again = tmp_path / "again.md"  # the page rebuilt from the JSON alone
     assert main(["--from-json", str(out), "--out", str(again)]) == 0
     assert again.read_text() == md.read_text() and again.with_suffix(".png").exists()
+
+
+@pytest.mark.skipif(not (DING_PATH.is_file() and catalogs_dir().is_dir()), reason=f"{INSTALL_HINT}; {CATALOG_HINT}")
+def test_translation_quality_yardstick_runs_at_toy_size(tmp_path):
+    out, md = tmp_path / "q.json", tmp_path / "q.md"
+    assert main(["--tiny", "--only", "translation-quality", "--json", str(out), "--out", str(md)]) == 0
+    report = json.loads(out.read_text())
+    domains = set(report["zoo"]["scores"])
+    assert domains >= {"ding", "messages", "all"} and domains == set(report["peer"]["scores"])
+    for side in ("zoo", "peer"):
+        for sc in report[side]["scores"].values():
+            assert 0 <= sc["bleu"] <= 100 and 0 <= sc["chrf"] <= 100
+    # the same dimensions on both sides (Marian has its own position table and a final-logits bias)
+    assert report["peer"]["steps"] > 0 and abs(report["peer"]["params"] - report["zoo"]["params"]) < 0.1 * report["zoo"]["params"]
+    assert "| messages |" in md.read_text() and "HF Marian" in md.read_text()
 
 
 def test_flop_count_of_a_linear_layer_by_hand():

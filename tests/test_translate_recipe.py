@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DE_NOUNS, NOUNS, messages, write_catalog
 
 import zoo
+from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.train import list_checkpoints, load_checkpoint, read_metrics
 
@@ -53,7 +55,8 @@ def tiny(data: Path, out: Path, *extra: str) -> list[str]:
         "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=4,block.ffn.hidden=64]",
         "train.max_tokens=600", "train.minutes=null", "train.average_last=2", "schedule.warmup=10", "optim.lr=2.0",
         "run.log_every=2", "run.eval_every=4", "run.checkpoint_every=4", "run.progress=false", "run.plot=false",
-        "decode.beams=2", "decode.max_len_b=10", "decode.samples=2", *extra,
+        "decode.beams=2", "decode.max_len_b=10", "decode.samples=2", "decode.final_splits=[valid,test]",
+        "decode.score_last=true", *extra,
     ]
 
 
@@ -108,6 +111,67 @@ def test_ablation_setting_scores_the_last_model_once_on_valid_only(data, tmp_pat
     with pytest.raises(SystemExit):  # an empty list is refused by the config, naming the field
         recipe.main(tiny(data, tmp_path / "bad", "decode.final_splits=[]"))
     assert "final_splits" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def catalogs(tmp_path_factory) -> Path:
+    """German catalogs of two listed packages, one per catalog domain (the others are missing)."""
+    root = tmp_path_factory.mktemp("catalogs")
+    first = {d: C.catalog_packages(d)[0] for d in ("messages", "stories")}
+    for pkg in first.values():
+        (root / pkg).mkdir()
+    write_catalog(root / first["messages"] / "m.mo", messages("A") + messages("B"))
+    write_catalog(root / first["stories"] / "s.mo", [(f"The hero walks to the {n} {k}.", f"Der Held geht zu {dn} {k}.")
+                                                     for k in ("north", "south", "east", "west", "river", "hill")
+                                                     for n, dn in zip(NOUNS, DE_NOUNS)])
+    return root
+
+
+def test_embedded_corpus_scores_each_domain_and_keeps_its_splits(catalogs, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = [a for a in tiny(Path("unused"), out, "train.steps=6", "decode.beams=1", "decode.samples=1") if not a.startswith("data.path")]
+    assert recipe.main([*args, "data.corpus=all", f"data.catalogs={catalogs}", "data.valid=8", "data.test=10",
+                        "data.train_limit=500", "decode.final_splits=[test]", "decode.score_last=false"]) == 0
+    text = capsys.readouterr().out
+    for d in ("ding", "messages", "stories"):
+        assert f"corpus {d}: " in text and f"\n{d}:\n  src: " in text  # size line and a sample of each domain
+    assert "listed packages" in text and "tools/install-data" in text  # the packages missing here are named
+    results = json.loads((out / "results.json").read_text())
+    for d in ("ding", "messages", "stories"):
+        assert 0 <= results[f"test/{d}/averaged"]["bleu"] <= 100
+        # valid is not decoded (final_splits=[test]) but its loss selects; the last model is not decoded
+        assert "bleu" not in results[f"valid/{d}/averaged"] and results[f"valid/{d}/last"]["loss"] > 0
+        assert "bleu" not in results[f"test/{d}/last"] and results[f"test/{d}/last"]["loss"] > 0
+        assert len(results["corpus"]["domains"][d]["sha256"]) == 64
+    assert results["corpus"]["name"] == "all" and results["test/averaged"]["bleu"] >= 0
+    assert results["corpus"]["missing_packages"] and C.catalog_packages("messages")[1] in results["corpus"]["missing_packages"]
+    # the run folder holds the exact splits; no normalised test sentence (either side) is in any train split
+    files = sorted(p.name for p in (out / "data").iterdir())
+    assert files == sorted(f"{s}.{d}.tsv" for s in ("train", "valid", "test") for d in ("ding", "messages", "stories"))
+    train = [T.read_tsv(p) for p in (out / "data").glob("train.*.tsv")]
+    for side in ("src", "tgt"):
+        seen = {T.normalise(x) for p in train for x in getattr(p, side)}
+        for p in (out / "data").glob("test.*.tsv"):
+            assert not seen & {T.normalise(x) for x in getattr(T.read_tsv(p), side)}
+    assert len(T.read_tsv(out / "data" / "test.messages.tsv")) == 10
+    records = read_metrics(out / "metrics.jsonl")
+    assert {r["split"] for r in records} >= {"valid", "valid_ding", "valid_messages", "valid_stories"}
+
+
+def test_embedded_corpus_errors_are_one_line(catalogs, tmp_path, capsys):
+    base = [a for a in tiny(Path("unused"), tmp_path / "x", "train.steps=2") if not a.startswith("data.path")]
+    with pytest.raises(SystemExit):
+        recipe.main([*base, "data.corpus=ding+mesages"])
+    err = capsys.readouterr().err
+    assert "data.corpus" in err and "unknown domain 'mesages'" in err
+    assert recipe.main([*base, "data.corpus=messages", f"data.catalogs={tmp_path / 'nowhere'}"]) == 2
+    err = capsys.readouterr().err
+    assert "no German message catalogs" in err and "tools/install-data" in err and "Traceback" not in err
+    assert recipe.main([*base, "data.corpus=stories", f"data.catalogs={catalogs}", "data.valid=50", "data.test=20"]) == 2
+    assert "too few" in capsys.readouterr().err
+    assert recipe.main([*base, "data.corpus=messages", f"data.catalogs={catalogs}", "data.valid=5", "data.test=5",
+                        "data.oversample={ding: 2}"]) == 2
+    assert "data.oversample: cannot repeat ding" in capsys.readouterr().err
 
 
 def test_word_dropout_replaces_only_real_tokens_at_the_rate():
