@@ -181,6 +181,7 @@ def translation_quality(*, minutes: float | None = None, out_dir: Path, peer_lrs
     zoo_scores["all"] = results["test/averaged"]
     report = {
         "budget_seconds": budget, "zoo": {"steps": results["step"], "params": results["params"],
+                                          "decode": {k: cfg["decode"][k] for k in ("beams", "length_penalty", "alpha")},
                                           "wall_seconds": results["wall_seconds"],
                                           "valid_nll": round(math.log(results["valid/averaged"]["ppl"]), 4),
                                           "scores": {d: {k: v[k] for k in ("bleu", "chrf")} for d, v in zoo_scores.items()}},
@@ -197,16 +198,25 @@ def translation_quality(*, minutes: float | None = None, out_dir: Path, peer_lrs
 def markdown(report: dict, env: dict) -> str:
     """The side-by-side table of a report."""
     z, p = report["zoo"], report["peer"]
+    dec = z.get("decode", {})
     lines = [f"Measured {env['date']} on {env['cpu']} ({env['threads']} threads, torch {env['torch']}): each side "
              f"trained for {report['budget_seconds'] / 60:.1f} minutes of wall-clock on the same splits and BPE.", "",
              "| test domain | zoo BLEU | zoo chrF | HF Marian BLEU | HF Marian chrF |", "| --- | ---: | ---: | ---: | ---: |"]
+    def pair(a: float | None, b: float | None) -> tuple[str, str]:  # the better of the two in bold
+        cells = [f"{v:.2f}" if v is not None else "-" for v in (a, b)]
+        if a is not None and b is not None and a != b:
+            best = 0 if a > b else 1
+            cells[best] = f"**{cells[best]}**"
+        return cells[0], cells[1]
+
     for d in z["scores"]:
         a, b = z["scores"][d], p["scores"].get(d, {})
-        lines.append(f"| {d} | **{a['bleu']:.2f}** | {a['chrf']:.2f} | {b.get('bleu', float('nan')):.2f} | "
-                     f"{b.get('chrf', float('nan')):.2f} |")
+        (zb, pb), (zc, pc) = pair(a["bleu"], b.get("bleu")), pair(a["chrf"], b.get("chrf"))
+        lines.append(f"| {d} | {zb} | {zc} | {pb} | {pc} |")
     lines += ["", f"zoo: `recipes/translate.py` defaults, {z['params']:,} parameters, {z['steps']:,} steps, checkpoint "
-              f"averaging, beam 4 with the GNMT length penalty. HF Marian: {p['params']:,} trained parameters, "
+              f"averaging, beam {dec.get('beams', 4)} ({dec.get('length_penalty', 'gnmt')} length penalty, alpha "
+              f"{dec.get('alpha', 0.6)}). HF Marian: {p['params']:,} trained parameters, "
               f"{p['steps']:,} steps, AdamW lr {p['lr']} (picked on valid NLL among "
-              + ", ".join(f"{c['lr']}: {c['valid_nll']}" for c in p["candidates"])
+              + ", ".join(f"{c['lr']}: {c['valid_nll']} after {c['steps']:,} steps" for c in p["candidates"])
               + f"; zoo's averaged model: {z['valid_nll']}), beam 4 with HF's defaults."]
     return "\n".join(lines) + "\n"

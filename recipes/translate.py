@@ -335,7 +335,10 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     model = zoo.build(spec, seed=cfg.run.seed).to(device)
     n_params = zoo.count_parameters(model)
     opt = build_optimizer(model, cfg.optim)
-    sched = build_scheduler(opt, cfg.schedule, cfg.train.steps, d_model=spec.d_model)
+    budget = cfg.train.minutes * 60 if cfg.train.minutes else None
+    clock = {"elapsed": 0.0}  # training seconds so far, the same on every rank: a cooldown follows the budget
+    sched = build_scheduler(opt, cfg.schedule, cfg.train.steps, d_model=spec.d_model,
+                            done=lambda s: max(s / cfg.train.steps, clock["elapsed"] / budget if budget else 0.0))
     accum = cfg.run.grad_accum
     if cfg.train.batch_tokens:
         accum = max(1, math.ceil(cfg.train.batch_tokens / (cfg.train.max_tokens * dist.world_size)))
@@ -403,7 +406,7 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
         restore_rng(ckpt)
     progress = Progress(total, initial=step, desc="train", enabled=dist.is_main and cfg.run.progress, every=cfg.run.log_every)
     t_loop = time.perf_counter()
-    time_limit = cfg.train.minutes * 60 if cfg.train.minutes else None
+    time_limit, clock["elapsed"] = budget, elapsed_before
     stopped_early = False
     last_valid: dict = {}
     model.train()
@@ -466,8 +469,8 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
                     progress.update(1, lr=lr)
                 elapsed = elapsed_before + time.perf_counter() - t_loop
                 if time_limit is not None:
-                    flag = torch.tensor([float(elapsed >= time_limit)])
-                    stopped_early = bool(dist.all_reduce(flag, "max")[0]) and step < total
+                    clock["elapsed"] = float(dist.all_reduce(torch.tensor([elapsed], dtype=torch.float64), "max")[0])
+                    stopped_early = clock["elapsed"] >= time_limit and step < total
                 final = step == total or stopped_early
                 if step % eval_every == 0 or final:
                     last_valid = evaluate(step)

@@ -112,6 +112,28 @@ def test_cosine_warmup_and_floor():
     assert all(a >= b for a, b in zip(factors[9:], factors[10:]))
 
 
+def test_cooldown_anneals_the_last_fraction_by_steps_or_by_the_clock():
+    plain = T.ScheduleConfig(kind="inverse_sqrt", warmup=100)
+    cfg = T.ScheduleConfig(kind="inverse_sqrt", warmup=100, cooldown=0.25)
+    base = [T.lr_factor(plain, s, 1000, d_model=256) for s in range(1000)]
+    cooled = [T.lr_factor(cfg, s, 1000, d_model=256) for s in range(1000)]
+    assert cooled[:750] == base[:750]  # untouched before the last quarter
+    for s in (750, 800, 900, 999):  # then the paper's factor times (1 - s/1000) / 0.25, by hand
+        assert cooled[s] == pytest.approx(base[s] * (1 - s / 1000) / 0.25, rel=1e-12)
+    # a time budget that runs out first: 90% of the clock spent at step 100 leaves 0.1 / 0.25 of the lr
+    assert T.lr_factor(cfg, 100, 1000, d_model=256, done=0.9) == pytest.approx(base[100] * 0.4)
+    assert T.lr_factor(cfg, 100, 1000, d_model=256, done=1.2) == 0.0  # past the budget: never negative
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    clock = {"done": 0.0}
+    sched = T.build_scheduler(opt, cfg, 1000, d_model=256, done=lambda s: clock["done"])
+    clock["done"] = 0.95
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(2.0 * base[1] * 0.2)
+    with pytest.raises(ValueError, match="cooldown"):
+        T.ScheduleConfig(cooldown=1.5)
+
+
 def test_no_decay_on_norms_biases_tables_and_tokens():
     model = zoo.build("vit-tiny-16", ["n_layers=1"], seed=0)
     decay, no_decay = T.param_groups(model, 0.05)

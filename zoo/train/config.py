@@ -71,11 +71,16 @@ class ScheduleConfig(Config):
     ``inverse_sqrt``: the paper's ``d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``; the factor is
     the learning rate itself, so ``optim.lr`` scales it (1.0 reproduces the paper).
     ``constant``: linear warmup, then flat. ``warmup`` counts optimizer steps.
+    ``cooldown``: a fraction of the run at its end over which any of these falls linearly to zero
+    (warmup-stable-decay); the run's progress is its steps, or its time budget where a recipe has one
+    and that runs out first, so a run stopped by the clock still ends annealed.
     """
 
     kind: Literal["cosine", "inverse_sqrt", "constant"] = "cosine"
     warmup: NonNegativeInt = 0
     min_lr_ratio: NonNegativeFloat = 0.0
+    cooldown: float = Field(0.0, ge=0.0, le=1.0, description="the last fraction of the run (steps or time budget, "
+                            "whichever runs out first) over which the lr falls linearly to 0; 0: none")
 
     @model_validator(mode="after")
     def _check(self) -> ScheduleConfig:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -53,30 +55,42 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
         return cls(params, foreach=True, **kwargs)
 
 
-def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, d_model: int | None = None) -> float:
+def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, d_model: int | None = None,
+              done: float | None = None) -> float:
     """The schedule's factor on the base lr before optimizer step ``step`` (counted from 0).
 
     ``inverse_sqrt`` is the paper's formula with s = step + 1:
-    ``d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)``.
+    ``d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)``. With ``cfg.cooldown`` the factor is then scaled
+    by ``min(1, (1 - done) / cooldown)``, where ``done`` is the fraction of the run behind us
+    (default ``step / total_steps``; a recipe with a time budget passes the larger of that and the
+    fraction of its time spent).
     """
     s = step + 1
     if cfg.kind == "inverse_sqrt":
         if d_model is None:
             raise ValueError("schedule inverse_sqrt needs d_model")
-        return d_model ** -0.5 * min(s ** -0.5, s * cfg.warmup ** -1.5)
-    if cfg.warmup and s <= cfg.warmup:
-        return s / cfg.warmup
-    if cfg.kind == "constant":
-        return 1.0
-    span = max(1, total_steps - cfg.warmup)
-    progress = min(1.0, (s - cfg.warmup) / span)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        factor = d_model ** -0.5 * min(s ** -0.5, s * cfg.warmup ** -1.5)
+    elif cfg.warmup and s <= cfg.warmup:
+        factor = s / cfg.warmup
+    elif cfg.kind == "constant":
+        factor = 1.0
+    else:
+        span = max(1, total_steps - cfg.warmup)
+        progress = min(1.0, (s - cfg.warmup) / span)
+        factor = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if cfg.cooldown:
+        done = step / max(1, total_steps) if done is None else done
+        factor *= min(1.0, max(0.0, 1.0 - done) / cfg.cooldown)
+    return factor
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total_steps: int,
-                    d_model: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR applying :func:`lr_factor` (call ``step()`` after each optimizer step)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step, total_steps, d_model))
+                    d_model: int | None = None,
+                    done: Callable[[int], float] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR applying :func:`lr_factor` (call ``step()`` after each optimizer step); ``done(step)``,
+    if given, says what fraction of the run is behind us (for a cooldown that follows a time budget)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(cfg, step, total_steps, d_model, None if done is None else done(step)))
 
 
 def bf16_is_fast(device: torch.device | str) -> bool:
