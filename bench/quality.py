@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.train.optim import autocast, resolve_precision
 from zoo.train.translation import score_domains
@@ -50,7 +51,7 @@ def read_run_data(run: Path) -> tuple[dict, dict]:
     splits, labels = {}, {}
     for name in ("train", "valid", "test"):
         splits[name], labels[name] = T.Pairs(), []
-        for path in sorted(run.glob(f"data/{name}.*.tsv"), key=lambda p: ["ding", "messages", "stories"].index(p.stem.split(".")[1])):
+        for path in sorted(run.glob(f"data/{name}.*.tsv"), key=lambda p: C.DOMAINS.index(p.stem.split(".")[1])):
             p = T.read_tsv(path)
             splits[name].src += p.src
             splits[name].tgt += p.tgt

@@ -406,7 +406,7 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
         restore_rng(ckpt)
     progress = Progress(total, initial=step, desc="train", enabled=dist.is_main and cfg.run.progress, every=cfg.run.log_every)
     t_loop = time.perf_counter()
-    time_limit, clock["elapsed"] = budget, elapsed_before
+    clock["elapsed"] = elapsed_before
     stopped_early = False
     last_valid: dict = {}
     model.train()
@@ -468,9 +468,9 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
                 else:
                     progress.update(1, lr=lr)
                 elapsed = elapsed_before + time.perf_counter() - t_loop
-                if time_limit is not None:
+                if budget is not None:
                     clock["elapsed"] = float(dist.all_reduce(torch.tensor([elapsed], dtype=torch.float64), "max")[0])
-                    stopped_early = clock["elapsed"] >= time_limit and step < total
+                    stopped_early = clock["elapsed"] >= budget and step < total
                 final = step == total or stopped_early
                 if step % eval_every == 0 or final:
                     last_valid = evaluate(step)

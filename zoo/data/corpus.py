@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Mapping
 
 from zoo.data.common import DataError
 from zoo.data.messages import read_catalogs
-from zoo.data.translation import DING_PATH, Pairs, normalise, read_ding
+from zoo.data.translation import DING_PATH, Pairs, dedupe, read_ding, split
 
 __all__ = ["DOMAINS", "CATALOG_LIST", "Corpus", "build_corpus", "catalog_packages", "catalogs_dir", "parse_corpus",
            "write_tsv"]
@@ -145,33 +144,22 @@ def build_corpus(
         raise DataError(f"direction must be 'en-de' or 'de-en', got {direction!r}")
     catalogs = Path(catalogs) if catalogs is not None else catalogs_dir()
     out = Corpus()
-    seen_src: set[str] = set()
-    seen_tgt: set[str] = set()
+    seen: tuple[set[str], set[str]] = (set(), set())  # normalised sources and targets, over all domains
     for domain in parse_corpus(corpus):
         pairs, dropped, unreadable = _read_domain(domain, ding_path=Path(ding_path), catalogs=catalogs,
                                                   catalog_list=Path(catalog_list), missing=out.missing_packages)
         out.unreadable += unreadable
-        kept = Pairs()
-        for s, t in zip(pairs.src, pairs.tgt):
-            ks, kt = normalise(s), normalise(t)
-            if ks in seen_src or kt in seen_tgt:
-                dropped["near-duplicate"] += 1
-                continue
-            seen_src.add(ks)
-            seen_tgt.add(kt)
-            kept.add(s, t)
+        kept = dedupe(Pairs(pairs.src, pairs.tgt, dropped), seen=seen, reason="near-duplicate")
         if valid + test >= len(kept):
             raise DataError(f"the {domain!r} domain has {len(kept)} pairs after cleaning and deduplication, too few "
                             f"for {valid} valid + {test} test pairs and a training set; lower data.valid / data.test")
         if direction == "de-en":
-            kept = Pairs(kept.tgt, kept.src)
-        order = list(range(len(kept)))
-        random.Random(seed).shuffle(order)
-        cuts = {"train": order[test + valid :], "valid": order[test : test + valid], "test": order[:test]}
-        out.splits[domain] = {k: Pairs([kept.src[i] for i in idx], [kept.tgt[i] for i in idx]) for k, idx in cuts.items()}
-        out.dropped[domain] = dropped
+            kept = Pairs(kept.tgt, kept.src, kept.dropped)
+        parts = split(kept, valid=valid, test=test, seed=seed)
+        out.splits[domain] = {k: parts[k] for k in ("train", "valid", "test")}
+        out.dropped[domain] = kept.dropped
         out.stats[domain] = {"pairs": len(kept), "sha256": fingerprint(kept),
-                             **{k: len(v) for k, v in out.splits[domain].items()}, "dropped": dict(dropped)}
+                             **{k: len(v) for k, v in out.splits[domain].items()}, "dropped": dict(kept.dropped)}
     return out
 
 

@@ -130,15 +130,16 @@ def normalise(text: str) -> str:
     return " ".join(re.sub(r"[^\w']+|_", " ", text).split())
 
 
-def dedupe(pairs: Pairs) -> Pairs:
+def dedupe(pairs: Pairs, *, seen: tuple[set[str], set[str]] | None = None, reason: str = "duplicate") -> Pairs:
     """Keep the first pair of each normalised source AND each normalised target, so that no sentence
-    (on either side) can land in two splits."""
+    (on either side) can land in two splits; drops are counted under ``reason``. ``seen`` (the
+    normalised sources and targets kept so far, updated in place) deduplicates across several calls."""
     out = Pairs(dropped=Counter(pairs.dropped))
-    seen_src, seen_tgt = set(), set()
+    seen_src, seen_tgt = seen if seen is not None else (set(), set())
     for s, t in zip(pairs.src, pairs.tgt):
         ks, kt = normalise(s), normalise(t)
         if ks in seen_src or kt in seen_tgt:
-            out.dropped["duplicate"] += 1
+            out.dropped[reason] += 1
             continue
         seen_src.add(ks)
         seen_tgt.add(kt)
