@@ -20,9 +20,9 @@ continues exactly: data position, RNG, optimizer, schedule, EMA), ``model.safete
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,34 +45,8 @@ from zoo.data.images import (
     load_fashion_mnist,
     normalize,
 )
-from zoo.train import (
-    EMA,
-    CheckpointError,
-    Config,
-    Dist,
-    MetricsLog,
-    OptimConfig,
-    Progress,
-    RunConfig,
-    ScheduleConfig,
-    attention_kernels,
-    autocast,
-    build_optimizer,
-    build_scheduler,
-    checkpoint_name,
-    distributed,
-    latest_checkpoint,
-    load_checkpoint,
-    parse_args,
-    plot_metrics,
-    prune_checkpoints,
-    resolve_precision,
-    restore_rng,
-    save_checkpoint,
-    seed_everything,
-    tune_malloc,
-    unwrap,
-)
+from zoo.train import (CheckpointError, Config, Dist, OptimConfig, RunConfig, ScheduleConfig, Task, autocast,
+                       distributed, fit, parse_args, resolve_precision, resolve_resume, seed_everything, tune_malloc)
 
 DEFAULT_CONFIG = Path(__file__).with_suffix(".yaml")
 
@@ -84,7 +58,8 @@ class DataConfig(Config):
     cache_dir: Path | None = Field(None, description="where the decoded Fashion-MNIST tensors are cached")
     batch_size: PositiveInt = Field(256, description="global batch, split over processes")
     eval_batch_size: PositiveInt = 1000
-    workers: NonNegativeInt = Field(8, description="DataLoader workers per process (image folders)")
+    workers: NonNegativeInt | None = Field(None, description="DataLoader workers per process (image folders); "
+                                           "default: the CPU cores this process may use, at most 8")
     train_limit: PositiveInt | None = Field(None, description="use only the first N training images")
     valid_limit: PositiveInt | None = Field(None, description="evaluate on the first N validation images")
     # the tensor default's augmentation
@@ -195,6 +170,8 @@ class FolderImages:
 
     def _loader(self, data: Any, sampler: Any, batch: int, seed: int) -> torch.utils.data.DataLoader:
         w = self.cfg.data.workers
+        if w is None:
+            w = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         return torch.utils.data.DataLoader(
             data, batch_size=batch, sampler=sampler, num_workers=w, pin_memory=self.pin, drop_last=False,
             collate_fn=collate_skipping, persistent_workers=False, prefetch_factor=4 if w else None,
@@ -239,12 +216,74 @@ def evaluate(model: nn.Module, data: Any, dist: Dist, precision: str) -> dict[st
             "images": int(totals[3].item()), "skipped": int(totals[4].item())}
 
 
-def _loss_fn(cfg: RecipeConfig, mixup: Any):
-    if mixup is not None:
-        from timm.loss import SoftTargetCrossEntropy
+class ImageTask(Task):
+    """Cross-entropy with label smoothing (or Mixup/CutMix's soft targets) on ``accum`` micro-batches a step."""
 
-        return SoftTargetCrossEntropy()
-    return nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
+    name = "train"
+    panels = [("loss", ["train/loss", "valid/loss", "valid/ema_loss"]),
+              ("accuracy (%)", ["train/acc", "valid/top1", "valid/top5", "valid/ema_top1"])]
+
+    def __init__(self, cfg: RecipeConfig, dist: Dist, data: Any, accum: int) -> None:
+        self.cfg, self.dist, self.data, self.accum = cfg, dist, data, accum
+        self.mixup = None
+        if cfg.data.mixup > 0 or cfg.data.cutmix > 0:
+            from timm.data import Mixup
+
+            self.mixup = Mixup(mixup_alpha=cfg.data.mixup, cutmix_alpha=cfg.data.cutmix,
+                               label_smoothing=cfg.train.label_smoothing, num_classes=data.num_classes)
+        if self.mixup is not None:
+            from timm.loss import SoftTargetCrossEntropy
+
+            self.criterion: nn.Module = SoftTargetCrossEntropy()
+        else:
+            self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
+        self.skipped = 0  # unreadable training images over the whole run
+        self.micro = (-1, 0)  # (step, micro-batch) for Mixup's seed
+
+    def steps(self, epoch: int) -> int:
+        return self.data.batches_per_epoch // self.accum
+
+    def epoch(self, epoch: int, start: int) -> Iterator[list]:
+        batches = self.data.train_batches(epoch, start * self.accum)
+        try:
+            for _ in range(start, self.steps(epoch)):
+                yield list(itertools.islice(batches, self.accum))
+        finally:
+            batches.close()
+
+    def count(self, batch) -> float:
+        return float(len(batch[1]))
+
+    def loss(self, model, batch, step):
+        x, y, skipped = batch
+        self.skipped += skipped
+        self.micro = (step, self.micro[1] + 1 if self.micro[0] == step else 0)
+        x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
+        target = y
+        if self.mixup is not None and len(y) > 1:
+            if len(y) % 2:
+                x, y = x[:-1], y[:-1]
+            import numpy as np
+
+            np.random.seed((self.cfg.run.seed * 7919 + step * self.accum + self.micro[1]) * self.dist.world_size
+                           + self.dist.rank)
+            x, target = self.mixup(x, y)
+        logits = model(x)
+        loss = self.criterion(logits.float(), target) * len(y) if len(y) else logits.sum() * 0.0
+        return loss, {"correct": float((logits.argmax(-1) == y).sum()), "images": float(len(y)), "skipped": float(skipped)}
+
+    def train_values(self, sums: dict[str, float], seconds: float) -> dict[str, float]:
+        return {"acc": 100 * sums["correct"] / max(sums["images"], 1), "skipped": int(sums["skipped"]),
+                "images_per_s": round(sums["images"] / max(seconds, 1e-9), 1)}
+
+    def evaluate(self, model) -> dict[str, float]:
+        return evaluate(model, self.data, self.dist, self.cfg.run.precision)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.skipped = int(state.get("skipped", 0))
 
 
 # --------------------------------------------------------------------------------------- main
@@ -255,10 +294,11 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    if cfg.data.batch_size % (dist.world_size * cfg.run.grad_accum):
+    accum = cfg.run.grad_accum
+    if cfg.data.batch_size % (dist.world_size * accum):
         raise SystemExit(f"data.batch_size ({cfg.data.batch_size}) must divide by processes x run.grad_accum "
-                         f"({dist.world_size} x {cfg.run.grad_accum})")
-    micro = cfg.data.batch_size // (dist.world_size * cfg.run.grad_accum)
+                         f"({dist.world_size} x {accum})")
+    micro = cfg.data.batch_size // (dist.world_size * accum)
     seed_everything(cfg.run.seed)
 
     # data, then the model it implies
@@ -267,178 +307,45 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         data: Any = TensorImages(cfg, dist, micro)
     else:
         data = FolderImages(cfg, dist, micro, cfg.data.image_size or spec.image_size)
-    fit = {"num_classes": data.num_classes, "in_channels": data.in_channels, "image_size": data.image_size}
-    fixes = [f"{k}={v}" for k, v in fit.items() if getattr(spec, k) != v]
+    fixes = [f"{k}={v}" for k, v in {"num_classes": data.num_classes, "in_channels": data.in_channels,
+                                     "image_size": data.image_size}.items() if getattr(spec, k) != v]
     if fixes:
         spec = zoo.load_spec(cfg.model, list(cfg.model_overrides) + fixes)
     model = zoo.build(spec, seed=cfg.run.seed).to(dist.device)
-    accum = cfg.run.grad_accum
-    steps_per_epoch = data.batches_per_epoch // accum
+    task = ImageTask(cfg, dist, data, accum)
+    steps_per_epoch = task.steps(0)
     if steps_per_epoch == 0:
         raise SystemExit(f"{data.n_train} training images make no full batch of {cfg.data.batch_size}; lower data.batch_size")
     total_steps = steps_per_epoch * cfg.train.epochs
     if cfg.train.max_steps:
         total_steps = min(total_steps, cfg.train.max_steps)
-    schedule = cfg.schedule
+    fit_cfg = cfg
     if cfg.train.warmup_epochs is not None:
-        schedule = schedule.model_copy(update={"warmup": round(cfg.train.warmup_epochs * steps_per_epoch)})
-
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, schedule, total_steps)
-    ema = EMA(model, cfg.run.ema) if cfg.run.ema else None
-    mixup = None
-    if cfg.data.mixup > 0 or cfg.data.cutmix > 0:
-        from timm.data import Mixup
-
-        mixup = Mixup(mixup_alpha=cfg.data.mixup, cutmix_alpha=cfg.data.cutmix,
-                      label_smoothing=cfg.train.label_smoothing, num_classes=data.num_classes)
-    criterion = _loss_fn(cfg, mixup)
-
-    # resume
-    start_step, state = 0, {"epoch": 0, "batch": 0}
-    if resume is not None:
-        path = latest_checkpoint(out) if resume == "latest" else Path(resume)
-        if path is None:
-            raise SystemExit(f"--resume: no checkpoint in {out}")
-        ckpt = load_checkpoint(path)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        if ema is not None:
-            if "ema" not in ckpt:
-                raise CheckpointError(f"{path} has no EMA weights; resume with run.ema=null")
-            ema.load_state_dict(ckpt["ema"])
-        restore_rng(ckpt)
-        start_step, state = int(ckpt["step"]), dict(ckpt["state"])
-        dist.print(f"resuming from {path} at step {start_step} (epoch {state['epoch']}, batch {state['batch']})")
-
+        warmup = round(cfg.train.warmup_epochs * steps_per_epoch)
+        fit_cfg = cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"warmup": warmup})})
     n_params = zoo.count_parameters(model)
     dist.print(f"{spec.name or 'vit'}: {n_params / 1e6:.2f}M parameters, {spec.n_tokens} tokens | "
                f"{data.n_train} train / {data.n_valid} valid images, {data.num_classes} classes | "
                f"{dist.world_size} process(es) on {dist.device}, batch {cfg.data.batch_size}, "
                f"{steps_per_epoch} steps/epoch, {total_steps} steps, {cfg.run.precision}")
-
-    train_model: nn.Module = dist.wrap(model)
-    if cfg.run.compile:
-        train_model = torch.compile(train_model)
-    log = MetricsLog(out / "metrics.jsonl", enabled=dist.is_main, resume_step=start_step if resume else None)
-    progress = Progress(total_steps, initial=start_step, desc="train", enabled=dist.is_main, every=cfg.run.log_every,
-                        force_bar=None if cfg.run.progress else False)
-    eval_every = cfg.run.eval_every or steps_per_epoch
-    ckpt_every = cfg.run.checkpoint_every or steps_per_epoch
-    # running sums since the last log line (saved in checkpoints so a resumed log reads the same)
-    acc = {k: float(state.get(k, 0.0)) for k in ("loss_sum", "correct", "seen", "skipped", "train_time")}
-    images_seen = int(state.get("images_seen", 0))
-    skipped_total = int(state.get("skipped_total", 0))
-    last_valid: dict[str, Any] = dict(state.get("last_valid", {}))
-    step, epoch, k = start_step, int(state["epoch"]), int(state["batch"])
-    interval_start, interval_images = time.perf_counter(), 0
-
-    synced = [model] + ([ema.module] if ema is not None else [])  # BatchNorm statistics: rank 0's everywhere
-
-    def run_eval() -> dict[str, Any]:
-        dist.sync_buffers(*synced)
-        rec = {f"{n}": v for n, v in evaluate(model, data, dist, cfg.run.precision).items()}
-        if ema is not None:
-            rec.update({f"ema_{n}": v for n, v in evaluate(ema.module, data, dist, cfg.run.precision).items()
-                        if n in ("loss", "top1", "top5")})
-        rec["epoch"] = round(step / steps_per_epoch, 3)
-        log.write(step=step, split="valid", **rec)
-        msg = f"step {step}: valid loss {rec['loss']:.4f} top-1 {rec['top1']:.2f}% top-5 {rec['top5']:.2f}%"
-        if ema is not None:
-            msg += f" | EMA top-1 {rec['ema_top1']:.2f}%"
-        progress.write(msg)
-        return rec
-
-    def checkpoint() -> None:
-        dist.sync_buffers(*synced)
-        st = {"epoch": epoch, "batch": k, "images_seen": images_seen, "skipped_total": skipped_total,
-              "last_valid": last_valid, **acc}
-        if dist.is_main:
-            save_checkpoint(out / checkpoint_name(step), model=model, optimizer=optimizer, scheduler=scheduler,
-                            step=step, state=st, config=cfg.model_dump(mode="json"), ema=ema)
-            prune_checkpoints(out, cfg.run.keep_checkpoints)
-        dist.barrier()
-
-    with attention_kernels(cfg.run.attention):
-        train_model.train()
-        while step < total_steps:
-            batches = data.train_batches(epoch, k * accum)
-            epoch_done = False
-            while not epoch_done and step < total_steps:
-                t0 = time.perf_counter()
-                for m in range(accum):
-                    x, y, skipped = next(batches)
-                    acc["skipped"] += skipped
-                    skipped_total += skipped
-                    x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
-                    target = y
-                    if mixup is not None and len(y) > 1:
-                        if len(y) % 2:
-                            x, y = x[:-1], y[:-1]
-                        import numpy as np
-
-                        np.random.seed((cfg.run.seed * 7919 + step * accum + m) * dist.world_size + dist.rank)
-                        x, target = mixup(x, y)
-                    sync = dist.enabled and m < accum - 1
-                    with (train_model.no_sync() if sync and hasattr(train_model, "no_sync") else contextlib.nullcontext()):
-                        with autocast(dist.device, cfg.run.precision):
-                            logits = train_model(x)
-                        loss = criterion(logits.float(), target) if len(y) else logits.sum() * 0.0
-                        (loss / accum).backward()
-                    acc["loss_sum"] += loss.item() * len(y)
-                    acc["correct"] += (logits.argmax(-1) == y).sum().item()
-                    acc["seen"] += len(y)
-                    images_seen += len(y) * dist.world_size
-                    interval_images += len(y) * dist.world_size
-                if cfg.optim.clip_grad:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                if ema is not None:
-                    ema.update(model)
-                acc["train_time"] += time.perf_counter() - t0
-                step, k = step + 1, k + 1
-                if k == steps_per_epoch:
-                    epoch, k, epoch_done = epoch + 1, 0, True
-                progress.update(1, loss=loss.item(), acc=100 * acc["correct"] / max(acc["seen"], 1),
-                                img_s=round(interval_images / max(time.perf_counter() - interval_start, 1e-9)))
-                if step % cfg.run.log_every == 0 or step == total_steps:
-                    sums = dist.all_reduce(torch.tensor([acc["loss_sum"], acc["correct"], acc["seen"], acc["skipped"]],
-                                                        dtype=torch.float64))
-                    elapsed = time.perf_counter() - interval_start
-                    log.write(step=step, split="train", loss=sums[0].item() / max(sums[2].item(), 1),
-                              acc=100 * sums[1].item() / max(sums[2].item(), 1), lr=scheduler.get_last_lr()[0],
-                              epoch=round(step / steps_per_epoch, 3), skipped=int(sums[3].item()),
-                              images_per_s=round(interval_images / max(elapsed, 1e-9), 1))
-                    acc.update(loss_sum=0.0, correct=0.0, seen=0.0, skipped=0.0)
-                    interval_start, interval_images = time.perf_counter(), 0
-                if step % eval_every == 0 or step == total_steps:
-                    last_valid = run_eval()
-                if step % ckpt_every == 0 or step == total_steps:
-                    checkpoint()
-                    interval_start = time.perf_counter()  # checkpoint writes are not training throughput
-            batches.close()
-    progress.close()
-    train_time = sum(dist.gather_object(acc["train_time"])) / dist.world_size
-    if not last_valid:  # resumed from the final checkpoint
-        last_valid = run_eval()
+    task.plot_options = {"title": f"{spec.name or 'vit'} on {'Fashion-MNIST' if cfg.data.path is None else cfg.data.path}"}
+    fitted = fit(fit_cfg, dist, model, task, total_steps=total_steps, resume=resolve_resume(resume, out),
+                 config=cfg.model_dump(mode="json"))
+    last_valid, step = fitted.valid, fitted.step
 
     # export, reload, re-check
-    dist.sync_buffers(*synced)
     exported = {"model": out / "model.safetensors"}
-    if ema is not None:
+    if fitted.ema is not None:
         exported["ema"] = out / "model-ema.safetensors"
     if dist.is_main:
-        zoo.save(model, exported["model"])
-        if ema is not None:
-            zoo.save(ema.module, exported["ema"])
+        zoo.save(fitted.model, exported["model"])
+        if fitted.ema is not None:
+            zoo.save(fitted.ema, exported["ema"])
     dist.barrier()
-    reloaded = {}
-    for name, path in exported.items():
-        again = zoo.load(path, device=dist.device)
-        reloaded[name] = evaluate(again, data, dist, cfg.run.precision)
+    reloaded = {name: evaluate(zoo.load(path, device=dist.device), data, dist, cfg.run.precision)
+                for name, path in exported.items()}
+    train_time = sum(dist.gather_object(fitted.train_seconds)) / dist.world_size
+    images = float(dist.all_reduce(torch.tensor([fitted.sums.get("images", 0.0)], dtype=torch.float64))[0])
     results = {
         "model": spec.name, "parameters": n_params, "steps": step, "epochs": round(step / steps_per_epoch, 3),
         "world_size": dist.world_size, "batch_size": cfg.data.batch_size, "valid_images": last_valid["images"],
@@ -448,23 +355,20 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         "reloaded_loss": reloaded["model"]["loss"],
         "reloaded_ema_top1": reloaded["ema"]["top1"] if "ema" in reloaded else None,
         "reloaded_ema_loss": reloaded["ema"]["loss"] if "ema" in reloaded else None,
-        "skipped_train_images": skipped_total, "skipped_valid_images": last_valid["skipped"],
-        "train_images_per_s": round(images_seen / max(train_time, 1e-9), 1) if train_time else None,
+        "skipped_train_images": int(dist.all_reduce(torch.tensor([task.skipped]))[0]),
+        "skipped_valid_images": last_valid["skipped"],
+        "train_images_per_s": round(images / max(train_time, 1e-9), 1) if train_time else None,
         "train_s": round(train_time, 1), "wall_s": round(time.perf_counter() - wall_start, 1),
     }
     same = results["reloaded_top1"] == results["top1"] and abs(results["reloaded_loss"] - results["loss"]) < 1e-6
     if dist.is_main:
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        if cfg.run.plot:
-            plot_metrics(out / "metrics.jsonl", out / "curves.png",
-                         panels=[("loss", ["train/loss", "valid/loss", "valid/ema_loss"]),
-                                 ("accuracy (%)", ["train/acc", "valid/top1", "valid/top5", "valid/ema_top1"])],
-                         title=f"{spec.name or 'vit'} on {'Fashion-MNIST' if cfg.data.path is None else cfg.data.path}")
-    line = (f"done: {step} steps | top-1 {results['top1']:.2f}% top-5 {results['top5']:.2f}% on {results['valid_images']} images")
-    if ema is not None:
+    line = f"done: {step} steps | top-1 {results['top1']:.2f}% top-5 {results['top5']:.2f}% on {results['valid_images']} images"
+    if fitted.ema is not None:
         line += f" | EMA top-1 {results['ema_top1']:.2f}% top-5 {results['ema_top5']:.2f}%"
     line += (f" | reloaded {exported['model'].name}: top-1 {results['reloaded_top1']:.2f}% ({'same' if same else 'DIFFERS'})"
-             f" | {results['train_images_per_s']} img/s | skipped images {skipped_total} | {results['wall_s']:.0f}s")
+             f" | {results['train_images_per_s']} img/s | skipped images {results['skipped_train_images']} "
+             f"| {results['wall_s']:.0f}s")
     dist.print(line)
     return results
 

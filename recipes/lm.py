@@ -15,7 +15,6 @@ docs/recipes/lm.md.
 
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 import time
@@ -31,17 +30,21 @@ from zoo.spec import SpecError
 from zoo.train import (
     CheckpointError,
     Config,
+    ListTask,
     OptimConfig,
     RunConfig,
     ScheduleConfig,
     config_to_yaml,
     distributed,
+    fit,
     parse_args,
     resolve_precision,
+    resolve_resume,
     seed_everything,
     tune_malloc,
 )
-from zoo.train.lm import Task, TextDataConfig, fit, get_tokenizer, load_text, resolve_resume
+from zoo.train.loop import perplexity
+from zoo.train.text import TextDataConfig, get_tokenizer, load_text
 
 DEFAULT_CONFIG = Path(__file__).with_name("lm.yaml")
 
@@ -75,22 +78,44 @@ class RecipeError(RuntimeError):
     pass
 
 
-def batches_for(n_blocks: int, batch_size: int, seed: int):
-    """The epoch's micro-batches: a seeded permutation of the blocks, cut into full batches."""
-
-    def batches(epoch: int) -> list[torch.Tensor]:
-        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
-        order = torch.randperm(n_blocks, generator=g)
-        return list(order[: n_blocks // batch_size * batch_size].split(batch_size))
-
-    return batches
-
-
 def lm_loss(model, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy over ``blocks`` [B, L+1] and the number of targets."""
     logits = model(blocks[:, :-1])
     loss = F.cross_entropy(logits.float().flatten(0, 1), blocks[:, 1:].flatten(), reduction="sum")
     return loss, torch.tensor(blocks[:, 1:].numel())
+
+
+class LMTask(ListTask):
+    """Next-token prediction on blocks of ``train.block_len + 1`` tokens: each epoch a seeded
+    permutation of the blocks, cut into full micro-batches."""
+
+    name = "lm"
+    panels = [("loss", ["train/loss", "valid/loss"]), ("valid perplexity", ["valid/ppl"]),
+              ("tokens/s", ["train/tokens_per_s"])]
+
+    def __init__(self, cfg: LMConfig, dist, train_blocks: torch.Tensor, valid_blocks: torch.Tensor) -> None:
+        super().__init__(dist, cfg.run.grad_accum)
+        self.cfg, self.train_blocks, self.valid_blocks = cfg, train_blocks, valid_blocks
+        self.valid_rows = list(range(valid_blocks.shape[0]))[dist.rank :: dist.world_size]
+
+    def batches(self, epoch: int) -> list[torch.Tensor]:
+        n, size = self.train_blocks.shape[0], self.cfg.train.batch_size
+        g = torch.Generator().manual_seed(self.cfg.run.seed * 100_003 + epoch)
+        return list(torch.randperm(n, generator=g)[: n // size * size].split(size))
+
+    def loss(self, model, batch, step):
+        loss, n = lm_loss(model, self.train_blocks[batch].to(self.dist.device))
+        return loss / n, {"tokens": float(n)}
+
+    def evaluate(self, model) -> dict[str, float]:
+        device, size = self.dist.device, self.cfg.train.batch_size
+        total = torch.zeros(2, dtype=torch.float64, device=device)
+        for i in range(0, len(self.valid_rows), size):
+            loss, n = lm_loss(model, self.valid_blocks[self.valid_rows[i : i + size]].to(device))
+            total += torch.stack([loss.double(), n.double().to(device)])
+        self.dist.all_reduce(total)
+        nll = float(total[0] / total[1])
+        return {"loss": nll, "ppl": perplexity(nll)}
 
 
 def train(cfg: LMConfig, resume: str | None, dist) -> dict:
@@ -127,41 +152,15 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
                f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
-    valid_rows = list(range(valid_blocks.shape[0]))[dist.rank :: dist.world_size]
-
-    def evaluate(m) -> dict[str, float]:
-        total = torch.zeros(2, dtype=torch.float64, device=device)
-        for i in range(0, len(valid_rows), cfg.train.batch_size):
-            rows = valid_blocks[valid_rows[i : i + cfg.train.batch_size]].to(device)
-            loss, n = lm_loss(m, rows)
-            total += torch.stack([loss.double(), n.double().to(device)])
-        dist.all_reduce(total)
-        nll = float(total[0] / total[1])
-        return {"loss": nll, "ppl": math.exp(min(nll, 50.0))}
-
-    def step_loss(m, batch, step):
-        loss, n = lm_loss(m, train_blocks[batch].to(device))
-        return loss / n, {"tokens": float(n)}
-
-    task = Task(
-        batches=batches_for(train_blocks.shape[0], cfg.train.batch_size, cfg.run.seed),
-        loss=step_loss, evaluate=evaluate, name="lm",
-        panels=[("loss", ["train/loss", "valid/loss"]), ("valid perplexity", ["valid/ppl"]), ("tokens/s", ["train/tokens_per_s"])],
-    )
-    t_train = time.perf_counter()
-    model = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path,
-                config=cfg.model_dump(mode="json"))
-    train_s = time.perf_counter() - t_train
-    if not task.last:
-        model.eval()
-        with torch.no_grad():
-            task.last = evaluate(model)
-    ppl = task.last["ppl"]
-    dist.print(f"valid perplexity {ppl:.2f} (loss {task.last['loss']:.3f}) vs unigram {unigram:.1f}: "
+    task = LMTask(cfg, dist, train_blocks, valid_blocks)
+    fitted = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, config=cfg.model_dump(mode="json"))
+    model, valid, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
+    ppl = valid["ppl"]
+    dist.print(f"valid perplexity {ppl:.2f} (loss {valid['loss']:.3f}) vs unigram {unigram:.1f}: "
                f"{unigram / ppl:.1f}x lower; training {train_s / 60:.1f} min")
 
     # samples and export
-    results = {"valid_ppl": ppl, "valid_loss": task.last["loss"], "unigram_ppl": unigram, "train_seconds": train_s}
+    results = {"valid_ppl": ppl, "valid_loss": valid["loss"], "unigram_ppl": unigram, "train_seconds": train_s}
     if dist.is_main:
         model.eval()
         g = torch.Generator(device=device).manual_seed(cfg.sample.seed)

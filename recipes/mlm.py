@@ -38,13 +38,14 @@ from zoo.train import (
     ScheduleConfig,
     config_to_yaml,
     distributed,
-    latest_checkpoint,
+    fit,
     parse_args,
     resolve_precision,
+    resolve_resume,
     seed_everything,
     tune_malloc,
 )
-from zoo.train.lm import Task, TextDataConfig, fit, get_tokenizer, load_text, resolve_resume
+from zoo.train.text import LengthBatched, TextDataConfig, eval_batches, get_tokenizer, load_text
 
 DEFAULT_CONFIG = Path(__file__).with_name("mlm.yaml")
 PAD_ID, EOS_ID, CLS_ID, MASK_ID = (T.SPECIALS.index(s) for s in (T.PAD, T.EOS, T.CLS, T.MASK))
@@ -92,36 +93,11 @@ def examples(tok, texts, max_len: int) -> list[list[int]]:
     return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in T.encode(tok, texts)]
 
 
-def length_batches(lengths: list[int], batch_size: int, seed: int):
-    """The epoch's batches of example indices: a seeded shuffle, sorted by length within pools of
-    50 batches (little padding), the batch order shuffled again."""
-
-    def batches(epoch: int) -> list[list[int]]:
-        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
-        order = torch.randperm(len(lengths), generator=g).tolist()
-        order = order[: len(order) // batch_size * batch_size]
-        pool = batch_size * 50
-        out = []
-        for i in range(0, len(order), pool):
-            chunk = sorted(order[i : i + pool], key=lambda j: lengths[j])
-            out += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
-        perm = torch.randperm(len(out), generator=g).tolist()
-        return [out[p] for p in perm]
-
-    return batches
-
-
 def mlm_batch(rows, mask_prob: float, vocab_size: int, generator: torch.Generator):
     tokens, pad_mask = T.pad_batch(rows, pad_id=PAD_ID)
     maskable = pad_mask & (tokens >= len(T.SPECIALS))
     inputs, labels = T.mask_tokens(tokens, maskable, mask_id=MASK_ID, vocab_size=vocab_size, prob=mask_prob, generator=generator)
     return inputs, pad_mask, labels
-
-
-def eval_batches(rows, batch_size: int, rank: int, world: int):
-    """This rank's share of ``rows`` in batches of similar length."""
-    idx = sorted(range(len(rows)), key=lambda i: len(rows[i]))[rank::world]
-    return [idx[i : i + batch_size] for i in range(0, len(idx), batch_size)]
 
 
 # --------------------------------------------------------------------------------------- pre-train
@@ -161,45 +137,11 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
     dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
                f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
-    def evaluate(m) -> dict[str, float]:
-        total = torch.zeros(3, dtype=torch.float64, device=device)
-        for inputs, pad_mask, labels in mine:
-            inputs, pad_mask, labels = inputs.to(device), pad_mask.to(device), labels.to(device)
-            logits = m(inputs, pad_mask).float()
-            sel = labels != -100
-            loss = F.cross_entropy(logits[sel], labels[sel], reduction="sum")
-            correct = (logits[sel].argmax(-1) == labels[sel]).sum()
-            total += torch.stack([loss.double(), correct.double(), sel.sum().double()])
-        dist.all_reduce(total)
-        return {"loss": float(total[0] / total[2]), "accuracy": float(total[1] / total[2])}
-
-    gen = {"step": -1, "g": None}
-
-    def step_loss(m, batch, step):
-        if gen["step"] != step:  # masks depend on (seed, rank, step) alone: exact on resume
-            gen.update(step=step, g=torch.Generator().manual_seed((cfg.run.seed * 1_000_003 + step) * 1009 + dist.rank))
-        inputs, pad_mask, labels = mlm_batch([train_rows[i] for i in batch], cfg.train.mask_prob, V, gen["g"])
-        inputs, pad_mask, labels = inputs.to(device), pad_mask.to(device), labels.to(device)
-        logits = m(inputs, pad_mask)
-        sel = labels != -100
-        loss = F.cross_entropy(logits[sel].float(), labels[sel])
-        return loss, {"tokens": float(pad_mask.sum())}
-
-    task = Task(
-        batches=length_batches([len(r) for r in train_rows], cfg.train.batch_size, cfg.run.seed),
-        loss=step_loss, evaluate=evaluate, name="mlm",
-        panels=[("loss", ["train/loss", "valid/loss"]), ("masked-token accuracy", ["valid/accuracy"]),
-                ("tokens/s", ["train/tokens_per_s"])],
-    )
-    t_train = time.perf_counter()
-    model = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, config=cfg.model_dump(mode="json"))
-    train_s = time.perf_counter() - t_train
-    if not task.last:
-        model.eval()
-        with torch.no_grad():
-            task.last = evaluate(model)
-    acc = task.last["accuracy"]
-    dist.print(f"valid masked-token accuracy {acc:.2%} (loss {task.last['loss']:.3f}) vs most-frequent-token "
+    task = MLMTask(cfg, dist, train_rows, mine, V)
+    fitted = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, config=cfg.model_dump(mode="json"))
+    model, last, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
+    acc = last["accuracy"]
+    dist.print(f"valid masked-token accuracy {acc:.2%} (loss {last['loss']:.3f}) vs most-frequent-token "
                f"{baseline:.2%}; pre-training {train_s / 60:.1f} min")
     if dist.is_main:
         model_dir = out / "model"
@@ -208,7 +150,7 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
         shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
         (model_dir / "config.yaml").write_text(config_to_yaml(cfg))
         dist.print(f"exported {model_dir}/model.safetensors and tokenizer.json")
-    results = {"mlm_accuracy": acc, "mlm_loss": task.last["loss"], "baseline_accuracy": baseline, "pretrain_seconds": train_s}
+    results = {"mlm_accuracy": acc, "mlm_loss": last["loss"], "baseline_accuracy": baseline, "pretrain_seconds": train_s}
     return model, tok, (train_texts, valid_texts), results
 
 
@@ -263,40 +205,13 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, to
     model = Classifying(model)
     ckpt_path = resolve_resume(resume, ft_dir, required=False)
 
-    mine = eval_batches(valid_rows, ft.batch_size, dist.rank, dist.world_size)
-
-    def evaluate(m) -> dict[str, float]:
-        total = torch.zeros(3, dtype=torch.float64, device=device)
-        for b in mine:
-            tokens, pad_mask = T.pad_batch([valid_rows[i] for i in b], pad_id=PAD_ID)
-            y = valid_y[b].to(device)
-            logits = m(tokens.to(device), pad_mask.to(device)).float()
-            total += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                                  (logits.argmax(-1) == y).sum().double(), torch.tensor(len(b), dtype=torch.float64, device=device)])
-        dist.all_reduce(total)
-        return {"loss": float(total[0] / total[2]), "accuracy": float(total[1] / total[2])}
-
-    def step_loss(m, batch, step):
-        tokens, pad_mask = T.pad_batch([train_rows[i] for i in batch], pad_id=PAD_ID)
-        logits = m(tokens.to(device), pad_mask.to(device))
-        return F.cross_entropy(logits.float(), train_y[batch].to(device)), {"tokens": float(pad_mask.sum())}
-
-    task = Task(
-        batches=length_batches([len(r) for r in train_rows], ft.batch_size, cfg.run.seed + 1),
-        loss=step_loss, evaluate=evaluate, name="finetune",
-        panels=[("loss", ["train/loss", "valid/loss"]), ("accuracy", ["valid/accuracy"])],
-    )
+    task = ClassifyTask(cfg, dist, train_rows, train_y, valid_rows, valid_y)
     run = cfg.run.model_copy(update={"out_dir": ft_dir, "eval_every": ft.eval_every, "checkpoint_every": ft.checkpoint_every})
     ft_cfg = SimpleNamespace(optim=ft.optim, schedule=ft.schedule, run=run)
-    t0 = time.perf_counter()
-    model = fit(ft_cfg, dist, model, task, total_steps=ft.steps, resume=ckpt_path, out_dir=ft_dir,
-                config=cfg.model_dump(mode="json"))
-    secs = time.perf_counter() - t0
-    if not task.last:
-        model.eval()
-        with torch.no_grad():
-            task.last = evaluate(model)
-    acc = task.last["accuracy"]
+    fitted = fit(ft_cfg, dist, model, task, total_steps=ft.steps, resume=ckpt_path, out_dir=ft_dir,
+                 config=cfg.model_dump(mode="json"))
+    model, last, secs = fitted.best, fitted.best_valid, fitted.train_seconds
+    acc = last["accuracy"]
     dist.print(f"fine-tuned valid accuracy {acc:.2%} vs majority class {baseline:.2%}; fine-tuning {secs / 60:.1f} min")
     if dist.is_main:
         model_dir = ft_dir / "model"
@@ -306,6 +221,72 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, to
         (model_dir / "labels.json").write_text(json.dumps(names) + "\n")
         dist.print(f"exported {model_dir}/model.safetensors, tokenizer.json and labels.json")
     return {"finetune_accuracy": acc, "majority_accuracy": baseline, "finetune_seconds": secs}
+
+
+class MLMTask(LengthBatched):
+    """BERT's masked-token prediction; the masks of a step depend on (seed, rank, step) alone."""
+
+    name = "mlm"
+    panels = [("loss", ["train/loss", "valid/loss"]), ("masked-token accuracy", ["valid/accuracy"]),
+              ("tokens/s", ["train/tokens_per_s"])]
+
+    def __init__(self, cfg: MLMConfig, dist, rows, valid_batches, vocab_size: int) -> None:
+        super().__init__(dist, cfg.run.grad_accum, rows, cfg.train.batch_size, cfg.run.seed)
+        self.cfg, self.valid, self.V = cfg, valid_batches, vocab_size
+        self._gen: tuple[int, torch.Generator] | None = None
+
+    def loss(self, model, batch, step):
+        if self._gen is None or self._gen[0] != step:
+            seed = (self.cfg.run.seed * 1_000_003 + step) * 1009 + self.dist.rank
+            self._gen = (step, torch.Generator().manual_seed(seed))
+        inputs, pad_mask, labels = (x.to(self.dist.device) for x in
+                                    mlm_batch([self.rows[i] for i in batch], self.cfg.train.mask_prob, self.V, self._gen[1]))
+        logits = model(inputs, pad_mask)
+        sel = labels != -100
+        return F.cross_entropy(logits[sel].float(), labels[sel]), {"tokens": float(pad_mask.sum())}
+
+    def evaluate(self, model) -> dict[str, float]:
+        device = self.dist.device
+        total = torch.zeros(3, dtype=torch.float64, device=device)
+        for inputs, pad_mask, labels in self.valid:
+            inputs, pad_mask, labels = inputs.to(device), pad_mask.to(device), labels.to(device)
+            logits = model(inputs, pad_mask).float()
+            sel = labels != -100
+            loss = F.cross_entropy(logits[sel], labels[sel], reduction="sum")
+            correct = (logits[sel].argmax(-1) == labels[sel]).sum()
+            total += torch.stack([loss.double(), correct.double(), sel.sum().double()])
+        self.dist.all_reduce(total)
+        return {"loss": float(total[0] / total[2]), "accuracy": float(total[1] / total[2])}
+
+
+class ClassifyTask(LengthBatched):
+    """Fine-tuning the classification head (and the encoder) on labelled text."""
+
+    name = "finetune"
+    panels = [("loss", ["train/loss", "valid/loss"]), ("accuracy", ["valid/accuracy"])]
+
+    def __init__(self, cfg: MLMConfig, dist, rows, labels, valid_rows, valid_labels) -> None:
+        ft = cfg.finetune
+        super().__init__(dist, cfg.run.grad_accum, rows, ft.batch_size, cfg.run.seed + 1)
+        self.labels, self.valid_rows, self.valid_labels = labels, valid_rows, valid_labels
+        self.mine = eval_batches(valid_rows, ft.batch_size, dist.rank, dist.world_size)
+
+    def loss(self, model, batch, step):
+        tokens, pad_mask = T.pad_batch([self.rows[i] for i in batch], pad_id=PAD_ID)
+        logits = model(tokens.to(self.dist.device), pad_mask.to(self.dist.device))
+        return F.cross_entropy(logits.float(), self.labels[batch].to(self.dist.device)), {"tokens": float(pad_mask.sum())}
+
+    def evaluate(self, model) -> dict[str, float]:
+        device = self.dist.device
+        total = torch.zeros(3, dtype=torch.float64, device=device)
+        for b in self.mine:
+            tokens, pad_mask = T.pad_batch([self.valid_rows[i] for i in b], pad_id=PAD_ID)
+            y = self.valid_labels[b].to(device)
+            logits = model(tokens.to(device), pad_mask.to(device)).float()
+            total += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(), (logits.argmax(-1) == y).sum().double(),
+                                  torch.tensor(len(b), dtype=torch.float64, device=device)])
+        self.dist.all_reduce(total)
+        return {"loss": float(total[0] / total[2]), "accuracy": float(total[1] / total[2])}
 
 
 class Classifying(torch.nn.Module):

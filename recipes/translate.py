@@ -16,15 +16,12 @@ docs/recipes/translate.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import shutil
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,39 +30,15 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_
 import zoo
 from zoo.data import corpus as C
 from zoo.data import translation as T
-from zoo.train import (
-    CheckpointError,
-    Config,
-    MetricsLog,
-    OptimConfig,
-    Progress,
-    RunConfig,
-    ScheduleConfig,
-    autocast,
-    attention_kernels,
-    average_checkpoints,
-    build_optimizer,
-    build_scheduler,
-    checkpoint_name,
-    distributed,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    parse_args,
-    plot_metrics,
-    prune_checkpoints,
-    resolve_precision,
-    restore_rng,
-    save_checkpoint,
-    seed_everything,
-    tune_malloc,
-    unwrap,
-)
-from zoo.train.translation import (DECODE_KEYS, Translator, cross_attention_weights, decode_batches, plot_attention,
-                                   score_domains)
+from zoo.train import (CheckpointError, Config, OptimConfig, RunConfig, ScheduleConfig, Task,
+                       average_checkpoints, distributed, fit, list_checkpoints, parse_args, read_metrics,
+                       resolve_precision, resolve_resume, seed_everything, tune_malloc)
+from zoo.train.loop import perplexity
+from zoo.train.seq2seq import (PAD_ID, DecodeConfig, attention_picture, decode_settings, describe_corpus,
+                               export_model_dir, score_models, shared_bpe, translate_split, valid_loss, word_dropout)
+from zoo.train.translation import Translator, score_domains
 
 DEFAULT_CONFIG = Path(__file__).with_name("translate.yaml")
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -110,26 +83,6 @@ class TrainConfig(Config):
         "replace this fraction of the source and decoder-input tokens by <unk> in training (the targets "
         "stay intact): word dropout, which low-resource NMT found to help (Sennrich & Zhang 2019)"))
     average_last: PositiveInt = Field(5, description="average the last N checkpoints (1: no averaging)")
-
-
-class DecodeConfig(Config):
-    beams: PositiveInt = 4
-    length_penalty: Literal["gnmt", "hf", "none"] = "gnmt"
-    alpha: NonNegativeFloat = 0.6
-    max_len_a: NonNegativeFloat = 1.0
-    max_len_b: int = 50
-    batch_tokens: PositiveInt = Field(4000, description="source tokens x beams per decoding batch")
-    eval_beams: PositiveInt = Field(1, description="beams for the BLEU curve during training (1: greedy)")
-    eval_bleu: bool = Field(True, description="decode valid at each evaluation for the BLEU curve")
-    eval_sentences: PositiveInt | None = Field(200, description="valid sentences per domain decoded for the BLEU curve "
-                                               "(null: all); the final scores always use all of them")
-    samples: int = Field(5, description="example translations to print (per domain)")
-    score_last: bool = Field(True, description="also decode valid/test with the last (not averaged) model; its "
-                             "loss is always computed")
-    final_splits: list[Literal["valid", "test"]] = Field(
-        ["valid", "test"], min_length=1, description="splits decoded and scored (beam search, BLEU, chrF) at the end "
-        "of training (the valid loss of the last and averaged models is always computed); an ablation grid that "
-        "selects on dev needs only valid")
 
 
 class TranslateConfig(Config):
@@ -184,113 +137,83 @@ def load_splits(cfg: DataConfig) -> tuple[dict[str, T.Pairs], dict[str, list[str
     return splits, labels, corpus
 
 
-def describe_corpus(corpus: C.Corpus, cfg: TranslateConfig, dist, out: Path) -> None:
-    """Log each domain's size, fingerprint and drops by reason, and the catalogs that could not be
-    read; write the exact splits to ``out/data/{train,valid,test}.<domain>.tsv``."""
-    for domain, st in corpus.stats.items():
-        drops = ", ".join(f"{n:,} {why}" for why, n in sorted(st["dropped"].items(), key=lambda kv: -kv[1]))
-        dist.print(f"corpus {domain}: {st['pairs']:,} pairs (train {st['train']:,}, valid {st['valid']:,}, test "
-                   f"{st['test']:,}), sha256 {st['sha256'][:16]}; dropped: {drops or 'none'}")
-    for path, why in corpus.unreadable:
-        dist.print(f"corpus: skipped unreadable catalog {path}: {why}")
-    if corpus.missing_packages:
-        dist.print(f"corpus: no catalogs of {len(corpus.missing_packages)} listed packages ({' '.join(corpus.missing_packages)}); "
-                   f"the corpus differs from the documented one; "
-                   + C.catalog_hint("stories" if set(corpus.missing_packages) & set(C.catalog_packages("stories")) else "messages"))
-    if dist.is_main:
-        (out / "data").mkdir(parents=True, exist_ok=True)
-        for domain, parts in corpus.splits.items():
-            for name, pairs in parts.items():
-                C.write_tsv(pairs, out / "data" / f"{name}.{domain}.tsv")
+# -------------------------------------------------------------------------------------------- task
+class TranslationTask(Task):
+    """Label-smoothed cross-entropy on token-bucketed batches of similar length (each process its
+    share, ``accum`` batches a step); valid loss, perplexity and a greedy BLEU curve per domain."""
 
+    name = "train"
 
-def get_tokenizer(cfg: DataConfig, splits: dict[str, T.Pairs], out_dir: Path, dist, *, resume: bool, corpus=None):
-    """The shared BPE: ``data.tokenizer`` if given, else ``out_dir/tokenizer.json`` when it was trained
-    with these settings (or when resuming), else trained on the training pairs and saved there."""
-    if cfg.tokenizer is not None:
-        return T.load_bpe(cfg.tokenizer), "given"
-    path, meta_path = out_dir / "tokenizer.json", out_dir / "tokenizer.settings.json"
-    settings = {"vocab_size": cfg.vocab_size, "min_frequency": cfg.min_frequency, "path": str(cfg.path),
-                "langs": [cfg.src_lang, cfg.tgt_lang], "train_limit": cfg.train_limit, "n_train": len(splits["train"]),
-                "corpus": {d: st["sha256"] for d, st in corpus.stats.items()} if corpus is not None else None,
-                "oversample": cfg.oversample}
-    reuse = path.is_file() and (resume or (meta_path.is_file() and json.loads(meta_path.read_text()) == settings))
-    if not reuse and dist.is_main:
-        tok = T.train_bpe(splits["train"].src + splits["train"].tgt, cfg.vocab_size, min_frequency=cfg.min_frequency)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tok.save(str(tmp))
-        tmp.replace(path)
-        meta_path.write_text(json.dumps(settings))
-    dist.barrier()
-    return T.load_bpe(path), "reused" if reuse else "trained"
+    def __init__(self, cfg: TranslateConfig, dist, tok, splits, ids, labels, domains: list[str], accum: int) -> None:
+        self.cfg, self.dist, self.tok, self.accum, self.domains = cfg, dist, tok, accum, domains
+        self.src, self.tgt = ids["train"]
+        self.src_lens, self.tgt_lens = [len(x) for x in self.src], [len(x) for x in self.tgt]
+        self.valid_src, self.valid_tgt = ids["valid"]
+        self.refs, self.labels = splits["valid"].tgt, labels["valid"]
+        n_curve, seen, self.curve = cfg.decode.eval_sentences or len(self.refs), Counter(), []
+        for i, d in enumerate(self.labels):  # the BLEU curve decodes the first n of each domain
+            seen[d] += 1
+            if seen[d] <= n_curve:
+                self.curve.append(i)
+        self.total_steps = cfg.train.steps
+        self._plan: tuple[int, list] | None = None
+        self.panels = [("loss (label-smoothed)", ["train/loss", "valid/loss"]),
+                       ("perplexity", ["train/ppl", "valid/ppl", *(f"valid_{d}/ppl" for d in domains)]),
+                       ("valid BLEU", ["valid/bleu", *(f"valid_{d}/bleu" for d in domains)])]
+        self.plot_options = {"log_y": ["perplexity"], "title": f"{cfg.model} {cfg.data.src_lang}->{cfg.data.tgt_lang}"}
 
+    def plan(self, epoch: int) -> list[list[list[int]]]:
+        """This process's micro-batches of the epoch, ``accum`` to a step."""
+        if self._plan is None or self._plan[0] != epoch:
+            batches = T.token_batches(self.src_lens, self.tgt_lens, max_tokens=self.cfg.train.max_tokens, shuffle=True,
+                                      seed=self.cfg.run.seed + epoch)
+            batches = T.shard(batches, self.dist.rank, self.dist.world_size)
+            n = len(batches) // self.accum * self.accum
+            self._plan = (epoch, [batches[i : i + self.accum] for i in range(0, n, self.accum)])
+        return self._plan[1]
 
-def word_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """``x`` with each real token (not padding, <s> or </s>) replaced by <unk> with probability ``p``;
-    draws from the global CPU generator, so a resumed run draws the same masks."""
-    if p <= 0:
-        return x
-    drop = (torch.rand(x.shape) < p) & (x > UNK_ID)
-    return x.masked_fill(drop, UNK_ID)
+    def steps(self, epoch: int) -> int:
+        return len(self.plan(epoch))
 
+    def epoch(self, epoch: int, start: int):
+        yield from self.plan(epoch)[start:]
 
-# ------------------------------------------------------------------------------------ evaluation
-@torch.no_grad()
-def valid_loss(model, src, tgt, cfg: TranslateConfig, dist, device, labels: Sequence[str] | None = None) -> dict:
-    """Teacher-forced (label-smoothed loss, NLL) per target token on this data, over all ranks:
-    ``{"all": (loss, nll), domain: (loss, nll), ...}`` with ``labels`` naming each pair's domain."""
-    model.eval()
-    names = list(dict.fromkeys(labels)) if labels is not None else []
-    col = {d: i for i, d in enumerate(names)}
-    totals = torch.zeros(len(names) + 1, 3, dtype=torch.float64)  # row 0: all
-    batches = T.token_batches([len(s) for s in src], [len(t) for t in tgt], max_tokens=cfg.train.max_tokens, shuffle=False)
-    for b in batches[dist.rank :: dist.world_size]:
-        s, t_in, t_out = (x.to(device) for x in T.collate(src, tgt, b))
-        with autocast(device, cfg.run.precision):
-            logits = model(s, t_in, s != PAD_ID, t_in != PAD_ID)
+    def count(self, batch: list[int]) -> float:
+        return float(sum(self.tgt_lens[i] for i in batch))
+
+    def loss(self, model, batch, step):
+        cfg, device = self.cfg, self.dist.device
+        s, t_in, t_out = T.collate(self.src, self.tgt, batch)
+        s, t_in = (word_dropout(x, cfg.train.word_dropout) for x in (s, t_in))
+        s, t_in, t_out = s.to(device), t_in.to(device), t_out.to(device)
+        logits = model(s, t_in, s != PAD_ID, t_in != PAD_ID)
         flat, gold = logits.float().flatten(0, 1), t_out.flatten()
-        smoothed = F.cross_entropy(flat, gold, ignore_index=PAD_ID, label_smoothing=cfg.train.label_smoothing, reduction="none")
-        nll = F.cross_entropy(flat, gold, ignore_index=PAD_ID, reduction="none")
-        per_row = torch.stack([smoothed.view(len(b), -1).sum(1), nll.view(len(b), -1).sum(1),
-                               (t_out != PAD_ID).sum(1).to(smoothed.dtype)], dim=1).double().cpu()
-        totals[0] += per_row.sum(0)
-        for r, i in enumerate(b):
-            if names:
-                totals[1 + col[labels[i]]] += per_row[r]
-    dist.all_reduce(totals)
-    model.train()
-    rows = {"all": totals[0], **{d: totals[1 + j] for d, j in col.items()}}
-    return {d: (float(t[0] / max(t[2], 1)), float(t[1] / max(t[2], 1))) for d, t in rows.items()}
+        loss = F.cross_entropy(flat, gold, ignore_index=PAD_ID, label_smoothing=cfg.train.label_smoothing, reduction="sum")
+        stats = {"tokens": self.count(batch), "src_tokens": float((s != PAD_ID).sum())}
+        if (step + 1) % cfg.run.log_every == 0 or step + 1 == self.total_steps:  # the unsmoothed NLL: log steps only
+            with torch.no_grad():
+                stats["nll"] = float(F.cross_entropy(flat, gold, ignore_index=PAD_ID, reduction="sum"))
+                stats["nll_tokens"] = float((gold != PAD_ID).sum())
+        return loss, stats
 
+    def train_values(self, sums: dict[str, float], seconds: float) -> dict[str, float]:
+        values = {"tokens_per_s": sums["tokens"] / max(seconds, 1e-9), "src_tokens_per_s": sums["src_tokens"] / max(seconds, 1e-9)}
+        if sums.get("nll_tokens"):
+            nll = sums["nll"] / sums["nll_tokens"]
+            values.update(nll=nll, ppl=perplexity(nll))
+        return values
 
-def translate_ids(model, src: Sequence[Sequence[int]], dcfg: DecodeConfig, *, device, precision="auto",
-                  beams: int | None = None) -> list[list[int]]:
-    """Beam search (or greedy) over ``src`` token ids with the decoding settings, in input order."""
-    return decode_batches(model, src, beams=beams or dcfg.beams, device=device, precision=precision, pad_id=PAD_ID,
-                          bos_id=BOS_ID, eos_id=EOS_ID, **dcfg.model_dump(include=set(DECODE_KEYS)))
-
-
-def translate_split(model, tok, src_ids, cfg: TranslateConfig, dist, device, beams: int | None = None) -> list[str]:
-    """Detokenized translations of ``src_ids``, decoded in shares across ranks, on every rank."""
-    mine = list(dist.shard(len(src_ids)))
-    ids = translate_ids(model, [src_ids[i] for i in mine], cfg.decode, device=device, precision=cfg.run.precision, beams=beams)
-    hyps: list[str] = [""] * len(src_ids)
-    for part_idx, part_txt in dist.gather_object((mine, T.decode(tok, ids))):
-        for i, text in zip(part_idx, part_txt):
-            hyps[i] = text
-    return hyps
-
-
-def attention_picture(model, tok, src_text: str, dcfg: DecodeConfig, path: Path) -> Path:
-    """``cross_attention.png``: every head of the last decoder layer over one sentence and its translation."""
-    src = T.encode(tok, [src_text])[0]
-    hyp = translate_ids(model, [src], dcfg, device=torch.device("cpu"), precision="fp32")[0]
-    weights = cross_attention_weights(model, src, hyp, bos_id=BOS_ID)
-    names = lambda ids: [tok.id_to_token(i) for i in ids]  # noqa: E731
-    n = len(model.decoder.blocks)
-    return plot_attention(weights, names(src), names(hyp), path,
-                          f"cross-attention, decoder layer {n} of {n}: {src_text!r} -> {T.decode(tok, [hyp])[0]!r}")
+    def evaluate(self, model) -> dict:
+        cfg, dist = self.cfg, self.dist
+        losses = valid_loss(model, self.valid_src, self.valid_tgt, dist, max_tokens=cfg.train.max_tokens,
+                            label_smoothing=cfg.train.label_smoothing, precision=cfg.run.precision, labels=self.labels)
+        values = {d: {"loss": loss, "nll": nll, "ppl": perplexity(nll)} for d, (loss, nll) in losses.items()}
+        if cfg.decode.eval_bleu:
+            hyps = translate_split(model, self.tok, [self.valid_src[i] for i in self.curve], dist,
+                                   decode_settings(cfg.decode, cfg.decode.eval_beams), precision=cfg.run.precision)
+            for d, sc in score_domains(hyps, [self.refs[i] for i in self.curve], [self.labels[i] for i in self.curve]).items():
+                values[d]["bleu"] = sc["bleu"]
+        return {**values.pop("all"), **{d: values[d] for d in self.domains}}
 
 
 # -------------------------------------------------------------------------------------- training
@@ -301,13 +224,10 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     out = Path(cfg.run.out_dir)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
-    ckpt = None
-    if resume is not None:
-        path = latest_checkpoint(out) if resume == "latest" else Path(resume)
-        if path is None:
-            raise RecipeError(f"--resume: no checkpoint in {out} (run without --resume to start)")
-        ckpt = load_checkpoint(path)
-        dist.print(f"resuming from {path} (step {ckpt['step']})")
+    try:
+        ckpt_path = resolve_resume(resume, out)
+    except SystemExit:
+        raise RecipeError(f"--resume: no checkpoint in {out} (run without --resume to start)") from None
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
 
@@ -315,8 +235,8 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     t0 = time.perf_counter()
     splits, labels, corpus = load_splits(cfg.data)
     if corpus is not None:
-        describe_corpus(corpus, cfg, dist, out)
-    tok, how = get_tokenizer(cfg.data, splits, out, dist, resume=ckpt is not None, corpus=corpus)
+        describe_corpus(corpus, dist, out)
+    tok, how = shared_bpe(cfg.data, splits, out, dist, resume=ckpt_path is not None, corpus=corpus)
     V = tok.get_vocab_size()
     ids = {name: (T.encode(tok, p.src, max_len=cfg.data.max_len), T.encode(tok, p.tgt, max_len=cfg.data.max_len))
            for name, p in splits.items()}
@@ -324,252 +244,71 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     dist.print(f"data: {source}, {cfg.data.src_lang}->{cfg.data.tgt_lang}: "
                + ", ".join(f"{k} {len(v):,}" for k, v in splits.items())
                + f"; BPE {how}: {V:,} tokens; {time.perf_counter() - t0:.1f}s")
-    train_src, train_tgt = ids["train"]
-    src_lens, tgt_lens = [len(x) for x in train_src], [len(x) for x in train_tgt]
 
-    # model, optimizer, schedule
+    # model and task
     seed_everything(cfg.run.seed)
     spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
     if spec.family != "encoder_decoder":
         raise RecipeError(f"model {cfg.model!r} is a {spec.family}; translation needs an encoder_decoder")
     model = zoo.build(spec, seed=cfg.run.seed).to(device)
     n_params = zoo.count_parameters(model)
-    opt = build_optimizer(model, cfg.optim)
-    budget = cfg.train.minutes * 60 if cfg.train.minutes else None
-    clock = {"elapsed": 0.0}  # training seconds so far, the same on every rank: a cooldown follows the budget
-    sched = build_scheduler(opt, cfg.schedule, cfg.train.steps, d_model=spec.d_model,
-                            done=lambda s: max(s / cfg.train.steps, clock["elapsed"] / budget if budget else 0.0))
     accum = cfg.run.grad_accum
     if cfg.train.batch_tokens:
         accum = max(1, math.ceil(cfg.train.batch_tokens / (cfg.train.max_tokens * dist.world_size)))
-    step, epoch, pos, elapsed_before = 0, 0, 0, 0.0
-    running = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": 0.0, "nll_tokens": 0}
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        st = ckpt["state"]
-        step, epoch, pos, elapsed_before = ckpt["step"], st["epoch"], st["pos"], st["elapsed"]
-        running = dict(st["running"])
-    train_model = torch.compile(model) if cfg.run.compile else model
-    train_model = dist.wrap(train_model)
+    domains = list(corpus.splits) if corpus is not None else []  # per-domain rows: the embedded corpus
+    task = TranslationTask(cfg, dist, tok, splits, ids, labels, domains, accum)
+    first = T.token_batches(task.src_lens, task.tgt_lens, max_tokens=cfg.train.max_tokens, shuffle=True, seed=cfg.run.seed)
+    pad = (T.padding_fraction(first, task.src_lens), T.padding_fraction(first, task.tgt_lens))
     dist.print(f"model: {spec.name or cfg.model}, {n_params:,} parameters, d_model {spec.d_model}, "
                f"{spec.encoder_layers}+{spec.decoder_layers} layers; {dist.world_size} process(es) on {device}, "
                f"{cfg.run.precision}, micro-batch {cfg.train.max_tokens} tokens x {accum} accumulation")
-
-    def epoch_steps(e: int) -> list[list[list[int]]]:
-        batches = T.token_batches(src_lens, tgt_lens, max_tokens=cfg.train.max_tokens, shuffle=True, seed=cfg.run.seed + e)
-        batches = T.shard(batches, dist.rank, dist.world_size)
-        n = len(batches) // accum * accum
-        return [batches[i : i + accum] for i in range(0, n, accum)]
-
-    first = T.token_batches(src_lens, tgt_lens, max_tokens=cfg.train.max_tokens, shuffle=True, seed=cfg.run.seed)
-    pad_src, pad_tgt = T.padding_fraction(first, src_lens), T.padding_fraction(first, tgt_lens)
-    steps_per_epoch = len(epoch_steps(0))
-    dist.print(f"batches: {len(first)} a epoch ({steps_per_epoch} optimizer steps), padding {100 * pad_src:.1f}% source, "
-               f"{100 * pad_tgt:.1f}% target")
-
-    log = MetricsLog(out / "metrics.jsonl", enabled=dist.is_main, resume_step=step if ckpt is not None else None)
-    if ckpt is None:
-        log.write(step=0, split="info", params=n_params, vocab=V, padding_src=pad_src, padding_tgt=pad_tgt,
-                  world_size=dist.world_size, grad_accum=accum, max_tokens=cfg.train.max_tokens)
-    eval_every = cfg.run.eval_every or steps_per_epoch
-    ckpt_every = cfg.run.checkpoint_every or steps_per_epoch
+    dist.print(f"batches: {len(first)} a epoch ({task.steps(0)} optimizer steps), padding {100 * pad[0]:.1f}% source, "
+               f"{100 * pad[1]:.1f}% target")
     keep = max(cfg.run.keep_checkpoints, cfg.train.average_last)
-    total = cfg.train.steps
-    valid_src, valid_tgt = ids["valid"]
-    valid_refs = splits["valid"].tgt
-    domains = list(dict.fromkeys(labels["valid"])) if corpus is not None else []  # per-domain rows: embedded corpus
-    n_curve = cfg.decode.eval_sentences or len(valid_refs)  # the first n of each domain for the BLEU curve
-    seen, curve = Counter(), []
-    for i, d in enumerate(labels["valid"]):
-        seen[d] += 1
-        if seen[d] <= n_curve:
-            curve.append(i)
-    cfg_json = cfg.model_dump(mode="json")
-    spec_json = spec.model_dump(mode="json")
-
-    def evaluate(s: int) -> dict:
-        losses = valid_loss(unwrap(train_model), valid_src, valid_tgt, cfg, dist, device, labels["valid"])
-        values = {d: {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 50))} for d, (loss, nll) in losses.items()}
-        if cfg.decode.eval_bleu:
-            hyps = translate_split(unwrap(train_model), tok, [valid_src[i] for i in curve], cfg, dist, device,
-                                   beams=cfg.decode.eval_beams)
-            for d, sc in score_domains(hyps, [valid_refs[i] for i in curve], [labels["valid"][i] for i in curve]).items():
-                values[d]["bleu"] = sc["bleu"]
-        for d in domains:
-            log.write(step=s, split=f"valid_{d}", **values[d])
-        log.write(step=s, split="valid", **values["all"])
-        return values
-
-    if ckpt is not None:
-        restore_rng(ckpt)
-    progress = Progress(total, initial=step, desc="train", enabled=dist.is_main and cfg.run.progress, every=cfg.run.log_every)
-    t_loop = time.perf_counter()
-    clock["elapsed"] = elapsed_before
-    stopped_early = False
-    last_valid: dict = {}
-    model.train()
-    with attention_kernels(cfg.run.attention):
-        while step < total and not stopped_early:
-            plan = epoch_steps(epoch)
-            if not plan:
-                raise RecipeError("no full optimizer step in an epoch: lower train.max_tokens or grad accumulation")
-            while pos < len(plan) and step < total:
-                t_step = time.perf_counter()
-                group = plan[pos]
-                counts = torch.tensor([sum(tgt_lens[i] for b in group for i in b)], dtype=torch.float64)
-                dist.all_reduce(counts)
-                n_tgt = float(counts[0])
-                loss_sum = nll_sum = 0.0
-                nll_tokens = 0
-                measure_nll = (step + 1) % cfg.run.log_every == 0 or step + 1 == total
-                for j, b in enumerate(group):
-                    s, t_in, t_out = T.collate(train_src, train_tgt, b)
-                    s, t_in = (word_dropout(x, cfg.train.word_dropout) for x in (s, t_in))
-                    s, t_in, t_out = s.to(device), t_in.to(device), t_out.to(device)
-                    sync = j == len(group) - 1 or not dist.enabled
-                    with (contextlib.nullcontext() if sync else train_model.no_sync()):
-                        with autocast(device, cfg.run.precision):
-                            logits = train_model(s, t_in, s != PAD_ID, t_in != PAD_ID)
-                        flat, gold = logits.float().flatten(0, 1), t_out.flatten()
-                        loss = F.cross_entropy(flat, gold, ignore_index=PAD_ID, label_smoothing=cfg.train.label_smoothing,
-                                               reduction="sum")
-                        (loss * dist.world_size / n_tgt).backward()
-                    loss_sum += loss.item()
-                    if measure_nll:  # the unsmoothed NLL (perplexity) costs a pass over the logits: log steps only
-                        with torch.no_grad():
-                            nll_sum += F.cross_entropy(flat, gold, ignore_index=PAD_ID, reduction="sum").item()
-                            nll_tokens += int((gold != PAD_ID).sum())
-                    running["src_tokens"] += int((s != PAD_ID).sum())
-                if cfg.optim.clip_grad:
-                    torch.nn.utils.clip_grad_norm_(train_model.parameters(), cfg.optim.clip_grad)
-                opt.step()
-                sched.step()
-                opt.zero_grad(set_to_none=True)
-                step, pos = step + 1, pos + 1
-                running["loss"] += loss_sum
-                running["nll"] += nll_sum
-                running["nll_tokens"] = running.get("nll_tokens", 0) + nll_tokens
-                running["tokens"] += sum(tgt_lens[i] for b in group for i in b)
-                running["time"] += time.perf_counter() - t_step
-                lr = opt.param_groups[0]["lr"]
-                if step % cfg.run.log_every == 0 or step == total:
-                    r = torch.tensor([running["loss"], running["nll"], running["tokens"], running["src_tokens"],
-                                      running.get("nll_tokens", 0)], dtype=torch.float64)
-                    dist.all_reduce(r)
-                    tps = float(r[2] / max(running["time"], 1e-9))
-                    nll = float(r[1] / max(float(r[4]), 1.0))
-                    log.write(step=step, split="train", loss=float(r[0] / r[2]), nll=nll,
-                              ppl=math.exp(min(nll, 50)), lr=lr, tokens_per_s=tps,
-                              src_tokens_per_s=float(r[3] / max(running["time"], 1e-9)), epoch=epoch)
-                    running = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": 0.0, "nll_tokens": 0}
-                    progress.update(1, loss=float(r[0] / r[2]), tok_s=int(tps), lr=lr)
-                else:
-                    progress.update(1, lr=lr)
-                elapsed = elapsed_before + time.perf_counter() - t_loop
-                if budget is not None:
-                    clock["elapsed"] = float(dist.all_reduce(torch.tensor([elapsed], dtype=torch.float64), "max")[0])
-                    stopped_early = clock["elapsed"] >= budget and step < total
-                final = step == total or stopped_early
-                if step % eval_every == 0 or final:
-                    last_valid = evaluate(step)
-                    v = last_valid["all"]
-                    progress.write(f"step {step}: valid loss {v['loss']:.3f}, ppl {v['ppl']:.2f}"
-                                   + (f", BLEU {v['bleu']:.2f} ({'greedy' if cfg.decode.eval_beams == 1 else 'beam'})"
-                                      if "bleu" in v else "")
-                                   + "".join(f"; {d} ppl {last_valid[d]['ppl']:.1f}"
-                                             + (f" BLEU {last_valid[d]['bleu']:.2f}" if "bleu" in last_valid[d] else "")
-                                             for d in domains))
-                    model.train()
-                if step % ckpt_every == 0 or final:
-                    if dist.is_main:
-                        at_end = pos >= len(plan)
-                        save_checkpoint(out / checkpoint_name(step), model=train_model, optimizer=opt, scheduler=sched,
-                                        step=step, config=cfg_json,
-                                        state={"epoch": epoch + 1 if at_end else epoch, "pos": 0 if at_end else pos,
-                                               "elapsed": elapsed, "running": running, "spec": spec_json})
-                        prune_checkpoints(out, keep)
-                    dist.barrier()
-                if stopped_early:
-                    progress.write(f"train.minutes={cfg.train.minutes} reached at step {step} of {total}: stopping")
-                    break
-            if pos >= len(plan):
-                epoch, pos = epoch + 1, 0
-    progress.close()
-    train_seconds = elapsed_before + time.perf_counter() - t_loop
-    return finish(cfg, dist, model, spec, tok, splits, ids, out, labels=labels, corpus=corpus, step=step, epoch=epoch,
-                  log=log, t_start=t_start,
-                  train_seconds=train_seconds, pad=(pad_src, pad_tgt), stopped_early=stopped_early)
+    fit_cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"keep_checkpoints": keep})})
+    info = {"params": n_params, "vocab": V, "padding_src": pad[0], "padding_tgt": pad[1], "world_size": dist.world_size,
+            "grad_accum": accum, "max_tokens": cfg.train.max_tokens}
+    fitted = fit(fit_cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, out_dir=out,
+                 config=cfg.model_dump(mode="json"), minutes=cfg.train.minutes, d_model=spec.d_model, info=info)
+    return finish(cfg, dist, fitted, spec, tok, splits, ids, out, labels=labels, corpus=corpus, t_start=t_start, pad=pad)
 
 
-def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, labels, corpus, step, epoch, log, t_start,
-           train_seconds, pad, stopped_early) -> dict:
+def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corpus, t_start, pad) -> dict:
     """Average the last checkpoints, score last and averaged on valid and test (overall and per
     domain), export, plot."""
-    device = dist.device
-    model = unwrap(model)
+    device, model, step = dist.device, fitted.best, fitted.step
     model.eval()
     paths = list_checkpoints(out)[-cfg.train.average_last :]
-    if len(paths) == 1 and paths[0].name == checkpoint_name(step):
+    if len(paths) == 1 and paths[0].name == f"ckpt-{step:07d}.pt":
         averaged = model  # the final checkpoint alone is the model itself (the paper's Table 3 reports no averaging)
     else:
         averaged = zoo.build(spec, seed=cfg.run.seed).to(device)
         averaged.load_state_dict(average_checkpoints(paths))
         averaged.eval()
     dist.print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}")
-    results: dict = {"params": zoo.count_parameters(model), "step": step, "epochs": epoch,
-                     "train_seconds": round(train_seconds, 1), "stopped_early": stopped_early,
+    results: dict = {"params": zoo.count_parameters(model), "step": step, "epochs": fitted.epoch,
+                     "train_seconds": round(fitted.elapsed, 1), "stopped_early": fitted.stopped_early,
                      "averaged": [p.name for p in paths], "padding_src": pad[0], "padding_tgt": pad[1]}
     results["config"] = cfg.model_dump(mode="json")
     if corpus is not None:
         results["corpus"] = {"name": cfg.data.corpus, **corpus.summary()}
     domains = list(corpus.splits) if corpus is not None else []
-    hyps_out: dict = {}
-    with attention_kernels(cfg.run.attention):
-        for split in ("valid", "test"):
-            scored = split in cfg.decode.final_splits  # decoded and scored; valid's loss is always computed
-            if not len(splits[split]) or not (scored or split == "valid"):
-                continue
-            src_ids, tgt_ids = ids[split]
-            for name, m in (("last", model), ("averaged", averaged)):
-                if name == "averaged" and averaged is model:  # scored already as "last"
-                    for key in [k for k in results if k.startswith(f"{split}/") and k.endswith("/last")]:
-                        results[key[: -len("last")] + "averaged"] = results[key]
-                    hyps_out[(split, name)] = hyps_out.get((split, "last"))
-                    continue
-                t0 = time.perf_counter()
-                losses = valid_loss(m, src_ids, tgt_ids, cfg, dist, device, labels[split])
-                decode = scored and (name == "averaged" or cfg.decode.score_last or averaged is model)
-                scores = {}
-                if decode:
-                    hyps = translate_split(m, tok, src_ids, cfg, dist, device)
-                    scores = score_domains(hyps, splits[split].tgt, labels[split])
-                    hyps_out[(split, name)] = hyps
-                seconds = round(time.perf_counter() - t0, 1)
-                for d in ["all", *domains]:
-                    loss, nll = losses[d]
-                    sc = {**scores.get(d, {}), "loss": round(loss, 4), "ppl": round(math.exp(min(nll, 50)), 3)}
-                    key = f"{split}/{name}" if d == "all" else f"{split}/{d}/{name}"
-                    results[key] = sc
-                    log.write(step=step, split=f"{split}_{name}" if d == "all" else f"{split}_{d}_{name}",
-                              **{k: v for k, v in sc.items() if k in ("bleu", "chrf", "loss")})
-                    what = f"BLEU {sc['bleu']:6.2f}  chrF {sc['chrf']:6.2f}  " if "bleu" in sc else ""
-                    n = labels[split].count(d) if d != "all" else len(labels[split])
-                    dist.print(f"{split:5s} {name:8s} {d if domains else '':9s}: {what}loss {loss:.3f}  ({n} sentences"
-                               + (f", beam {cfg.decode.beams}, {seconds}s)" if decode and d == "all" else ")"))
+    d = cfg.decode
+    scores, hyps_out = score_models(
+        {"last": model, "averaged": averaged}, splits, ids, labels, domains=domains, log=fitted.log, step=step, dist=dist, beams=d.beams,
+        loss=lambda m, src, tgt, lab: valid_loss(m, src, tgt, dist, max_tokens=cfg.train.max_tokens, labels=lab,
+                                                 label_smoothing=cfg.train.label_smoothing, precision=cfg.run.precision),
+        translate=lambda m, src: translate_split(m, tok, src, dist, decode_settings(d), precision=cfg.run.precision),
+        decoded=lambda split, name: split in d.final_splits and (name == "averaged" or d.score_last or averaged is model))
+    results.update(scores)
     results["exported"] = "averaged"
     va, vl = results.get("valid/averaged", {}), results.get("valid/last", {})
     if "bleu" in va and "bleu" in vl and va["bleu"] < vl["bleu"]:
         dist.print("note: the averaged model scores below the last one on valid; exporting the averaged model all the same")
     if dist.is_main:
-        model_dir = out / "model"
-        model_dir.mkdir(parents=True, exist_ok=True)
-        zoo.save(averaged, model_dir / "model.safetensors")
-        shutil.copyfile(out / "tokenizer.json" if cfg.data.tokenizer is None else cfg.data.tokenizer, model_dir / "tokenizer.json")
-        (model_dir / "translate.json").write_text(json.dumps({
+        model_dir = export_model_dir(averaged, cfg.data.tokenizer or out / "tokenizer.json", out / "model", {
             "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "max_len": cfg.data.max_len,
-            "decode": cfg.decode.model_dump(mode="json")}, indent=2) + "\n")
+            "decode": cfg.decode.model_dump(mode="json")})
         key = "test" if "test/averaged" in results else "valid"
         r = results[f"{key}/averaged"]
         print(f"sacreBLEU signature: {r['bleu_signature']}")
@@ -582,20 +321,13 @@ def finish(cfg, dist, model, spec, tok, splits, ids, out: Path, *, labels, corpu
             for i in rows:
                 print(f"  src: {src[i]}\n  ref: {refs[i]}\n  hyp: {hyps[i]}")
         if cfg.run.plot:
-            plot_metrics(out / "metrics.jsonl", out / "curves.png",
-                         panels=[("loss (label-smoothed)", ["train/loss", "valid/loss"]),
-                                 ("perplexity", ["train/ppl", "valid/ppl", *(f"valid_{d}/ppl" for d in domains)]),
-                                 ("valid BLEU", ["valid/bleu", *(f"valid_{d}/bleu" for d in domains)])],
-                         log_y=["perplexity"], title=f"{spec.name or cfg.model} {cfg.data.src_lang}->{cfg.data.tgt_lang}")
             first = domains[0] if domains else "data"
             pick = next((i for i, (s, x) in enumerate(zip(src, labels[key])) if x == first and 6 <= len(s.split()) <= 14), 0)
-            attention_picture(averaged.float().cpu(), tok, src[pick], cfg.decode, out / "cross_attention.png")
-        from zoo.train import read_metrics
-
+            attention_picture(averaged.float().cpu(), tok, src[pick], decode_settings(cfg.decode), out / "cross_attention.png")
         speeds = [r["tokens_per_s"] for r in read_metrics(out / "metrics.jsonl") if r.get("split") == "train"]
         if speeds:
             results["train_tokens_per_s"] = round(sum(speeds) / len(speeds), 1)
-            print(f"training: {step} steps, {train_seconds:.0f}s, {results['train_tokens_per_s']:.0f} target tokens/s "
+            print(f"training: {step} steps, {fitted.elapsed:.0f}s, {results['train_tokens_per_s']:.0f} target tokens/s "
                   f"(mean over log intervals), padding {100 * pad[0]:.1f}% source / {100 * pad[1]:.1f}% target")
         results["total_seconds"] = round(time.perf_counter() - t_start, 1)
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -20,6 +20,7 @@ import zoo
 from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.train import list_checkpoints, load_checkpoint, read_metrics
+from zoo.train import seq2seq as S
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "translate.py"
@@ -177,14 +178,14 @@ def test_embedded_corpus_errors_are_one_line(catalogs, tmp_path, capsys):
 def test_word_dropout_replaces_only_real_tokens_at_the_rate():
     torch.manual_seed(0)
     x = torch.randint(4, 100, (200, 50))
-    x[:, 0], x[:, -1], x[:, -10:-1] = recipe.BOS_ID, recipe.EOS_ID, recipe.PAD_ID
-    y = recipe.word_dropout(x, 0.3)
-    real = x > recipe.UNK_ID
+    x[:, 0], x[:, -1], x[:, -10:-1] = S.BOS_ID, S.EOS_ID, S.PAD_ID
+    y = S.word_dropout(x, 0.3)
+    real = x > S.UNK_ID
     assert torch.equal(y[~real], x[~real])  # <s>, </s> and padding untouched
     changed = y != x
-    assert (y[changed] == recipe.UNK_ID).all()
+    assert (y[changed] == S.UNK_ID).all()
     assert abs(changed.sum().item() / real.sum().item() - 0.3) < 0.02
-    assert torch.equal(recipe.word_dropout(x, 0.0), x)
+    assert torch.equal(S.word_dropout(x, 0.0), x)
 
 
 def test_resume_reproduces_the_uninterrupted_run(data, tmp_path, capsys):

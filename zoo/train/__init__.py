@@ -1,5 +1,6 @@
-"""Shared recipe machinery: configs, distributed set-up, optimizers and schedules, checkpoints
-(atomic, resumable, averaged), a metrics log with plots, and progress.
+"""Shared recipe machinery: the one training loop (``fit`` over a ``Task``), configs, distributed
+set-up, optimizers and schedules, checkpoints (atomic, resumable, averaged), a metrics log with
+plots, and progress.
 
 Recipes (``recipes/*.py``) are thin scripts over these pieces; see docs/recipes/.
 """
@@ -29,6 +30,7 @@ from zoo.train.config import (
     parse_args,
 )
 from zoo.train.distributed import Dist, distributed, resolve_device
+from zoo.train.loop import Fitted, ListTask, Task, fit, resolve_resume
 from zoo.train.metrics import MetricsLog, Progress, plot_metrics, read_metrics
 from zoo.train.runtime import attention_kernels, tune_malloc
 from zoo.train.optim import (EMA, autocast, bf16_is_fast, build_optimizer, build_scheduler, lr_factor, param_groups,
@@ -41,4 +43,5 @@ __all__ = [
     "load_config", "parse_args", "Dist", "distributed", "resolve_device", "MetricsLog", "Progress",
     "plot_metrics", "read_metrics", "EMA", "autocast", "bf16_is_fast", "resolve_precision", "build_optimizer",
     "build_scheduler", "lr_factor", "param_groups", "seed_everything", "tune_malloc", "attention_kernels",
+    "Task", "ListTask", "Fitted", "fit", "resolve_resume",
 ]

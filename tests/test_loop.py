@@ -1,0 +1,139 @@
+"""The one training loop (zoo.train.fit) on a toy task, against hand computations and invariants:
+loss scaling across micro-batches, exact resume, the time budget, EMA and per-domain rows."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import zoo.train.loop
+from zoo.train import Dist, ListTask, OptimConfig, RunConfig, ScheduleConfig, Task, fit, read_metrics
+
+
+class Regression(ListTask):
+    """Least squares on fixed data; a micro-batch is a list of row indices; ``count`` = rows, so the
+    loss is the batch's sum of squared errors."""
+
+    name = "toy"
+
+    def __init__(self, accum: int, batch: int, n: int = 24, by_rows: bool = True, seed: int = 0) -> None:
+        super().__init__(Dist(), accum)
+        g = torch.Generator().manual_seed(seed)
+        self.x, self.y = torch.randn(n, 3, generator=g), torch.randn(n, 1, generator=g)
+        self.batch, self.by_rows = batch, by_rows
+
+    def batches(self, epoch):
+        order = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(epoch)).tolist()
+        return [order[i : i + self.batch] for i in range(0, len(order), self.batch)]
+
+    def count(self, batch):
+        return float(len(batch)) if self.by_rows else 1.0
+
+    def loss(self, model, batch, step):
+        err = (model(self.x[batch]) - self.y[batch]).pow(2).sum()
+        return (err if self.by_rows else err / len(batch)), {"rows": len(batch)}
+
+    def evaluate(self, model):
+        mse = float((model(self.x) - self.y).pow(2).mean())
+        return {"loss": mse, "half": {"loss": mse / 2}}
+
+
+def cfg(tmp_path, **run):
+    return SimpleNamespace(optim=OptimConfig(name="adam", lr=0.01, weight_decay=0.0, clip_grad=None),
+                           schedule=ScheduleConfig(kind="constant", warmup=0),
+                           run=RunConfig(out_dir=tmp_path, plot=False, progress=False, **run))
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(3, 1)
+
+
+def test_a_step_is_the_mean_over_units_whatever_the_accumulation(tmp_path, monkeypatch):
+    monkeypatch.setattr(zoo.train.loop, "build_optimizer", lambda m, c: torch.optim.SGD(m.parameters(), lr=0.1))
+    # one SGD step over 24 rows in micro-batches of 6 x 4 equals plain gradient descent on the mean loss
+    task = Regression(accum=4, batch=6)
+    m = fit(cfg(tmp_path / "a", grad_accum=4), Dist(), model(), task, total_steps=1).model
+    ref = model()
+    rows = [i for b in task.batches(0)[:4] for i in b]
+    (ref(task.x[rows]) - task.y[rows]).pow(2).mean().backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.1 * p.grad
+    for a, b in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    # uneven micro-batches (7+7+7+3 rows): weighted by rows, not by batch
+    task = Regression(accum=4, batch=7)
+    m = fit(cfg(tmp_path / "b", grad_accum=4), Dist(), model(), task, total_steps=1).model
+    ref = model()
+    rows = [i for b in task.batches(0)[:4] for i in b]
+    (ref(task.x[rows]) - task.y[rows]).pow(2).mean().backward()
+    torch.testing.assert_close(m.weight, ref.weight - 0.1 * ref.weight.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_train_and_valid_rows(tmp_path):
+    fitted = fit(cfg(tmp_path, log_every=2, eval_every=3, ema=0.5), Dist(), model(), Regression(accum=1, batch=6),
+                 total_steps=6)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == [2, 4, 6] and all(r["rows_per_s"] > 0 for r in train)
+    valid = [r for r in rows if r["split"] == "valid"]
+    assert [r["step"] for r in valid] == [3, 6] and {"loss", "ema_loss"} <= set(valid[0])
+    half = [r for r in rows if r["split"] == "valid_half"]
+    assert [r["step"] for r in half] == [3, 6] and half[-1]["loss"] == pytest.approx(valid[-1]["loss"] / 2)
+    assert fitted.valid["loss"] == valid[-1]["loss"] and fitted.best is fitted.ema
+    assert fitted.best_valid["loss"] == valid[-1]["ema_loss"]
+    # the EMA copy is (1-d) * model + d * previous EMA after every step: differs from the model
+    assert not torch.equal(fitted.ema.weight, fitted.model.weight)
+
+
+def test_resume_continues_exactly(tmp_path):
+    c = cfg(tmp_path / "full", log_every=1, checkpoint_every=3, keep_checkpoints=5)
+    full = fit(c, Dist(), model(), Regression(accum=2, batch=5), total_steps=7)  # 2 steps an epoch: crosses epochs
+    part = cfg(tmp_path / "part", log_every=1, checkpoint_every=3, keep_checkpoints=5)
+    fit(part, Dist(), model(), Regression(accum=2, batch=5), total_steps=7, resume=None)
+    ckpt = tmp_path / "part" / "ckpt-0000003.pt"
+    resumed = fit(part, Dist(), model(seed=1), Regression(accum=2, batch=5), total_steps=7, resume=ckpt)
+    assert torch.equal(resumed.model.weight, full.model.weight)
+    losses = lambda d: [(r["step"], r["loss"]) for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"]  # noqa: E731
+    assert losses(tmp_path / "part") == losses(tmp_path / "full") and len(losses(tmp_path / "full")) == 7
+
+
+def test_time_budget_stops_early_and_is_saved(tmp_path):
+    class Slow(Regression):
+        def loss(self, model, batch, step):
+            import time
+
+            time.sleep(0.05)
+            return super().loss(model, batch, step)
+
+    fitted = fit(cfg(tmp_path), Dist(), model(), Slow(accum=1, batch=6), total_steps=1000, minutes=0.2 / 60)
+    assert fitted.stopped_early and 1 <= fitted.step < 10 and fitted.elapsed >= 0.2
+    assert (tmp_path / f"ckpt-{fitted.step:07d}.pt").is_file()  # the last step is checkpointed and evaluated
+    assert fitted.valid
+
+
+def test_a_task_must_say_its_steps(tmp_path):
+    class Empty(Task):
+        def steps(self, epoch):
+            return 0
+
+    with pytest.raises(SystemExit, match="no full optimizer step"):
+        fit(cfg(tmp_path), Dist(), model(), Empty(), total_steps=1)
+
+
+def test_the_documented_task_trains(tmp_path):
+    # docs/training.md's example runs as written and learns the least-squares fit
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    scope = {"OUT": tmp_path, "__name__": "docs_training"}
+    exec(compile(code, "docs/training.md", "exec"), scope)
+    fitted = scope["fitted"]
+    assert fitted.step == 60
+    first = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "valid"][0]
+    assert fitted.valid["mse"] < first["mse"] / 4  # it learns

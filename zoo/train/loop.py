@@ -1,0 +1,323 @@
+"""The one training loop every recipe feeds: ``fit(cfg, dist, model, task)``.
+
+A recipe describes its data and loss as a :class:`Task`; the loop owns everything else, once:
+the optimizer and schedule (``cfg.optim``, ``cfg.schedule``), bf16 autocast, gradient accumulation,
+clipping, DDP (``no_sync`` on all but the last micro-batch), the EMA of the weights, a time budget,
+periodic evaluation, atomic checkpoints with exact resume (model, optimizer, schedule, EMA, RNG, data
+position, the running log window, the clock), the metrics log and its plot, and progress.
+
+    class MyTask(Task):
+        def steps(self, epoch): ...                     # optimizer steps in this epoch
+        def epoch(self, epoch, start): ...              # this rank's micro-batches of each step, from step `start`
+        def loss(self, model, batch, step): ...         # (loss, {"tokens": n, ...})
+        def evaluate(self, model): ...                  # {"loss": ..., "ppl": ...}
+
+    result = fit(cfg, dist, model, MyTask(), total_steps=2000, resume=path_or_None)
+
+Loss scaling: ``loss`` returns the batch's loss summed over ``count(batch)`` units (target tokens,
+images); by default ``count`` is 1 and the loss is the batch's mean. The loop backpropagates
+``loss * world_size / (the step's total count over all micro-batches and processes)``, so a step's
+gradient is the mean over its units on any number of processes, as DDP averages gradients.
+
+Every value ``loss`` returns in its stats dict is summed over a log window and all processes and
+handed to ``Task.train_values`` with the window's training seconds (evaluation and checkpoints
+excluded); the default logs ``<key>_per_s`` for each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from zoo.train.checkpoint import (checkpoint_name, latest_checkpoint, load_checkpoint, prune_checkpoints, restore_rng,
+                                  save_checkpoint, unwrap)
+from zoo.train.distributed import Dist
+from zoo.train.metrics import MetricsLog, Progress, plot_metrics
+from zoo.train.optim import EMA, autocast, build_optimizer, build_scheduler
+from zoo.train.runtime import attention_kernels
+
+__all__ = ["Task", "ListTask", "Fitted", "fit", "resolve_resume"]
+
+
+class Task:
+    """What a recipe tells :func:`fit`: its data, its loss, its evaluation. Subclass it."""
+
+    name = "train"  #: the progress bar's label
+    panels: list[tuple[str, list[str]]] = [("loss", ["train/loss", "valid/loss"])]  #: curves.png's panels
+    plot_options: dict[str, Any] = {}  #: more keyword arguments of plot_metrics (title, log_y)
+
+    def steps(self, epoch: int) -> int:
+        """Optimizer steps in ``epoch``, the same on every process."""
+        raise NotImplementedError
+
+    def epoch(self, epoch: int, start: int) -> Iterator[Sequence[Any]]:
+        """This process's micro-batches of each optimizer step of ``epoch``, from step ``start`` on.
+        It must depend on (epoch, rank) alone, so a resumed run sees the same data."""
+        raise NotImplementedError
+
+    def count(self, batch: Any) -> float:
+        """How many units ``loss`` sums over in ``batch`` (1: ``loss`` is the batch's mean)."""
+        return 1.0
+
+    def loss(self, model: nn.Module, batch: Any, step: int) -> tuple[Tensor, dict[str, float]]:
+        """The batch's loss (see the module docstring) and stats to sum over the log window. Random
+        draws come from the global torch generator or a generator seeded with ``step``: both continue
+        exactly after a resume."""
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any]:
+        """Validation values, over all processes; a value that is a dict becomes its own log row
+        (split ``valid_<key>``), e.g. a score per domain. Runs under no_grad and autocast."""
+        raise NotImplementedError
+
+    def train_values(self, sums: dict[str, float], seconds: float) -> dict[str, float]:
+        """The train log row's values from the window's summed stats (all processes)."""
+        return {f"{k}_per_s": v / max(seconds, 1e-9) for k, v in sums.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Anything else the task must carry across a resume."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class ListTask(Task):
+    """A task whose epoch is a list of micro-batches the same on every process (``batches(epoch)``):
+    each process takes every ``world_size``-th one and a step takes ``grad_accum`` of them."""
+
+    def __init__(self, dist: Dist, grad_accum: int) -> None:
+        self.dist, self.accum = dist, grad_accum
+        self._cache: tuple[int, list[Any]] | None = None
+
+    def batches(self, epoch: int) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def _all(self, epoch: int) -> list[Any]:
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, list(self.batches(epoch)))
+        return self._cache[1]
+
+    def steps(self, epoch: int) -> int:
+        return len(self._all(epoch)) // self.dist.world_size // self.accum
+
+    def epoch(self, epoch: int, start: int) -> Iterator[Sequence[Any]]:
+        mine = self._all(epoch)[self.dist.rank :: self.dist.world_size]
+        for s in range(start, self.steps(epoch)):
+            yield mine[s * self.accum : (s + 1) * self.accum]
+
+
+@dataclass
+class Fitted:
+    """What :func:`fit` hands back."""
+
+    model: nn.Module  # the bare model (no DDP / compile wrapper)
+    ema: nn.Module | None  # the EMA copy, where ``run.ema`` is set
+    step: int
+    epoch: int
+    valid: dict[str, Any]  # the last evaluation (``ema_``-prefixed values for the EMA copy)
+    train_seconds: float  # time in training steps (this process; evaluation and checkpoints excluded)
+    elapsed: float  # wall-clock seconds of the loop over all sessions of the run (the budget's clock)
+    stopped_early: bool = False  # the time budget ran out before ``total_steps``
+    sums: dict[str, float] = field(default_factory=dict)  # stats summed over this session (this process)
+    log: MetricsLog | None = None  # the run's metrics log, for the recipe's final rows
+
+    @property
+    def best(self) -> nn.Module:
+        """The model to export: the EMA copy where there is one."""
+        return self.ema if self.ema is not None else self.model
+
+    @property
+    def best_valid(self) -> dict[str, Any]:
+        """The last evaluation of :attr:`best` (the ``ema_`` values, unprefixed, where there is an EMA)."""
+        if self.ema is None:
+            return {k: v for k, v in self.valid.items() if not k.startswith("ema_")}
+        return {k[4:]: v for k, v in self.valid.items() if k.startswith("ema_")}
+
+
+def resolve_resume(resume: str | None, out_dir: Path, *, required: bool = True) -> Path | None:
+    """The checkpoint ``--resume`` means: ``latest`` = the newest in ``out_dir``, else a path."""
+    if resume is None:
+        return None
+    if resume == "latest":
+        found = latest_checkpoint(out_dir)
+        if found is None and required:
+            raise SystemExit(f"--resume: no checkpoint in {out_dir}; start without --resume")
+        return found
+    return Path(resume)
+
+
+def _fmt(values: dict[str, Any]) -> str:
+    flat = " ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, (int, float)))
+    rows = "".join(f"; {k}: " + " ".join(f"{a} {b:.4g}" for a, b in v.items()) for k, v in values.items()
+                   if isinstance(v, dict))
+    return flat + rows
+
+
+def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int, resume: Path | None = None,
+        out_dir: Path | None = None, config: dict | None = None, minutes: float | None = None,
+        d_model: int | None = None, info: dict[str, Any] | None = None) -> Fitted:
+    """Train ``model`` (already on ``dist.device``) for ``total_steps`` optimizer steps.
+
+    ``cfg`` has ``optim``, ``schedule`` and ``run`` (zoo.train.config); ``resume`` is a checkpoint to
+    continue from; ``config`` is stored in each checkpoint; ``minutes`` stops the run early when that
+    much wall-clock has passed (a cooldown in ``cfg.schedule`` then follows the clock); ``d_model``
+    is for the inverse-sqrt schedule; ``info`` is logged once at step 0 of a fresh run.
+    """
+    run = cfg.run
+    out_dir = Path(out_dir or run.out_dir)
+    device = dist.device
+    world = dist.world_size
+    budget = minutes * 60 if minutes else None
+    clock = {"elapsed": 0.0}  # the same on every process, so a cooldown that follows the clock agrees
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.schedule, total_steps, d_model=d_model, done=None if budget is None else
+                                (lambda s: max(s / total_steps, clock["elapsed"] / budget)))
+    ema = EMA(model, run.ema) if run.ema else None
+    step, epoch, pos, elapsed_before = 0, 0, 0, 0.0
+    window: dict[str, float] = {}
+    valid: dict[str, Any] = {}
+    if resume is not None:
+        ckpt = load_checkpoint(resume, map_location=device)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        if ema is not None:
+            if "ema" not in ckpt:
+                raise SystemExit(f"--resume: {resume} has no EMA weights; resume with run.ema=null")
+            ema.load_state_dict(ckpt["ema"])
+        st = ckpt["state"]
+        step, epoch, pos = int(ckpt["step"]), int(st["epoch"]), int(st["pos"])
+        elapsed_before, window, valid = float(st.get("elapsed", 0.0)), dict(st.get("window", {})), dict(st.get("valid", {}))
+        task.load_state_dict(st.get("task", {}))
+        restore_rng(ckpt)
+        dist.print(f"resumed from {resume} at step {step} (epoch {epoch}, step {pos} of it)")
+    log = MetricsLog(out_dir / "metrics.jsonl", enabled=dist.is_main, resume_step=step if resume else None)
+    if info and resume is None:
+        log.write(step=0, split="info", **info)
+    train_model = torch.compile(model) if run.compile else model
+    train_model = dist.wrap(train_model)
+    per_epoch = task.steps(0)
+    if per_epoch < 1:
+        raise SystemExit(f"{task.name}: an epoch makes no full optimizer step on {world} process(es) "
+                         f"(grad_accum {run.grad_accum}); use more data or a smaller batch")
+    eval_every = run.eval_every or per_epoch
+    ckpt_every = run.checkpoint_every or per_epoch
+    progress = Progress(total_steps, initial=step, desc=task.name, enabled=dist.is_main, every=run.log_every,
+                        force_bar=None if run.progress else False)
+    synced = [model] + ([ema.module] if ema is not None else [])  # BatchNorm statistics: rank 0's everywhere
+    train_seconds = 0.0
+    totals: dict[str, float] = {}
+
+    def evaluate() -> dict[str, Any]:
+        dist.sync_buffers(*synced)
+        values: dict[str, Any] = {}
+        for prefix, m in [("", model)] + ([("ema_", ema.module)] if ema is not None else []):
+            m.eval()
+            with torch.no_grad(), autocast(device, run.precision):
+                got = task.evaluate(m)
+            m.train()
+            values.update({prefix + k: v for k, v in got.items()})
+        for k, v in values.items():
+            if isinstance(v, dict):
+                log.write(step=step, split=f"valid_{k}", **v)
+        log.write(step=step, split="valid", **{"epoch": epoch, **{k: v for k, v in values.items() if not isinstance(v, dict)}})
+        progress.write(f"{task.name} step {step}: valid {_fmt(values)}")
+        return values
+
+    def checkpoint(at_end: bool) -> None:
+        dist.sync_buffers(*synced)
+        state = {"epoch": epoch + 1 if at_end else epoch, "pos": 0 if at_end else pos, "elapsed": clock["elapsed"],
+                 "window": window, "valid": valid, "task": task.state_dict()}
+        if dist.is_main:
+            save_checkpoint(out_dir / checkpoint_name(step), model=model, optimizer=optimizer, scheduler=scheduler,
+                            step=step, state=state, config=config, ema=ema)
+            prune_checkpoints(out_dir, run.keep_checkpoints)
+        dist.barrier()
+
+    t_loop = time.perf_counter()
+    clock["elapsed"] = elapsed_before
+    stopped = False
+    model.train()
+    with attention_kernels(run.attention):
+        while step < total_steps and not stopped:
+            n_steps = task.steps(epoch)
+            groups = task.epoch(epoch, pos)
+            while pos < n_steps and step < total_steps:
+                t_step = time.perf_counter()
+                group = list(next(groups))
+                counts = torch.tensor([sum(task.count(b) for b in group)], dtype=torch.float64)
+                total = float(dist.all_reduce(counts)[0]) if dist.enabled else float(counts[0])
+                step_loss, stats = 0.0, {"loss": 0.0, "count": float(counts[0])}
+                for j, batch in enumerate(group):
+                    sync = not dist.enabled or j == len(group) - 1 or not hasattr(train_model, "no_sync")
+                    with contextlib.nullcontext() if sync else train_model.no_sync():
+                        with autocast(device, run.precision):
+                            loss, extra = task.loss(train_model, batch, step)
+                        (loss * (world / total)).backward()
+                    value = float(loss.detach())
+                    step_loss += value
+                    stats["loss"] += value
+                    for k, v in extra.items():
+                        stats[k] = stats.get(k, 0.0) + float(v)
+                if cfg.optim.clip_grad:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                if ema is not None:
+                    ema.update(model)
+                step, pos = step + 1, pos + 1
+                seconds = time.perf_counter() - t_step
+                train_seconds += seconds
+                stats["seconds"] = seconds
+                for k, v in stats.items():
+                    window[k] = window.get(k, 0.0) + v
+                    totals[k] = totals.get(k, 0.0) + v
+                lr = scheduler.get_last_lr()[0]
+                progress.update(1, loss=step_loss / max(stats["count"], 1e-9), lr=lr)
+                if budget is not None:
+                    elapsed = torch.tensor([elapsed_before + time.perf_counter() - t_loop], dtype=torch.float64)
+                    clock["elapsed"] = float(dist.all_reduce(elapsed, "max")[0])
+                    stopped = clock["elapsed"] >= budget and step < total_steps
+                else:
+                    clock["elapsed"] = elapsed_before + time.perf_counter() - t_loop
+                final = step == total_steps or stopped
+                if step % run.log_every == 0 or final:
+                    secs = window.pop("seconds", 0.0)
+                    keys = sorted(window)
+                    summed = dist.all_reduce(torch.tensor([window[k] for k in keys], dtype=torch.float64))
+                    sums = dict(zip(keys, summed.tolist()))
+                    loss_sum, count = sums.pop("loss"), sums.pop("count")
+                    values = {"loss": loss_sum / max(count, 1e-9), "lr": lr, "epoch": epoch}
+                    log.write(step=step, split="train", **{**values, **task.train_values(sums, secs)})
+                    window = {}
+                if step % eval_every == 0 or final:
+                    valid = evaluate()
+                if step % ckpt_every == 0 or final:
+                    checkpoint(at_end=pos >= n_steps)
+                if stopped:
+                    progress.write(f"{task.name}: {minutes} minutes reached at step {step} of {total_steps}: stopping")
+            if pos >= n_steps:
+                epoch, pos = epoch + 1, 0
+            if hasattr(groups, "close"):
+                groups.close()
+    progress.close()
+    if not valid:  # resumed from the final checkpoint of a run saved before its evaluation
+        valid = evaluate()
+    if run.plot and dist.is_main and (out_dir / "metrics.jsonl").exists():
+        plot_metrics(out_dir / "metrics.jsonl", out_dir / "curves.png", task.panels, **task.plot_options)
+    return Fitted(model=unwrap(model), ema=ema.module if ema is not None else None, step=step, epoch=epoch, valid=valid,
+                  train_seconds=train_seconds, elapsed=clock["elapsed"], stopped_early=stopped, sums=totals, log=log)
+
+
+def perplexity(nll: float) -> float:
+    """exp(nll), capped so a diverged run logs a number, not inf."""
+    return math.exp(min(nll, 50.0))

@@ -1,0 +1,90 @@
+"""Text data for the recipes over plain text (recipes/lm.py, recipes/mlm.py): where the texts come
+from, the train/valid split, the shared byte-level BPE, and batches of similar length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from pydantic import Field, PositiveFloat, PositiveInt
+
+from zoo.train.config import Config
+from zoo.train.distributed import Dist
+from zoo.train.loop import ListTask
+
+__all__ = ["TextDataConfig", "load_text", "get_tokenizer", "LengthBatched", "eval_batches"]
+
+
+class TextDataConfig(Config):
+    """Where the text comes from and how it is tokenized (shared by recipes/lm.py and mlm.py)."""
+
+    text: list[Path] | None = Field(None, description="plain-text files or folders of *.txt, one example a line; null: WordNet glosses")
+    wordnet_dir: Path = Field(Path("/usr/share/wordnet"), description="Debian's wordnet-base data.{noun,verb,adj,adv}")
+    tokenizer: Path | None = Field(None, description="an existing tokenizer.json (with <pad> <eos> <cls> <mask>) instead of training BPE")
+    vocab_size: PositiveInt = Field(8192, description="byte-level BPE vocabulary trained on the training split")
+    min_frequency: PositiveInt = 2
+    valid_fraction: PositiveFloat = Field(0.02, lt=1.0, description="texts held out for validation")
+    max_valid: PositiveInt | None = Field(5000, description="at most this many validation texts")
+    split_seed: int = 1234
+    limit: PositiveInt | None = Field(None, description="use only the first N texts (quick runs, tests)")
+
+
+def load_text(cfg: TextDataConfig):
+    """(train, valid, source description) per ``cfg``."""
+    from zoo.data import text as T
+
+    if cfg.text:
+        data, source = T.read_text_files(cfg.text), ", ".join(map(str, cfg.text))
+    else:
+        data, source = T.read_wordnet(cfg.wordnet_dir), f"WordNet glosses ({cfg.wordnet_dir})"
+    if cfg.limit:
+        data = T.Texts(data.texts[: cfg.limit], data.labels[: cfg.limit])
+    train, valid = T.split_texts(data, valid_fraction=cfg.valid_fraction, seed=cfg.split_seed, max_valid=cfg.max_valid)
+    return train, valid, source
+
+
+def get_tokenizer(cfg: TextDataConfig, train_texts: Sequence[str], out_dir: Path, dist: Dist, *, resume: bool):
+    """The given tokenizer.json; on resume the run's own; else a byte-level BPE trained on the
+    training texts by rank 0 and written to ``out_dir/tokenizer.json``. Returns (tokenizer, how)."""
+    from zoo.data import text as T
+
+    if cfg.tokenizer is not None:
+        return T.load_bpe(cfg.tokenizer), f"from {cfg.tokenizer}"
+    path = out_dir / "tokenizer.json"
+    if resume and path.is_file():
+        return T.load_bpe(path), f"from {path}"
+    if dist.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tok = T.train_bpe(train_texts, cfg.vocab_size, min_frequency=cfg.min_frequency)
+        tok.save(str(path))
+    dist.barrier()
+    return T.load_bpe(path), "trained on the training split"
+
+
+class LengthBatched(ListTask):
+    """Each epoch: a seeded shuffle of ``rows``, sorted by length within pools of 50 batches (little
+    padding), the batch order shuffled again."""
+
+    def __init__(self, dist, accum: int, rows: list[list[int]], batch_size: int, seed: int) -> None:
+        super().__init__(dist, accum)
+        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        size, lengths = self.batch_size, [len(r) for r in self.rows]
+        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        order = torch.randperm(len(lengths), generator=g).tolist()
+        order = order[: len(order) // size * size]
+        pool = size * 50
+        out = []
+        for i in range(0, len(order), pool):
+            chunk = sorted(order[i : i + pool], key=lambda j: lengths[j])
+            out += [chunk[k : k + size] for k in range(0, len(chunk), size)]
+        perm = torch.randperm(len(out), generator=g).tolist()
+        return [out[p] for p in perm]
+
+
+def eval_batches(rows, batch_size: int, rank: int, world: int):
+    """This rank's share of ``rows`` in batches of similar length."""
+    idx = sorted(range(len(rows)), key=lambda i: len(rows[i]))[rank::world]
+    return [idx[i : i + batch_size] for i in range(0, len(idx), batch_size)]
