@@ -36,6 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from zoo._version import __version__
 from zoo.build import build
 from zoo.spec import FamilySpec, SpecError, parse_spec
 
@@ -89,8 +90,6 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
     ``dtype`` casts floating-point tensors on the way out (``torch.bfloat16`` halves a float32
     model's file). The model must be what its spec builds (``model.spec``, set by ``zoo.build``).
     """
-    import zoo
-
     spec = getattr(model, "spec", None)
     if not isinstance(spec, FamilySpec):
         raise SaveError(
@@ -124,7 +123,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
     metadata = {
         "format": "pt",
         KEY_FORMAT: str(FORMAT),
-        KEY_VERSION: zoo.__version__,
+        KEY_VERSION: __version__,
         KEY_SPEC: json.dumps(spec_json, separators=(",", ":")),
     }
     aliases = {alias: canon for canon, names in groups.items() for alias in names[1:]}
@@ -239,8 +238,6 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 def _spec_of(header: FileHeader) -> FamilySpec:
-    import zoo
-
     name, meta = str(header.path), header.metadata
     if KEY_SPEC not in meta:
         raise LoadError(
@@ -254,11 +251,11 @@ def _spec_of(header: FileHeader) -> FamilySpec:
         raise LoadError(f"{name!r}: unreadable {KEY_FORMAT} {meta[KEY_FORMAT]!r} in its metadata (corrupt?)") from None
     if fmt > FORMAT:
         raise LoadError(
-            f"{name!r} is in zoo file format {fmt} (written by zoo {written_by}); this zoo ({zoo.__version__}) "
+            f"{name!r} is in zoo file format {fmt} (written by zoo {written_by}); this zoo ({__version__}) "
             f"reads format {FORMAT} and older; upgrade zoo"
         )
-    newer = _version_tuple(written_by) > _version_tuple(zoo.__version__)
-    hint = f" (written by zoo {written_by}, newer than this zoo {zoo.__version__}; upgrade zoo)" if newer else ""
+    newer = _version_tuple(written_by) > _version_tuple(__version__)
+    hint = f" (written by zoo {written_by}, newer than this zoo {__version__}; upgrade zoo)" if newer else ""
     try:
         data = json.loads(meta[KEY_SPEC])
     except json.JSONDecodeError as e:

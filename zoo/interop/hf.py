@@ -21,13 +21,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.build import build
 from zoo.components.position import sinusoid_table
 from zoo.interop.common import (
     ConversionError, Rule, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state,
 )
 from zoo.spec import FamilySpec, parse_spec
 
-__all__ = ["from_hf", "to_hf", "hf_spec", "hf_config", "ARCHITECTURES"]
+__all__ = ["from_hf", "to_hf", "hf_spec", "hf_config", "ARCHITECTURES", "ARCHS", "by_model_type", "permute_model_dim"]
 
 # HF activation names -> zoo FFNs. Two-layer FFNs (GPT-2, BERT, Marian) and gated ones (LLaMA's MLP).
 _TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh")
@@ -533,22 +534,27 @@ def permute_model_dim(state: dict[str, Tensor], perm: Tensor) -> dict[str, Tenso
 
 
 # -------------------------------------------------------------------------------------------- public
-_ARCHS = {a.name: a for a in (_GPT2, _Bert, _Llama, _Marian)}
-ARCHITECTURES = tuple(_ARCHS)
+ARCHS = {a.name: a for a in (_GPT2, _Bert, _Llama, _Marian)}
+ARCHITECTURES = tuple(ARCHS)
+
+
+def by_model_type(model_type: str | None):
+    """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian) is ``model_type``, or None."""
+    return next((a for a in ARCHS.values() if a.model_type == model_type), None)
 
 
 def _arch_of_model(hf_model: nn.Module):
     name = type(hf_model).__name__
-    if name not in _ARCHS:
+    if name not in ARCHS:
         raise ConversionError(f"from_hf: {name} does not convert; supported: {', '.join(ARCHITECTURES)}")
-    return _ARCHS[name]
+    return ARCHS[name]
 
 
 def _arch_for_spec(spec: FamilySpec, architecture: str | None):
     if architecture is not None:
-        if architecture not in _ARCHS:
+        if architecture not in ARCHS:
             raise ConversionError(f"to_hf: unknown architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
-        return _ARCHS[architecture]
+        return ARCHS[architecture]
     default = {"encoder": _Bert, "encoder_decoder": _Marian,
                "decoder": _Llama if spec.position.kind == "rope" else _GPT2}.get(spec.family)
     if default is None:
@@ -559,9 +565,9 @@ def _arch_for_spec(spec: FamilySpec, architecture: str | None):
 def hf_spec(config: Any) -> FamilySpec:
     """The zoo spec of the model an HF config describes (``model_type`` gpt2, bert, llama or marian).
     Tying follows the config; :func:`from_hf` reads it from the model instead."""
-    arch = next((a for a in _ARCHS.values() if a.model_type == getattr(config, "model_type", None)), None)
+    arch = by_model_type(getattr(config, "model_type", None))
     if arch is None:
-        types = ", ".join(a.model_type for a in _ARCHS.values())
+        types = ", ".join(a.model_type for a in ARCHS.values())
         raise ConversionError(f"hf_spec: model_type {getattr(config, 'model_type', None)!r} does not convert; supported: {types}")
     return parse_spec(arch.spec(config, None), source=f"from {arch.name} config")
 
@@ -581,13 +587,11 @@ def hf_config(spec: FamilySpec, architecture: str | None = None, **config: Any):
 
 def from_hf(hf_model: nn.Module) -> nn.Module:
     """A zoo model computing what ``hf_model`` computes: its spec from the config, its tensors copied."""
-    import zoo
-
     arch = _arch_of_model(hf_model)
     where = f"{arch.name} -> zoo"
     spec = parse_spec(arch.spec(hf_model.config, hf_model), source=f"from {arch.name}")
     device, dtype = device_dtype(hf_model)
-    model = zoo.build(spec, device=device, dtype=dtype)
+    model = build(spec, device=device, dtype=dtype)
     ref = hf_model.state_dict()
     rules = arch.rules(spec)
     handled = arch.check_from(hf_model, spec, ref) if hasattr(arch, "check_from") else []
