@@ -16,12 +16,13 @@ from __future__ import annotations
 import gzip
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
+
+from zoo.atomic import atomic_write
 
 __all__ = [
     "DatasetMissing", "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "FASHION_MNIST_MEAN", "FASHION_MNIST_STD",
@@ -102,10 +103,8 @@ def load_fashion_mnist(root: str | os.PathLike | None = None, cache_dir: str | o
         data[key] = t.unsqueeze(1).contiguous() if key.endswith("_x") else t.long()
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".fashion-mnist.", suffix=".tmp", dir=cache)
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(cache_file) as f:
             torch.save(data, f)
-        os.replace(tmp, cache_file)
     except OSError:  # a read-only cache folder only costs the decoding next time
         pass
     return data
