@@ -1,4 +1,4 @@
-"""The ``zoo`` command.
+"""The ``zoo`` command (also ``python -m zoo``).
 
     zoo                      every preset in a table (parameters, layers, width, components)
     zoo list                 registered components by kind, families, presets
