@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -85,7 +87,7 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def _read_source(source: str | Path) -> tuple[dict, str]:
+def _read_source(source: str | os.PathLike) -> tuple[dict, str]:
     text_source = str(source)
     path = Path(source)
     looks_like_path = path.suffix in (".yaml", ".yml") or "/" in text_source or path.is_file()
@@ -210,8 +212,11 @@ def load_spec(
         data, label = source.model_dump(mode="json"), f"{source.name or source.family!r}"
     elif isinstance(source, Mapping):
         data, label = dict(source), "mapping"
-    else:
+    elif isinstance(source, (str, os.PathLike)):
         data, label = _read_source(source)
+    else:
+        raise SpecError(f"a spec comes from a preset name, a YAML file path, a mapping or a FamilySpec, "
+                        f"not {type(source).__name__} {reprlib.repr(source)}")
     if overrides:
         data = apply_overrides(data, overrides)
         label = f"{label} with overrides {overrides}"
