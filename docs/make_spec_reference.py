@@ -114,7 +114,7 @@ def own_doc(cls: type, stop: tuple[type, ...]) -> str:
 
 def dispatch_of(meta: tuple) -> str | None:
     for m in meta:
-        if isinstance(m, zs._Dispatch):
+        if isinstance(m, zs.Dispatch):
             return m.part
     return None
 
@@ -236,7 +236,7 @@ def builtin_kinds(part: str) -> list[tuple[list[str], type]]:
     reg = REGISTRIES[part]
     for kind in reg.names():
         cls = reg.spec(kind)
-        if cls.__module__ == zs.__name__:
+        if cls.__module__.startswith(zs.__name__ + "."):  # defined in zoo.spec's modules
             groups.setdefault(cls, []).append(kind)
     def literal_order(cls: type, kinds: list[str]) -> list[str]:
         order = list(typing.get_args(cls.model_fields["kind"].annotation)) if "kind" in cls.model_fields else []

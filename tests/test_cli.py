@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import zoo
 from zoo.cli import main
@@ -34,3 +36,24 @@ def test_errors_are_one_line_with_exit_2(capsys):
     assert err.startswith("zoo: error: unknown preset 'gpt2-smal'; did you mean 'gpt2-small'") and "Traceback" not in err
     assert main(["show", "gpt2-small", "--set", "block.attention.n_heads=7"]) == 2
     assert "block.attention.n_heads: d_model (768) must be divisible by n_heads (7)" in capsys.readouterr().err
+
+
+def _python_m_zoo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zoo", *args], capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_python_m_zoo_list_is_zoo_list(capsys):
+    run = _python_m_zoo("list")
+    assert main(["list"]) == 0
+    assert run.returncode == 0 and run.stderr == ""
+    assert run.stdout == capsys.readouterr().out
+    assert "ffn: geglu, gelu, relu, silu, swiglu" in run.stdout and "presets: " in run.stdout
+
+
+def test_python_m_zoo_without_a_command_and_with_help():
+    run = _python_m_zoo()  # as `zoo`: the presets table
+    assert run.returncode == 0 and "zoo presets" in run.stdout and "gpt2-small" in run.stdout
+    run = _python_m_zoo("--help")
+    assert run.returncode == 0 and run.stdout.startswith("usage: zoo ") and "list" in run.stdout
+    run = _python_m_zoo("frobnicate")
+    assert run.returncode == 2 and run.stdout == "" and run.stderr.startswith("zoo: error: argument COMMAND: invalid choice")

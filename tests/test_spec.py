@@ -151,3 +151,18 @@ def test_json_schema_lists_every_kind():
         for kind in zoo.registry(part).names():
             assert f'"const": "{kind}"' in text or f'"{kind}"' in text, (part, kind)
     assert schema["title"] == "zoo model spec"
+
+
+@pytest.mark.parametrize("source", [42, None, ["gpt2-small"], 2.5, b"gpt2-small"])
+def test_a_source_of_the_wrong_type_says_what_a_spec_comes_from(source):
+    what = "a preset name, a YAML file path, a mapping or a FamilySpec"
+    with pytest.raises(SpecError, match=f"a spec comes from {what}, not {type(source).__name__} "):
+        load_spec(source)
+    with pytest.raises(SpecError, match=f"a spec comes from {what}"):
+        zoo.build(source, device="meta")
+
+
+def test_a_path_object_is_a_source(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text(to_yaml(load_spec("gpt2-small", ["n_layers=2"])))
+    assert load_spec(path).n_layers == 2 and zoo.build(path, device="meta").spec.n_layers == 2

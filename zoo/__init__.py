@@ -7,13 +7,13 @@
 ['alibi', 'learned', 'none', 'rope', 'sincos2d', 'sinusoidal']
 """
 
+from zoo._version import __version__
 from zoo.registry import Registry, RegistryError, register, registry
 from zoo.spec import SpecError, json_schema, load_spec, parse_spec, preset_names, to_yaml
 from zoo.build import build, count_parameters
 from zoo.io import load, load_weights, save
 from zoo.generate import Generation, generate
 
-__version__ = "0.1.0"
 
 __all__ = [
     "build", "count_parameters", "generate", "Generation", "load_spec", "parse_spec", "preset_names", "to_yaml", "json_schema",

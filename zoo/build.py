@@ -1,4 +1,7 @@
-"""Specs to modules: ``zoo.build``."""
+"""Specs to modules: ``zoo.build``.
+
+The one place that imports the built-in parts and families, which registers their builders.
+"""
 
 from __future__ import annotations
 

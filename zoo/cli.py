@@ -1,4 +1,4 @@
-"""The ``zoo`` command.
+"""The ``zoo`` command (also ``python -m zoo``).
 
     zoo                      every preset in a table (parameters, layers, width, components)
     zoo list                 registered components by kind, families, presets
@@ -32,10 +32,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-import zoo
-import zoo.io
+from zoo.build import build, count_parameters
+from zoo.io import FileHeader, LoadError, SaveError, load, one_line, read_header, read_spec, save
 from zoo.registry import REGISTRIES, RegistryError
-from zoo.spec import SpecError
+from zoo.spec import SpecError, json_schema, load_spec, preset_names, to_yaml
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -81,10 +81,10 @@ def presets_table() -> Table:
     for col, just in (("preset", "left"), ("family", "left"), ("parameters", "right"), ("layers", "right"),
                       ("d_model", "right"), ("components", "left")):
         table.add_column(col, justify=just)
-    for name in zoo.preset_names():
-        spec = zoo.load_spec(name)
-        model = zoo.build(spec, device="meta")
-        table.add_row(name, spec.family, f"{zoo.count_parameters(model):,}", _layers(spec), str(spec.d_model), _components(spec))
+    for name in preset_names():
+        spec = load_spec(name)
+        model = build(spec, device="meta")
+        table.add_row(name, spec.family, f"{count_parameters(model):,}", _layers(spec), str(spec.d_model), _components(spec))
     return table
 
 
@@ -123,7 +123,7 @@ def summary_table(s, spec) -> Table:
     return table
 
 
-def inspect_lines(header: zoo.io.FileHeader) -> list[str]:
+def inspect_lines(header: FileHeader) -> list[str]:
     meta = header.metadata
     dtypes = ", ".join(f"{name} x {count}" for name, count in sorted(header.dtypes().items()))
     lines = [
@@ -137,9 +137,9 @@ def inspect_lines(header: zoo.io.FileHeader) -> list[str]:
     for alias, name in header.tied.items():
         lines.append(f"tied        {alias} = {name} (stored once)")
     if "zoo.spec" in meta:
-        spec = zoo.io.read_spec(header.path)
+        spec = read_spec(header.path)
         lines.append("spec:")
-        lines += ["  " + line for line in zoo.to_yaml(spec).splitlines()]
+        lines += ["  " + line for line in to_yaml(spec).splitlines()]
     else:
         lines.append("spec        none (load its weights with zoo.load_weights into a model you build)")
     return lines
@@ -148,14 +148,14 @@ def inspect_lines(header: zoo.io.FileHeader) -> list[str]:
 # -------------------------------------------------------------------------------------- commands
 def _spec(source: str, overrides: list[str]):
     if source.endswith(".safetensors"):
-        return zoo.load_spec(zoo.io.read_spec(source), overrides)
-    return zoo.load_spec(source, overrides)
+        return load_spec(read_spec(source), overrides)
+    return load_spec(source, overrides)
 
 
 def _list(console: Console) -> None:
     for part, reg in REGISTRIES.items():
         console.print(f"[bold]{part}[/]: {', '.join(reg.names())}")
-    console.print(f"[bold]presets[/]: {', '.join(zoo.preset_names())}")
+    console.print(f"[bold]presets[/]: {', '.join(preset_names())}")
 
 
 def _summary(args, console: Console) -> None:
@@ -172,21 +172,21 @@ def _summary(args, console: Console) -> None:
 def _export(args) -> None:
     spec = _spec(args.spec, args.overrides)
     if not Path(args.output).parent.is_dir():  # before building: a big model takes a while
-        raise zoo.io.SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
-    model = zoo.build(spec, seed=args.seed)
-    path = zoo.save(model, args.output, dtype=DTYPES[args.dtype])
+        raise SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
+    model = build(spec, seed=args.seed)
+    path = save(model, args.output, dtype=DTYPES[args.dtype])
     size = Path(path).stat().st_size
-    print(f"wrote {path}: {spec.name or spec.family}, {zoo.count_parameters(model):,} parameters, "
+    print(f"wrote {path}: {spec.name or spec.family}, {count_parameters(model):,} parameters, "
           f"{args.dtype}, seed {args.seed}, {size:,} bytes ({human_bytes(size)})")
 
 
 def _inspect(args) -> None:
-    header = zoo.io.read_header(args.file)
+    header = read_header(args.file)
     if args.json:
         info = {
             "file": str(header.path), "size": header.size, "metadata": {k: v for k, v in header.metadata.items() if k != "zoo.spec"},
             "tensors": len(header.tensors), "dtypes": header.dtypes(), "parameters": header.n_elements, "tied": header.tied,
-            "spec": zoo.io.read_spec(header.path).model_dump(mode="json") if "zoo.spec" in header.metadata else None,
+            "spec": read_spec(header.path).model_dump(mode="json") if "zoo.spec" in header.metadata else None,
         }
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:
@@ -242,18 +242,18 @@ def _average_spec(args, first: Path, ckpt: dict | None):
     if args.spec:
         return _spec(args.spec, args.overrides)
     if ckpt is None:
-        return zoo.load_spec(zoo.io.read_spec(first), args.overrides)
+        return load_spec(read_spec(first), args.overrides)
     stored = ckpt.get("spec") or ckpt.get("state", {}).get("spec")
     if stored is None:
         raise ValueError(f"{first} records no model spec; give one with --spec (a preset, YAML or .safetensors file)")
-    return zoo.load_spec(stored, args.overrides)
+    return load_spec(stored, args.overrides)
 
 
 def _average(args) -> None:
     from zoo.train.checkpoint import CheckpointError, average_state_dicts, load_checkpoint
 
     if not Path(args.output).parent.is_dir():
-        raise zoo.io.SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
+        raise SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
     states, spec = [], None
     for i, name in enumerate(args.checkpoints):
         path = Path(name)
@@ -261,7 +261,7 @@ def _average(args) -> None:
             raise ValueError(f"no such file: {name}")
         ckpt = None
         if path.suffix == ".safetensors":
-            states.append(zoo.load(path).state_dict())  # every name, tied ones included
+            states.append(load(path).state_dict())  # every name, tied ones included
         else:
             try:
                 ckpt = load_checkpoint(path)
@@ -270,18 +270,18 @@ def _average(args) -> None:
             states.append(ckpt["model"])
         if i == 0:
             spec = _average_spec(args, path, ckpt)
-    expected = set(zoo.build(spec, device="meta").state_dict())
+    expected = set(build(spec, device="meta").state_dict())
     for name, state in zip(args.checkpoints, states):
         if set(state) != expected:
             missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
             raise ValueError(f"{name} does not fit the spec ({spec.name or spec.family}): "
                              f"missing {missing[:3]}, unexpected {extra[:3]}")
-    model = zoo.build(spec)
+    model = build(spec)
     model.load_state_dict(average_state_dicts(states), strict=True)
-    path = zoo.save(model, args.output, dtype=DTYPES[args.dtype] if args.dtype else None)
+    path = save(model, args.output, dtype=DTYPES[args.dtype] if args.dtype else None)
     size = Path(path).stat().st_size
     print(f"wrote {path}: the mean of {len(states)} checkpoints, {spec.name or spec.family}, "
-          f"{zoo.count_parameters(model):,} parameters, {size:,} bytes ({human_bytes(size)})")
+          f"{count_parameters(model):,} parameters, {size:,} bytes ({human_bytes(size)})")
 
 
 def _average_parser(sub) -> argparse.ArgumentParser:
@@ -364,8 +364,8 @@ def _parser() -> argparse.ArgumentParser:
 def _one_line(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
-    text = zoo.io.one_line(error)
-    known = (SpecError, RegistryError, zoo.io.LoadError, zoo.io.SaveError, UsageError, ValueError)
+    text = one_line(error)
+    known = (SpecError, RegistryError, LoadError, SaveError, UsageError, ValueError)
     return text if isinstance(error, known) else f"{type(error).__name__}: {text}"
 
 
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "list":
             _list(console)
         elif args.command == "show":
-            sys.stdout.write(zoo.to_yaml(_spec(args.spec, args.overrides)))
+            sys.stdout.write(to_yaml(_spec(args.spec, args.overrides)))
         elif args.command == "summary":
             _summary(args, console)
         elif args.command == "export":
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "inspect":
             _inspect(args)
         elif args.command == "schema":
-            sys.stdout.write(json.dumps(zoo.json_schema(), indent=2) + "\n")
+            sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
         elif args.command == "convert":
             _convert(args)
         elif args.command == "average":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -36,6 +35,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from zoo._version import __version__
+from zoo.atomic import atomic_path, file_mode  # noqa: F401  (file_mode: zoo.io.file_mode, as before)
 from zoo.build import build
 from zoo.spec import FamilySpec, SpecError, parse_spec
 
@@ -89,8 +90,6 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
     ``dtype`` casts floating-point tensors on the way out (``torch.bfloat16`` halves a float32
     model's file). The model must be what its spec builds (``model.spec``, set by ``zoo.build``).
     """
-    import zoo
-
     spec = getattr(model, "spec", None)
     if not isinstance(spec, FamilySpec):
         raise SaveError(
@@ -124,7 +123,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
     metadata = {
         "format": "pt",
         KEY_FORMAT: str(FORMAT),
-        KEY_VERSION: zoo.__version__,
+        KEY_VERSION: __version__,
         KEY_SPEC: json.dumps(spec_json, separators=(",", ":")),
     }
     aliases = {alias: canon for canon, names in groups.items() for alias in names[1:]}
@@ -133,40 +132,13 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
     return _write_atomic(tensors, metadata, Path(path))
 
 
-def file_mode(path: Path) -> int:
-    """The permissions a new file at ``path`` gets: an existing file's, else 0o666 less the umask
-    (temporary files are created private; the renamed result should not be)."""
-    try:
-        return path.stat().st_mode & 0o777
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
-
-
 def _write_atomic(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> Path:
-    """Write to a temporary file beside ``path``, flush it to disk, then rename it into place: a crash
-    leaves either the old file or the new one, never half of one."""
+    """Write the file beside ``path`` and rename it into place (:mod:`zoo.atomic`): a crash leaves
+    either the old file or the new one, never half of one."""
     if not path.parent.is_dir():
         raise SaveError(f"cannot write {str(path)!r}: no directory {str(path.parent)!r}")
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
-        os.chmod(tmp, file_mode(path))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable (POSIX)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
     return path
 
 
@@ -239,8 +211,6 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 def _spec_of(header: FileHeader) -> FamilySpec:
-    import zoo
-
     name, meta = str(header.path), header.metadata
     if KEY_SPEC not in meta:
         raise LoadError(
@@ -254,11 +224,11 @@ def _spec_of(header: FileHeader) -> FamilySpec:
         raise LoadError(f"{name!r}: unreadable {KEY_FORMAT} {meta[KEY_FORMAT]!r} in its metadata (corrupt?)") from None
     if fmt > FORMAT:
         raise LoadError(
-            f"{name!r} is in zoo file format {fmt} (written by zoo {written_by}); this zoo ({zoo.__version__}) "
+            f"{name!r} is in zoo file format {fmt} (written by zoo {written_by}); this zoo ({__version__}) "
             f"reads format {FORMAT} and older; upgrade zoo"
         )
-    newer = _version_tuple(written_by) > _version_tuple(zoo.__version__)
-    hint = f" (written by zoo {written_by}, newer than this zoo {zoo.__version__}; upgrade zoo)" if newer else ""
+    newer = _version_tuple(written_by) > _version_tuple(__version__)
+    hint = f" (written by zoo {written_by}, newer than this zoo {__version__}; upgrade zoo)" if newer else ""
     try:
         data = json.loads(meta[KEY_SPEC])
     except json.JSONDecodeError as e:

@@ -7,10 +7,11 @@ families (``family``). Each entry pairs a ``kind`` name with
 * a builder, ``builder(spec, **context) -> nn.Module`` (how the part is made).
 
 Specs are registered by :mod:`zoo.spec` (torch-free), builders by :mod:`zoo.components` and
-:mod:`zoo.models`, so a spec can be validated without importing torch. A user adds a part in their
-own code with :func:`register` and names it as ``kind`` in a spec file; nothing in zoo is edited.
+:mod:`zoo.models`, which :mod:`zoo.build` imports (so ``import zoo`` registers every built-in part),
+and a spec can be validated without importing torch. A user adds a part in their own code with
+:func:`register` and names it as ``kind`` in a spec file; nothing in zoo is edited.
 
-This module imports neither torch nor pydantic.
+This module is the bottom of the package: it imports nothing of zoo, nor torch nor pydantic.
 """
 
 from __future__ import annotations
@@ -68,9 +69,6 @@ class Registry:
 
     def builder(self, kind: str) -> Callable[..., Any]:
         """The builder registered for ``kind``."""
-        if kind not in self._builders:
-            import zoo.components  # noqa: F401  (registers the built-in builders)
-            import zoo.models  # noqa: F401
         if kind in self._builders:
             return self._builders[kind]
         if kind in self._specs:

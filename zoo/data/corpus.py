@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from zoo.atomic import atomic_write_text
 from zoo.data.common import DataError
 from zoo.data.messages import read_catalogs
 from zoo.data.translation import DING_PATH, Pairs, dedupe, read_ding, split
@@ -166,6 +167,4 @@ def build_corpus(
 def write_tsv(pairs: Pairs, path: Path) -> None:
     """``source<TAB>target`` lines (tabs and line breaks inside a sentence become spaces)."""
     clean = lambda x: " ".join(x.split())  # noqa: E731
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(f"{clean(s)}\t{clean(t)}\n" for s, t in zip(pairs.src, pairs.tgt)), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, "".join(f"{clean(s)}\t{clean(t)}\n" for s, t in zip(pairs.src, pairs.tgt)))

@@ -16,12 +16,15 @@ from __future__ import annotations
 import gzip
 import os
 import struct
-import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from einops import rearrange
 from torch import Tensor
+
+from zoo.atomic import atomic_write
 
 __all__ = [
     "DatasetMissing", "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "FASHION_MNIST_MEAN", "FASHION_MNIST_STD",
@@ -99,13 +102,11 @@ def load_fashion_mnist(root: str | os.PathLike | None = None, cache_dir: str | o
     data = {}
     for key, name in _FILES.items():
         t = read_idx(root / name)
-        data[key] = t.unsqueeze(1).contiguous() if key.endswith("_x") else t.long()
+        data[key] = rearrange(t, "n h w -> n 1 h w").contiguous() if key.endswith("_x") else t.long()
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".fashion-mnist.", suffix=".tmp", dir=cache)
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(cache_file) as f:
             torch.save(data, f)
-        os.replace(tmp, cache_file)
     except OSError:  # a read-only cache folder only costs the decoding next time
         pass
     return data
@@ -114,8 +115,8 @@ def load_fashion_mnist(root: str | os.PathLike | None = None, cache_dir: str | o
 def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     """uint8 (or [0, 255] float) images ``[B, C, H, W]`` -> float32, per-channel standardised."""
     x = images.float().div_(255.0)
-    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    m = rearrange(torch.tensor(mean, dtype=x.dtype, device=x.device), "c -> 1 c 1 1")
+    s = rearrange(torch.tensor(std, dtype=x.dtype, device=x.device), "c -> 1 c 1 1")
     return x.sub_(m).div_(s)
 
 
@@ -131,7 +132,7 @@ def augment_batch(images: Tensor, *, generator: torch.Generator, padding: int = 
         rows = (oy[:, None] + torch.arange(h))[:, :, None]  # (B, H, 1)
         cols = (ox[:, None] + torch.arange(w))[:, None, :]  # (B, 1, W)
         bidx = torch.arange(b)[:, None, None]
-        x = padded.permute(0, 2, 3, 1)[bidx, rows, cols].permute(0, 3, 1, 2)  # (B, C, H, W)
+        x = rearrange(rearrange(padded, "b c h w -> b h w c")[bidx, rows, cols], "b h w c -> b c h w")
     if flip:
         mask = torch.rand(b, generator=generator) < 0.5
         x = torch.where(mask[:, None, None, None], x.flip(-1), x)
@@ -147,12 +148,19 @@ def _image_folder_base():
 
 class SafeImageFolder(_image_folder_base()):
     """torchvision's ImageFolder, except that an image that cannot be read or decoded yields
-    ``None`` instead of raising; :func:`collate_skipping` drops and counts those."""
+    ``None`` instead of raising; :func:`collate_skipping` drops and counts those. Each skipped file
+    is named in a warning with the running count ``skipped`` (per process: DataLoader workers each
+    count their own)."""
+
+    skipped = 0
 
     def __getitem__(self, index: int) -> Any:
         try:
             return super().__getitem__(index)
-        except Exception:  # truncated, corrupt, unreadable: skipped, counted by the collate function
+        except Exception as e:  # truncated, corrupt, unreadable: skipped, counted by the collate function
+            self.skipped += 1
+            warnings.warn(f"skipped unreadable image {self.samples[index][0]} ({self.skipped} skipped so far): "
+                          f"{type(e).__name__}: {e}", stacklevel=2)
             return None
 
 

@@ -27,7 +27,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from zoo.build import count_parameters
 from zoo.interop.common import ConversionError
+from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf, to_hf
+from zoo.interop.timm import from_timm, timm_kwargs, to_timm
+from zoo.io import load, read_header, save
 
 __all__ = ["Converted", "convert", "TIMM_BASE_MODEL", "TIMM_LAYERNORM_EPS"]
 
@@ -47,14 +51,8 @@ class Converted:
     ignored: tuple[str, ...] = ()  # source tensors the reference class does not read (another task's head)
 
 
-def _n_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def _is_zoo_file(path: Path) -> bool:
-    import zoo.io
-
-    return "zoo.spec" in zoo.io.read_header(path).metadata
+    return "zoo.spec" in read_header(path).metadata
 
 
 def _read_json(path: Path) -> dict:
@@ -81,21 +79,17 @@ def _fresh_dir(dst: Path) -> None:
 
 # ------------------------------------------------------------------------------------- zoo -> reference
 def _to_hf_dir(model: nn.Module, dst: Path, architecture: str | None, dtype: torch.dtype | None) -> Converted:
-    from zoo.interop.hf import to_hf
-
     _fresh_dir(dst)
     hf = to_hf(model, architecture)
     if dtype is not None:
         hf = hf.to(dtype)
     hf.save_pretrained(str(dst))
-    return Converted("hf", type(hf).__name__, dst, _n_params(hf))
+    return Converted("hf", type(hf).__name__, dst, count_parameters(hf))
 
 
 def timm_model_args(spec) -> dict:
     """JSON-able ``model_args`` that rebuild, with ``timm.create_model``, the ViT :func:`to_timm` builds."""
-    from zoo.interop.timm import _timm_kwargs
-
-    kwargs = _timm_kwargs(spec)
+    kwargs = timm_kwargs(spec)
     eps = spec.block.norm.eps
     if eps != TIMM_LAYERNORM_EPS:
         raise ConversionError(
@@ -109,8 +103,6 @@ def timm_model_args(spec) -> dict:
 
 def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None) -> Converted:
     from safetensors.torch import save_file
-
-    from zoo.interop.timm import to_timm
 
     _fresh_dir(dst)
     args = timm_model_args(model.spec)  # refuse before any work
@@ -131,18 +123,16 @@ def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None) -> Conv
     dst.mkdir(exist_ok=True)
     save_file(state, str(dst / TIMM_WEIGHTS), metadata={"format": "pt"})
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return Converted("timm", type(ref).__name__, dst, _n_params(ref))
+    return Converted("timm", type(ref).__name__, dst, count_parameters(ref))
 
 
 # ------------------------------------------------------------------------------------- reference -> zoo
 def _load_hf_dir(src: Path) -> nn.Module:
     import transformers
 
-    from zoo.interop.hf import _ARCHS, ARCHITECTURES
-
     config = _read_json(src / "config.json")
     model_type = config.get("model_type")
-    arch = next((a for a in _ARCHS.values() if a.model_type == model_type), None)
+    arch = by_model_type(model_type)
     if arch is None:
         named = ", ".join(config.get("architectures") or []) or "no architectures listed"
         raise ConversionError(f"{src}: model_type {model_type!r} ({named}) does not convert; supported: {', '.join(ARCHITECTURES)}")
@@ -201,11 +191,6 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
     the written floating-point tensors, and ``timm_model`` names the timm model a bare timm
     checkpoint holds (``vit_tiny_patch16_224``).
     """
-    import zoo
-
-    from zoo.interop.hf import from_hf
-    from zoo.interop.timm import from_timm
-
     src, dst, ignored = Path(src), Path(dst), []
     if to not in (None, "hf", "timm"):
         raise ConversionError(f"unknown target {to!r}; choose hf or timm")
@@ -214,7 +199,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
     if src.is_file() and _is_zoo_file(src):
         if timm_model is not None:
             raise ConversionError(f"{src} is a zoo file; --timm-model names the model of a timm checkpoint being read")
-        model = zoo.load(src).eval()
+        model = load(src).eval()
         target = to or ("timm" if model.spec.family == "vit" else "hf")
         if target == "timm":
             if architecture is not None:
@@ -244,5 +229,5 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
     else:
         raise ConversionError(f"{src} has no zoo spec; for a timm checkpoint name its model with --timm-model NAME, "
                               f"or pass an HF model directory")
-    path = zoo.save(model, dst, dtype=dtype)
-    return Converted("zoo", type(ref).__name__, Path(path), zoo.count_parameters(model), tuple(ignored))
+    path = save(model, dst, dtype=dtype)
+    return Converted("zoo", type(ref).__name__, Path(path), count_parameters(model), tuple(ignored))

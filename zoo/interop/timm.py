@@ -18,10 +18,11 @@ import math
 
 from torch import nn
 
+from zoo.build import build
 from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
 from zoo.spec import FamilySpec, parse_spec
 
-__all__ = ["from_timm", "to_timm", "timm_spec"]
+__all__ = ["from_timm", "to_timm", "timm_spec", "timm_kwargs"]
 
 FROM, TO = "timm VisionTransformer -> zoo", "zoo -> timm VisionTransformer"
 
@@ -167,11 +168,9 @@ def _rules(s: FamilySpec) -> list:
 
 def from_timm(timm_model: nn.Module) -> nn.Module:
     """A zoo ViT computing what ``timm_model`` computes: spec from its modules, tensors copied."""
-    import zoo
-
     spec = timm_spec(timm_model)
     device, dtype = device_dtype(timm_model)
-    model = zoo.build(spec, device=device, dtype=dtype)
+    model = build(spec, device=device, dtype=dtype)
     ref, rules = timm_model.state_dict(), _rules(spec)
     check_covered(ref, rules, FROM)
     shapes = {name: t.shape for name, t in model.state_dict().items()}
@@ -190,7 +189,7 @@ def _mlp_ratio(d: int, hidden: int) -> float:
     return ratio
 
 
-def _timm_kwargs(s: FamilySpec) -> dict:
+def timm_kwargs(s: FamilySpec) -> dict:
     """VisionTransformer arguments for ``s``, refusing what timm's ViT cannot express."""
     att, ffn, norm, d, stem = s.block.attention, s.block.ffn, s.block.norm, s.d_model, getattr(s, "stem", None)
     problems = [
@@ -227,7 +226,7 @@ def to_timm(zoo_model: nn.Module) -> nn.Module:
 
     spec = zoo_model.spec
     device, dtype = device_dtype(zoo_model)
-    timm_model = VisionTransformer(**_timm_kwargs(spec), device=device, dtype=dtype)
+    timm_model = VisionTransformer(**timm_kwargs(spec), device=device, dtype=dtype)
     hidden = spec.block.ffn.hidden_size(spec.d_model)
     if timm_model.blocks[0].mlp.fc1.out_features != hidden:
         raise unsupported(TO, "block.ffn.hidden", hidden, f"timm sizes the MLP as int(d_model * mlp_ratio); no ratio gives {hidden}")

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
+
+from zoo.atomic import atomic_write
 
 __all__ = [
     "CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
@@ -71,33 +72,6 @@ def restore_rng(ckpt: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(list(state["cuda"]))
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        from zoo.io import file_mode
-
-        os.chmod(tmp, file_mode(path))
-        os.replace(tmp, path)
-    except BaseException:
-        with _suppress():
-            os.unlink(tmp)
-        raise
-    return path
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return True
-
-
 def save_checkpoint(
     path: str | os.PathLike,
     *,
@@ -132,7 +106,11 @@ def save_checkpoint(
         ckpt["ema"] = {k: v.detach().cpu() for k, v in ema_state.items()}
     if config is not None:
         ckpt["config"] = dict(config)
-    return _atomic_torch_save(ckpt, Path(path))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        torch.save(ckpt, f)
+    return path
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

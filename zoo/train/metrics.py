@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from zoo.atomic import atomic_write_text
+
 __all__ = ["MetricsLog", "read_metrics", "plot_metrics", "Progress"]
 
 
@@ -35,9 +37,7 @@ class MetricsLog:
             self.path.write_text("")
         elif self.path.exists():  # keep what the interrupted run logged up to the checkpoint
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, *, step: int, split: str = "train", **values: Any) -> dict[str, Any]:
         record = {"step": int(step), "split": split, **{k: _plain(v) for k, v in values.items()}}

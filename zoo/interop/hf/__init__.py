@@ -1,0 +1,20 @@
+"""Two-way converters between zoo and HF transformers, exact in both directions.
+
+    from_hf(hf_model) -> zoo model          to_hf(zoo_model, architecture=None, **config) -> HF model
+    hf_spec(config)   -> zoo spec           hf_config(spec, architecture=None, **config) -> HF config
+
+Reference classes (``ARCHITECTURES``): ``GPT2LMHeadModel`` (zoo decoder, learned positions,
+LayerNorm), ``LlamaForCausalLM`` (zoo decoder: RoPE in the rotate-half layout, RMSNorm, gated FFN,
+MHA/GQA/MQA), ``BertForMaskedLM`` (zoo encoder, Post-Norm, MLM head) and ``MarianMTModel`` (zoo
+encoder-decoder: Post-Norm, sinusoidal positions in the concat layout, scaled embeddings).
+
+The spec is read from the reference's config (and the config written from the spec); tensors are
+then mapped by name (:mod:`zoo.interop.common`). Tying is read from the model itself, because HF
+decides it from several config fields. Anything the target cannot express raises
+:class:`ConversionError` naming the option. transformers is imported only when a converter runs.
+"""
+
+from zoo.interop.hf.convert import ARCHITECTURES, ARCHS, by_model_type, from_hf, hf_config, hf_spec, to_hf
+from zoo.interop.hf.marian import permute_model_dim
+
+__all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "permute_model_dim", "to_hf"]

@@ -1,0 +1,165 @@
+"""What the HF converters share: the :class:`Architecture` each reference class fills in, the
+tables of activation names, the checks that refuse what a reference cannot express, and the
+builders of tensor rules (:mod:`zoo.interop.common`) for the usual layouts."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from zoo.interop.common import Rule, rule, unsupported
+from zoo.spec import FamilySpec
+
+__all__ = [
+    "BUILTIN_ATTENTION",
+    "GATED",
+    "TWO_LAYER",
+    "Architecture",
+    "act_name",
+    "ffn_of",
+    "fused",
+    "layernorm",
+    "no_dropout",
+    "plain_attention",
+    "refuse_config",
+    "require",
+    "token_ids",
+    "weights",
+]
+
+
+class Architecture:
+    """One HF reference class. ``spec(config, hf_model or None)`` reads a zoo spec (a mapping) from
+    its config, ``config(spec, given)`` writes its config fields from a zoo spec, ``rules(spec)``
+    maps tensors by name. Three steps are optional: ``check_from`` names the reference tensors zoo
+    keeps no copy of (after checking them), ``extra_to`` makes the reference tensors zoo does not
+    hold, ``prepare_to`` rearranges a zoo state dict before it is mapped."""
+
+    name: ClassVar[str]  # the transformers model class
+    config_name: ClassVar[str]  # the transformers config class
+    model_type: ClassVar[str]  # the config's model_type
+
+    @staticmethod
+    def spec(c: Any, hf: nn.Module | None) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def config(cls, s: FamilySpec, given: dict) -> dict:
+        raise NotImplementedError
+
+    @staticmethod
+    def rules(s: FamilySpec) -> list[Rule]:
+        raise NotImplementedError
+
+    @classmethod
+    def check_from(cls, hf: nn.Module, s: FamilySpec, ref: dict[str, Tensor]) -> list[str]:
+        return []
+
+    @classmethod
+    def extra_to(cls, zoo_model: nn.Module, s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
+        return {}
+
+    @staticmethod
+    def prepare_to(state: dict[str, Tensor], s: FamilySpec) -> dict[str, Tensor]:
+        return state
+
+
+# HF activation names -> zoo FFNs. Two-layer FFNs (GPT-2, BERT, Marian) and gated ones (LLaMA's MLP).
+_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh")
+TWO_LAYER = {
+    "relu": {"kind": "relu"},
+    "gelu": {"kind": "gelu", "approximate": "none"},
+    "gelu_python": {"kind": "gelu", "approximate": "none"},
+    **{name: {"kind": "gelu", "approximate": "tanh"} for name in _TANH},
+    "silu": {"kind": "silu"},
+    "swish": {"kind": "silu"},
+}
+GATED = {
+    "silu": {"kind": "swiglu"},
+    "swish": {"kind": "swiglu"},
+    "gelu": {"kind": "geglu", "approximate": "none"},
+    "gelu_python": {"kind": "geglu", "approximate": "none"},
+    **{name: {"kind": "geglu", "approximate": "tanh"} for name in _TANH},
+}
+
+
+def ffn_of(table: dict, name: str, where: str, option: str) -> dict:
+    if name not in table:
+        raise unsupported(where, option, name, f"zoo's FFNs here have the activations {', '.join(sorted(table))}")
+    return dict(table[name])
+
+
+def act_name(ffn, names: dict[tuple[str, str], str], where: str) -> str:
+    """The HF activation name of a zoo FFN spec, from ``names`` {(kind, approximate): name}."""
+    key = (ffn.kind, getattr(ffn, "approximate", "none"))
+    if key not in names:
+        known = ", ".join(f"{k}" + (f" (approximate {a})" if a != "none" else "") for k, a in names)
+        raise unsupported(where, "block.ffn.kind", ffn.kind if key[1] == "none" else f"{key[0]} (approximate {key[1]})",
+                          f"this architecture's FFN is one of: {known}")
+    return names[key]
+
+
+def require(ok: bool, where: str, option: str, value: object, why: str) -> None:
+    if not ok:
+        raise unsupported(where, option, value, why)
+
+
+def refuse_config(c: Any, where: str, expected: dict[str, tuple[object, str]]) -> None:
+    """Each config field must hold its expected value, else the option is unsupported (with the reason)."""
+    for field, (want, why) in expected.items():
+        value = getattr(c, field, want)
+        if value != want:
+            raise unsupported(where, field, value, why)
+
+
+def weights(z: str, h: str, *, bias: bool = True, transpose: bool = False) -> list[Rule]:
+    """Rules for a weight (and its bias) named ``z`` in zoo and ``h`` in the reference."""
+    rules = [rule(f"{z}.weight", f"{h}.weight", transpose=transpose)]
+    return rules + [rule(f"{z}.bias", f"{h}.bias")] if bias else rules
+
+
+def fused(z: str, hs: list[str], *, bias: bool) -> list[Rule]:
+    rules = [rule(f"{z}.weight", *[f"{h}.weight" for h in hs])]
+    return rules + [rule(f"{z}.bias", *[f"{h}.bias" for h in hs])] if bias else rules
+
+
+BUILTIN_ATTENTION = ("mha", "gqa", "mqa")  # a registered kind may compute anything with the same tensors
+
+
+def plain_attention(spec: FamilySpec, where: str, *, cross_too: bool = False) -> None:
+    """Checks for references with one MHA shape, biases on every projection (GPT-2, BERT, Marian)."""
+    d, b = spec.d_model, spec.block
+    for field, att in [("attention", b.attention)] + ([("cross_attention", b.cross_attention)] if cross_too else []):
+        if att is None:
+            continue
+        require(att.kind in BUILTIN_ATTENTION, where, f"block.{field}.kind", att.kind, "only zoo's built-in attention converts")
+        require(att.kv_heads == att.n_heads, where, f"block.{field}.n_kv_heads", att.kv_heads,
+                "this architecture has multi-head attention only (n_kv_heads == n_heads)")
+        sizes = (att.qk_size(d), att.v_size(d))
+        require(d % att.n_heads == 0 and sizes == (d // att.n_heads,) * 2, where, f"block.{field}.head_dim", sizes,
+                "this architecture's head size is d_model / n_heads for queries, keys and values")
+        require(att.bias, where, f"block.{field}.bias", att.bias, "this architecture has biases on every projection")
+    if cross_too and b.cross_attention is not None:
+        require(b.cross_attention == b.attention, where, "block.cross_attention", b.cross_attention.kind,
+                "this architecture's cross-attention is shaped as its self-attention; leave cross_attention null")
+
+
+def layernorm(spec: FamilySpec, where: str, placement: str) -> None:
+    n = spec.block.norm
+    require(n.kind == "layernorm", where, "block.norm.kind", n.kind, "this architecture uses LayerNorm")
+    require(n.bias, where, "block.norm.bias", n.bias, "this architecture's LayerNorms have biases")
+    require(n.placement == placement, where, "block.norm.placement", n.placement, f"this architecture is {placement}-norm")
+
+
+def no_dropout(spec: FamilySpec, where: str, fields: tuple[str, ...], why: str) -> None:
+    for field in fields:
+        rate = getattr(spec.dropout, field)
+        require(rate == 0, where, f"dropout.{field}", rate, why)
+
+
+def token_ids(c: dict, vocab: int, defaults: dict[str, int | None], given: dict) -> None:
+    """Token ids the spec does not know: the caller's, else the HF default where it fits the vocabulary."""
+    for field, default in defaults.items():
+        if field not in given:
+            c[field] = default if default is None or default < vocab else None

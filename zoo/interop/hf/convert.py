@@ -1,0 +1,111 @@
+"""The HF converters' entry points: the architectures by name, and the two directions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from zoo.build import build
+from zoo.interop.common import (
+    ConversionError,
+    check_covered,
+    check_used,
+    device_dtype,
+    load_exact,
+    reference_state,
+    zoo_state,
+)
+from zoo.interop.hf.base import Architecture
+from zoo.interop.hf.bert import Bert
+from zoo.interop.hf.gpt2 import GPT2
+from zoo.interop.hf.llama import Llama
+from zoo.interop.hf.marian import Marian
+from zoo.spec import FamilySpec, parse_spec
+
+__all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
+
+ARCHS: dict[str, type[Architecture]] = {a.name: a for a in (GPT2, Bert, Llama, Marian)}
+ARCHITECTURES = tuple(ARCHS)
+
+
+def by_model_type(model_type: str | None) -> type[Architecture] | None:
+    """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian) is ``model_type``, or None."""
+    return next((a for a in ARCHS.values() if a.model_type == model_type), None)
+
+
+def _arch_of_model(hf_model: nn.Module) -> type[Architecture]:
+    name = type(hf_model).__name__
+    if name not in ARCHS:
+        raise ConversionError(f"from_hf: {name} does not convert; supported: {', '.join(ARCHITECTURES)}")
+    return ARCHS[name]
+
+
+def _arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architecture]:
+    if architecture is not None:
+        if architecture not in ARCHS:
+            raise ConversionError(f"to_hf: unknown architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
+        return ARCHS[architecture]
+    default = {"encoder": Bert, "encoder_decoder": Marian,
+               "decoder": Llama if spec.position.kind == "rope" else GPT2}.get(spec.family)
+    if default is None:
+        raise ConversionError(f"to_hf: family {spec.family!r} has no HF counterpart here (a vit converts with zoo.interop.timm.to_timm)")
+    return default
+
+
+def hf_spec(config: Any) -> FamilySpec:
+    """The zoo spec of the model an HF config describes (``model_type`` gpt2, bert, llama or marian).
+    Tying follows the config; :func:`from_hf` reads it from the model instead."""
+    arch = by_model_type(getattr(config, "model_type", None))
+    if arch is None:
+        types = ", ".join(a.model_type for a in ARCHS.values())
+        raise ConversionError(f"hf_spec: model_type {getattr(config, 'model_type', None)!r} does not convert; supported: {types}")
+    return parse_spec(arch.spec(config, None), source=f"from {arch.name} config")
+
+
+def hf_config(spec: FamilySpec, architecture: str | None = None, **config: Any):
+    """The HF config of ``spec`` for ``architecture`` (default: by family). ``config`` adds fields
+    the spec does not decide (token ids, generation settings); fields the spec decides are refused."""
+    import transformers
+
+    arch = _arch_for_spec(spec, architecture)
+    fields = arch.config(spec, config)
+    clash = sorted(set(config) & set(fields) - {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"})
+    if clash:
+        raise ConversionError(f"to_hf: {', '.join(clash)} follow from the zoo spec; change the spec instead")
+    return getattr(transformers, arch.config_name)(**{**fields, **config})
+
+
+def from_hf(hf_model: nn.Module) -> nn.Module:
+    """A zoo model computing what ``hf_model`` computes: its spec from the config, its tensors copied."""
+    arch = _arch_of_model(hf_model)
+    where = f"{arch.name} -> zoo"
+    spec = parse_spec(arch.spec(hf_model.config, hf_model), source=f"from {arch.name}")
+    device, dtype = device_dtype(hf_model)
+    model = build(spec, device=device, dtype=dtype)
+    ref = hf_model.state_dict()
+    rules = arch.rules(spec)
+    handled = arch.check_from(hf_model, spec, ref)
+    check_covered(ref, rules, where, handled=handled)
+    shapes = {name: t.shape for name, t in model.state_dict().items()}
+    load_exact(model, zoo_state(ref, rules, shapes, where), where)
+    return model.train(hf_model.training)
+
+
+def to_hf(zoo_model: nn.Module, architecture: str | None = None, **config: Any) -> nn.Module:
+    """The HF model computing what ``zoo_model`` computes (see :func:`hf_config` for ``config``)."""
+    import transformers
+
+    spec = zoo_model.spec
+    arch = _arch_for_spec(spec, architecture)
+    where = f"zoo -> {arch.name}"
+    device, dtype = device_dtype(zoo_model)
+    hf_model = getattr(transformers, arch.name)(hf_config(spec, arch.name, **config)).to(device=device, dtype=dtype)
+    state = arch.prepare_to(zoo_model.state_dict(), spec)
+    shapes = {name: t.shape for name, t in hf_model.state_dict().items()}
+    rules = arch.rules(spec)
+    check_used(state, rules, where)
+    out = reference_state(state, rules, shapes, where)
+    out.update(arch.extra_to(zoo_model, spec, shapes))
+    load_exact(hf_model, out, where)
+    return hf_model.train(zoo_model.training)

@@ -1,0 +1,79 @@
+"""The base of every spec, and the dispatch that picks a part's spec class by its ``kind`` from
+the part's registry (:mod:`zoo.registry`), so a part a user registers is as valid as a built-in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import core_schema
+
+from zoo.registry import REGISTRIES, RegistryError, registry
+
+__all__ = ["ComponentSpec", "Dispatch", "Rate", "Spec", "register_specs"]
+
+Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class Spec(BaseModel):
+    """Base of every spec: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ComponentSpec(Spec):
+    """A part chosen by ``kind`` from its registry."""
+
+    kind: str
+
+
+class Dispatch:
+    """Validate a ``{kind: ...}`` mapping with the spec class its registry has for that kind."""
+
+    def __init__(self, part: str, key: str = "kind") -> None:
+        self.part, self.key = part, key
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        reg = registry(self.part)
+
+        def validate(value: Any) -> Any:
+            if isinstance(value, ComponentSpec):
+                value = value.model_dump()
+            if not isinstance(value, Mapping):
+                raise ValueError(  # noqa: TRY004  (pydantic reports a ValueError as a validation error)
+                    f"expected a mapping such as {{{self.key}: {reg.names()[0]}}}, got {value!r}"
+                )
+            if self.key not in value:
+                raise ValueError(f"missing '{self.key}': one of {', '.join(reg.names())}")
+            try:
+                cls = reg.spec(value[self.key])
+            except RegistryError as e:
+                raise ValueError(str(e)) from None
+            return cls.model_validate(dict(value))
+
+        return core_schema.no_info_plain_validator_function(
+            validate,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda v: v.model_dump(mode="json"), when_used="always"
+            ),
+        )
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict:
+        # Built when asked, so parts registered later appear too.
+        reg = registry(self.part)
+        members = []
+        seen = set()
+        for kind in reg.names():
+            cls = reg.spec(kind)
+            if cls not in seen:
+                seen.add(cls)
+                members.append(handler(cls.__pydantic_core_schema__))
+        return {"oneOf": members, "description": f"a {self.part}, chosen by {self.key}: {', '.join(reg.names())}"}
+
+
+def register_specs(part: str, base: type[Spec], members: Mapping[str, type[Spec]]) -> None:
+    """Make ``base`` the spec base of the ``part`` registry and register each ``{kind: spec class}``."""
+    REGISTRIES[part].spec_base = base
+    for kind, cls in members.items():
+        REGISTRIES[part].add_spec(kind, cls)

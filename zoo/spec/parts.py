@@ -1,0 +1,172 @@
+"""The specs of interchangeable parts: attention, positions, FFNs and norms. Each part's field in a
+model spec takes any kind its registry knows (:class:`~zoo.spec.base.Dispatch`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from zoo.spec.base import ComponentSpec, Dispatch, register_specs
+
+__all__ = [
+    "FFN", "AlibiSpec", "Attention", "AttentionSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec",
+    "LayerNormSpec", "LearnedSpec", "NoPositionSpec", "Norm", "NormSpec", "Position", "PositionSpec", "RMSNormSpec",
+    "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
+]
+
+
+# ----------------------------------------------------------------------------------------- attention
+class AttentionSpec(ComponentSpec):
+    """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1)."""
+
+    kind: Literal["mha", "gqa", "mqa"] = "mha"
+    n_heads: PositiveInt = 8
+    n_kv_heads: PositiveInt | None = Field(None, description="key/value heads; default: mha n_heads, mqa 1")
+    head_dim: PositiveInt | None = Field(None, description="query/key size per head; default d_model // n_heads")
+    v_head_dim: PositiveInt | None = Field(None, description="value size per head; default d_model // n_heads")
+    bias: bool = True
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> AttentionSpec:
+        h, g = self.n_heads, self.n_kv_heads
+        if self.kind == "mha" and g not in (None, h):
+            raise ValueError(f"kind mha has n_kv_heads == n_heads ({h}), got n_kv_heads={g}; use kind: gqa")
+        if self.kind == "mqa" and g not in (None, 1):
+            raise ValueError(f"kind mqa has one key/value head, got n_kv_heads={g}; use kind: gqa")
+        if self.kind == "gqa" and g is None:
+            raise ValueError("kind gqa needs n_kv_heads (a divisor of n_heads)")
+        if g is not None and h % g:
+            divisors = [d for d in range(1, h + 1) if h % d == 0]
+            raise ValueError(f"n_heads ({h}) must be divisible by n_kv_heads ({g}); choose n_kv_heads from {divisors}")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        if self.n_kv_heads is not None:
+            return self.n_kv_heads
+        return 1 if self.kind == "mqa" else self.n_heads
+
+    def qk_size(self, d_model: int) -> int:
+        return self.head_dim or d_model // self.n_heads
+
+    def v_size(self, d_model: int) -> int:
+        return self.v_head_dim or d_model // self.n_heads
+
+
+# ----------------------------------------------------------------------------------------- positions
+class PositionSpec(ComponentSpec):
+    """Where order information enters: added to embeddings, rotating q/k, or biasing scores."""
+
+
+class NoPositionSpec(PositionSpec):
+    kind: Literal["none"] = "none"
+
+
+class SinusoidalSpec(PositionSpec):
+    """The paper's fixed sinusoids, frequencies base^(-2i/D). ``interleaved``: sin/cos alternate (the
+    paper's formula); ``concat``: all sines then all cosines (HF Marian). tensor2tensor and fairseq
+    also concatenate but space their frequencies as base^(-i/(D/2-1)), a slightly different table."""
+
+    kind: Literal["sinusoidal"] = "sinusoidal"
+    base: PositiveFloat = 10000.0
+    layout: Literal["interleaved", "concat"] = "interleaved"
+
+
+class LearnedSpec(PositionSpec):
+    kind: Literal["learned"] = "learned"
+
+
+class RopeSpec(PositionSpec):
+    """Rotary embeddings (rotate-half layout, as HF LLaMA)."""
+
+    kind: Literal["rope"] = "rope"
+    base: PositiveFloat = 10000.0
+
+
+class AlibiSpec(PositionSpec):
+    kind: Literal["alibi"] = "alibi"
+
+
+class SinCos2dSpec(PositionSpec):
+    """Fixed 2-D sin-cos table over the patch grid (ViT; MAE layout, zero row for the class token)."""
+
+    kind: Literal["sincos2d"] = "sincos2d"
+    base: PositiveFloat = 10000.0
+
+
+# --------------------------------------------------------------------------------------------- FFN
+class FFNSpec(ComponentSpec):
+    """Position-wise feed-forward network. ``hidden`` defaults per kind (see ``hidden_size``)."""
+
+    hidden: PositiveInt | None = None
+    bias: bool = True
+
+    def hidden_size(self, d_model: int) -> int:
+        return self.hidden or 4 * d_model
+
+
+class ReluFFNSpec(FFNSpec):
+    kind: Literal["relu"] = "relu"
+
+
+class GeluFFNSpec(FFNSpec):
+    kind: Literal["gelu"] = "gelu"
+    approximate: Literal["none", "tanh"] = "none"
+
+
+class SiluFFNSpec(FFNSpec):
+    """Two-layer FFN with SiLU (swish), as Marian's ``activation_function: swish``."""
+
+    kind: Literal["silu"] = "silu"
+
+
+class GatedFFNSpec(FFNSpec):
+    """Gated linear unit FFN. Default hidden: 2/3 of 4 * d_model, rounded up to a multiple of 64,
+    which keeps the parameter count of the two-layer FFN it replaces."""
+
+    kind: Literal["swiglu", "geglu"] = "swiglu"
+
+    def hidden_size(self, d_model: int) -> int:
+        return self.hidden or 64 * math.ceil(8 * d_model / 3 / 64)
+
+
+class GeGLUSpec(GatedFFNSpec):
+    kind: Literal["geglu"] = "geglu"
+    approximate: Literal["none", "tanh"] = "none"
+
+
+class SwiGLUSpec(GatedFFNSpec):
+    kind: Literal["swiglu"] = "swiglu"
+
+
+# -------------------------------------------------------------------------------------------- norms
+class NormSpec(ComponentSpec):
+    """Normalisation and where blocks put it: ``post`` (the paper: norm after each residual add) or
+    ``pre`` (GPT-2, LLaMA, ViT: norm before each sub-layer, plus a final norm)."""
+
+    placement: Literal["pre", "post"] = "pre"
+    eps: PositiveFloat = 1e-5
+
+
+class LayerNormSpec(NormSpec):
+    kind: Literal["layernorm"] = "layernorm"
+    bias: bool = True
+
+
+class RMSNormSpec(NormSpec):
+    kind: Literal["rmsnorm"] = "rmsnorm"
+
+
+Attention = Annotated[ComponentSpec, Dispatch("attention")]
+Position = Annotated[ComponentSpec, Dispatch("position")]
+FFN = Annotated[ComponentSpec, Dispatch("ffn")]
+Norm = Annotated[ComponentSpec, Dispatch("norm")]
+
+register_specs("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec})
+register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
+                                          "rope": RopeSpec, "alibi": AlibiSpec, "sincos2d": SinCos2dSpec})
+register_specs("ffn", FFNSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec,
+                                "geglu": GeGLUSpec})
+register_specs("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec})
