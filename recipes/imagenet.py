@@ -34,6 +34,7 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 from torch import Tensor, nn
 
 import zoo
+from zoo.atomic import atomic_write_text
 from zoo.data.images import (
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
@@ -362,7 +363,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     }
     same = results["reloaded_top1"] == results["top1"] and abs(results["reloaded_loss"] - results["loss"]) < 1e-6
     if dist.is_main:
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     line = f"done: {step} steps | top-1 {results['top1']:.2f}% top-5 {results['top5']:.2f}% on {results['valid_images']} images"
     if fitted.ema is not None:
         line += f" | EMA top-1 {results['ema_top1']:.2f}% top-5 {results['ema_top5']:.2f}%"

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveFloat, PositiveInt
 
 import zoo
+from zoo.atomic import atomic_write_text
 from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.train import (
@@ -175,7 +176,7 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
         model_dir.mkdir(parents=True, exist_ok=True)
         zoo.save(model, model_dir / "model.safetensors")
         shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
-        (model_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        atomic_write_text(model_dir / "config.yaml", config_to_yaml(cfg))
         print(f"exported {model_dir}/model.safetensors and tokenizer.json; total {(time.perf_counter() - t_start) / 60:.1f} min",
               flush=True)
     return results

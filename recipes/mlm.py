@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 
 import zoo
+from zoo.atomic import atomic_write_text
 from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.train import (
@@ -148,7 +149,7 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
         model_dir.mkdir(parents=True, exist_ok=True)
         zoo.save(model, model_dir / "model.safetensors")
         shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
-        (model_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        atomic_write_text(model_dir / "config.yaml", config_to_yaml(cfg))
         dist.print(f"exported {model_dir}/model.safetensors and tokenizer.json")
     results = {"mlm_accuracy": acc, "mlm_loss": last["loss"], "baseline_accuracy": baseline, "pretrain_seconds": train_s}
     return model, tok, (train_texts, valid_texts), results
@@ -218,7 +219,7 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, to
         model_dir.mkdir(parents=True, exist_ok=True)
         zoo.save(model.encoder, model_dir / "model.safetensors")
         shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
-        (model_dir / "labels.json").write_text(json.dumps(names) + "\n")
+        atomic_write_text(model_dir / "labels.json", json.dumps(names) + "\n")
         dist.print(f"exported {model_dir}/model.safetensors, tokenizer.json and labels.json")
     return {"finetune_accuracy": acc, "majority_accuracy": baseline, "finetune_seconds": secs}
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 import zoo
+from zoo.atomic import atomic_write_text
 from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.train import (CheckpointError, Config, OptimConfig, RunConfig, ScheduleConfig, Task,
@@ -330,7 +331,7 @@ def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corp
             print(f"training: {step} steps, {fitted.elapsed:.0f}s, {results['train_tokens_per_s']:.0f} target tokens/s "
                   f"(mean over log intervals), padding {100 * pad[0]:.1f}% source / {100 * pad[1]:.1f}% target")
         results["total_seconds"] = round(time.perf_counter() - t_start, 1)
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
         last = results.get(f"{key}/last", {})
         per_domain = "".join(f", {d} {results[f'{key}/{d}/averaged']['bleu']:.2f}" for d in domains)
         print(f"{key}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} (averaged{per_domain})"

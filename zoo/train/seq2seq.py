@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
+from zoo.atomic import atomic_path, atomic_write_text
 from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.io import save as save_model
@@ -71,7 +72,7 @@ def export_model_dir(model, tokenizer: str | Path, model_dir: Path, settings: di
     model_dir.mkdir(parents=True, exist_ok=True)
     save_model(model, model_dir / "model.safetensors")
     shutil.copyfile(tokenizer, model_dir / "tokenizer.json")
-    (model_dir / "translate.json").write_text(json.dumps(settings, indent=2) + "\n")
+    atomic_write_text(model_dir / "translate.json", json.dumps(settings, indent=2) + "\n")
     return model_dir
 
 
@@ -90,10 +91,9 @@ def shared_bpe(data, splits: dict[str, T.Pairs], out_dir: Path, dist: Dist, *, r
     if not reuse and dist.is_main:
         tok = T.train_bpe(splits["train"].src + splits["train"].tgt, data.vocab_size, min_frequency=data.min_frequency)
         out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tok.save(str(tmp))
-        tmp.replace(path)
-        meta_path.write_text(json.dumps(settings))
+        with atomic_path(path) as tmp:
+            tok.save(str(tmp))
+        atomic_write_text(meta_path, json.dumps(settings))
     dist.barrier()
     return T.load_bpe(path), "reused" if reuse else "trained"
 
