@@ -93,7 +93,7 @@ def reference_attention(q, k, v, allowed):
 @pytest.mark.parametrize("T,grad", [(5, True), (12, False), (24, True), (24, False), (48, True)])
 @pytest.mark.parametrize("path", ["zoo", "sdpa"])  # zoo's CPU attention, or SDPA's kernels
 def test_attention_equals_reference_math(n_kv_heads, causal, padded, T, grad, path, monkeypatch):
-    import zoo.components.attention as A
+    import zoo.kernels.cpu.attention as A
 
     calls = []
     real_apply = A._CpuAttention.apply
