@@ -82,13 +82,13 @@ class Attention(nn.Module):
             if cache is not None and cache.memory_kv is not None:
                 k, v = cache.memory_kv
             else:
-                k, v = self._heads_kv(self.kv(memory))
+                k, v = self.memory_kv(memory)
                 if cache is not None:
                     cache.memory_kv = (k, v)
         else:
             q, kv = self.qkv(x).split([self.splits[0], self.splits[1] + self.splits[2]], dim=-1)
             q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, K)
-            k, v = self._heads_kv(kv)
+            k, v = self._split_kv(kv)
             if pos is not None:
                 q, k = pos.rotate(q, k, positions)
             if cache is not None:
@@ -102,7 +102,13 @@ class Attention(nn.Module):
         )  # (B, H, T, V)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim))
 
-    def _heads_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention's keys and values of ``memory`` [B, S, Dm]: k (B, G, S, K), v (B, G, S, V)."""
+        if not self.cross:
+            raise ValueError("memory_kv: a self-attention module has no memory; build it with cross=True")
+        return self._split_kv(self.kv(memory))
+
+    def _split_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """[B, S, G*K + G*V] -> k (B, G, S, K), v (B, G, S, V)."""
         B, S, _ = kv.shape
         k, v = kv.split(self.splits[1:], dim=-1)
