@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from zoo.components import (
     Attention,
+    BlockContext,
     GatedMLP,
     MLP,
     PostNormBlock,
@@ -185,7 +186,7 @@ def test_block_placement_formulas(block_cls):
     n1, n2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
     block = block_cls(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=n2).eval()
     x = torch.randn(2, 4, D)
-    ctx = dict(mask=None, is_causal=True, pos=NoPosition(), positions=torch.arange(4), memory=None, memory_mask=None, cache=None)
+    ctx = BlockContext(is_causal=True, pos=NoPosition(), positions=torch.arange(4))
     a = lambda h: attn(h, is_causal=True)  # noqa: E731
     if block_cls is PreNormBlock:
         h = x + a(n1(x))

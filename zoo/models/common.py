@@ -8,9 +8,9 @@ import torch
 from torch import Tensor, nn
 
 from zoo.components.attention import Attention, attention_mask
-from zoo.components.ffn import MLP, GatedMLP
-from zoo.components.block import PostNormBlock, PreNormBlock, Stack
+from zoo.components.block import BlockContext, PostNormBlock, PreNormBlock, Stack
 from zoo.components.cache import KVCache
+from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.position import LearnedPosition, Position
 from zoo.registry import registry
 from zoo.spec import FamilySpec
@@ -73,12 +73,10 @@ def self_attention_inputs(
     causal: bool,
     cache: KVCache | None = None,
     name: str = "tokens",
-) -> tuple[Tensor, Tensor | None, bool]:
-    """Positions of ``tokens`` and the SDPA mask for self-attention over them (and the cache).
-
-    Returns (positions, mask, is_causal): positions feed ``position.add``/``rotate``; the mask folds
-    causality, key padding and the position's score bias together (see ``attention_mask``).
-    """
+) -> BlockContext:
+    """The blocks' context for self-attention over ``tokens`` (and the cache): the tokens' positions
+    (they feed ``position.add`` and ``rotate``) and the SDPA mask, which folds causality, key padding
+    and the position's score bias together (see ``attention_mask``)."""
     B, T = tokens.shape
     if cache is None:
         positions = key_positions = positions_for(padding_mask, T, tokens.device)
@@ -93,7 +91,7 @@ def self_attention_inputs(
         )
     bias = position.bias(n_heads, positions, key_positions)
     mask, is_causal = attention_mask(q_len=T, k_len=S, causal=causal, key_padding=key_mask, bias=bias, device=tokens.device)
-    return positions, mask, is_causal
+    return BlockContext(pos=position, positions=positions, mask=mask, is_causal=is_causal)
 
 
 def check_tokens(tokens: object, name: str, *, vocab_size: int) -> None:
