@@ -13,6 +13,7 @@ one ``attn_mask`` SDPA takes.
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 
 from zoo import kernels
@@ -76,9 +77,8 @@ class Attention(nn.Module):
         ``cache``: keys/values of earlier steps; self-attention appends to it, cross-attention computes
         the memory's keys/values once and reuses them (``memory`` may then be None).
         """
-        B, T, _ = x.shape
         if self.cross:
-            q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, K)
+            q = rearrange(self.q(x), "b t (h k) -> b h t k", h=self.n_heads)
             if cache is not None and cache.memory_kv is not None:
                 k, v = cache.memory_kv
             else:
@@ -87,7 +87,7 @@ class Attention(nn.Module):
                     cache.memory_kv = (k, v)
         else:
             q, kv = self.qkv(x).split([self.splits[0], self.splits[1] + self.splits[2]], dim=-1)
-            q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, K)
+            q = rearrange(q, "b t (h k) -> b h t k", h=self.n_heads)
             k, v = self._split_kv(kv)
             if pos is not None:
                 q, k = pos.rotate(q, k, positions)
@@ -100,7 +100,7 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )  # (B, H, T, V)
-        return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim))
+        return self.out(rearrange(y, "b h t v -> b t (h v)"))
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention's keys and values of ``memory`` [B, S, Dm]: k (B, G, S, K), v (B, G, S, V)."""
@@ -110,10 +110,9 @@ class Attention(nn.Module):
 
     def _split_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """[B, S, G*K + G*V] -> k (B, G, S, K), v (B, G, S, V)."""
-        B, S, _ = kv.shape
         k, v = kv.split(self.splits[1:], dim=-1)
-        k = k.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(B, S, self.n_kv_heads, self.v_head_dim).transpose(1, 2)
+        k = rearrange(k, "b s (g k) -> b g s k", g=self.n_kv_heads)
+        v = rearrange(v, "b s (g v) -> b g s v", g=self.n_kv_heads)
         return k, v
 
 

@@ -80,6 +80,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: b
     """
     rep = q.shape[1] // k.shape[1]
     if rep > 1:  # GQA/MQA: each key/value head serves ``rep`` consecutive query heads
+        # = einops.repeat(k, "b g s k -> b (g r) s k", r=rep), which cost 12-24 us more a call at the
+        # short lengths this kernel takes (Python overhead): plain torch in this hot path
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     with torch.autocast(q.device.type, enabled=False):
         return _CpuAttention.apply(q, k, v, mask, is_causal, p)
