@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from zoo import kernels
 from zoo.components.cache import LayerCache
 from zoo.components.linear import Linear
+from zoo.components.parts import linear_flops
 from zoo.components.position import Position
 from zoo.kernels import sdpa_only  # noqa: F401 (kept importable from here)
 from zoo.registry import register
@@ -30,6 +31,8 @@ class Attention(nn.Module):
     Self-attention fuses the q, k, v projections into one ``qkv`` linear; cross-attention has ``q``
     on the queries and a fused ``kv`` on the memory.
     """
+
+    residual_out = ("out",)  # writes into the residual stream (zoo.components.parts)
 
     def __init__(
         self,
@@ -101,6 +104,17 @@ class Attention(nn.Module):
             enable_gqa=self.n_kv_heads != self.n_heads,
         )  # (B, H, T, V)
         return self.out(rearrange(y, "b h t v -> b t (h v)"))
+
+    def flops(self, tokens: int, memory: int | None = None) -> int:
+        """Forward FLOPs over ``tokens`` queries (cross-attention: against ``memory`` keys): the
+        projections, q·k for every (query, key) pair and the weighted sum of values, for every head."""
+        keys = memory if self.cross and memory is not None else tokens
+        if self.cross:
+            projections = linear_flops(self.q, tokens) + linear_flops(self.kv, keys)
+        else:
+            projections = linear_flops(self.qkv, tokens)
+        scores = 2 * tokens * keys * self.n_heads * (self.head_dim + self.v_head_dim)
+        return projections + linear_flops(self.out, tokens) + scores
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention's keys and values of ``memory`` [B, S, Dm]: k (B, G, S, K), v (B, G, S, V)."""

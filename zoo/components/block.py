@@ -65,6 +65,10 @@ class Block(nn.Module):
         self.ffn_norm, self.ffn = ffn_norm, ffn
         self.drop = Dropout(dropout)
 
+    def parts(self) -> list[nn.Module]:
+        """The sub-layers: self-attention, cross-attention (if any), FFN."""
+        return [p for p in (self.attn, self.cross_attn, self.ffn) if p is not None]
+
     def _self(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
         return self.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos, positions=ctx.positions, cache=cache)
 

@@ -7,10 +7,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from zoo.components.attention import Attention, attention_mask
-from zoo.components.block import BlockContext, PostNormBlock, PreNormBlock, Stack
+from zoo.components.attention import attention_mask
+from zoo.components.block import Block, BlockContext, PostNormBlock, PreNormBlock, Stack
 from zoo.components.cache import KVCache
-from zoo.components.ffn import MLP, GatedMLP
+from zoo.components.parts import residual_linears
 from zoo.components.position import LearnedPosition, Position
 from zoo.registry import registry
 from zoo.spec import FamilySpec
@@ -119,12 +119,19 @@ def check_mask(mask: object, tokens: Tensor, name: str) -> Tensor | None:
     return mask.to(torch.bool)
 
 
+def _parts(model: nn.Module) -> list[nn.Module]:
+    """The blocks' parts, and any other module that declares ``residual_out``."""
+    parts = {id(p): p for block in model.modules() if isinstance(block, Block) for p in block.parts()}
+    parts.update((id(m), m) for m in model.modules() if getattr(m, "residual_out", None) is not None)
+    return list(parts.values())
+
+
 def init_weights(model: nn.Module, spec: FamilySpec) -> None:
-    """Initialise linear, embedding and learned position weights as ``spec.init`` says; biases zero."""
+    """Initialise linear, embedding and learned position weights as ``spec.init`` says; biases zero.
+    The residual output linears are those the parts name (``zoo.components.parts.residual_out``)."""
     init, d = spec.init, spec.d_model
     residual_std = init.std / math.sqrt(2 * spec.n_layers) if init.scaled_residual else init.std
-    residual = {id(m.out.weight) for m in model.modules() if isinstance(m, Attention)}
-    residual |= {id(m.fc2.weight) for m in model.modules() if isinstance(m, (MLP, GatedMLP))}
+    residual = {id(m.weight) for part in _parts(model) for m in residual_linears(part)}
 
     def normal(w: Tensor, std: float) -> None:
         if init.scheme == "trunc_normal":
