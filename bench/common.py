@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from zoo.components.linear import onednn_available, onednn_linear
+from zoo.kernels.cpu.linear import onednn_available, onednn_linear
 
 MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 

@@ -140,7 +140,7 @@ def _saved_bytes(model, inputs) -> int:
 
 @pytest.mark.parametrize("family,extra", ACTIVATIONS, ids=[f"{f}-{len(e)}" for f, e in ACTIVATIONS])
 def test_activation_estimate_agrees_with_what_autograd_keeps(family, extra, monkeypatch):
-    monkeypatch.setattr(zoo.components.attention, "_ZOO_KEYS", {})  # the estimate is for fused attention
+    monkeypatch.setattr(zoo.kernels.cpu.attention, "_ZOO_KEYS", {})  # the estimate is for fused attention
     spec = tiny_spec(family, NO_DROPOUT + extra)
     model = zoo.build(spec, seed=0)
     inputs = example_inputs(model, batch=2, length=32)

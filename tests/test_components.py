@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from zoo.components import (
     Attention,
+    BlockContext,
     GatedMLP,
     MLP,
     PostNormBlock,
@@ -93,7 +94,7 @@ def reference_attention(q, k, v, allowed):
 @pytest.mark.parametrize("T,grad", [(5, True), (12, False), (24, True), (24, False), (48, True)])
 @pytest.mark.parametrize("path", ["zoo", "sdpa"])  # zoo's CPU attention, or SDPA's kernels
 def test_attention_equals_reference_math(n_kv_heads, causal, padded, T, grad, path, monkeypatch):
-    import zoo.components.attention as A
+    import zoo.kernels.cpu.attention as A
 
     calls = []
     real_apply = A._CpuAttention.apply
@@ -185,7 +186,7 @@ def test_block_placement_formulas(block_cls):
     n1, n2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
     block = block_cls(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=n2).eval()
     x = torch.randn(2, 4, D)
-    ctx = dict(mask=None, is_causal=True, pos=NoPosition(), positions=torch.arange(4), memory=None, memory_mask=None, cache=None)
+    ctx = BlockContext(is_causal=True, pos=NoPosition(), positions=torch.arange(4))
     a = lambda h: attn(h, is_causal=True)  # noqa: E731
     if block_cls is PreNormBlock:
         h = x + a(n1(x))

@@ -9,15 +9,17 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-import zoo.components.attention as A
-import zoo.components.dropout as D
+import zoo.kernels.cpu.attention as A
+import zoo.kernels.cpu.dropout as D
+from zoo import kernels
+from zoo.components import Dropout
 from conftest import example_inputs, tiny_model
 
 
 def test_drop_rate_is_p_in_every_lane_and_the_expectation_is_kept():
     torch.manual_seed(0)
     n, p = 1 << 22, 0.1
-    y = D.dropout(torch.ones(n), p)
+    y = kernels.dropout(torch.ones(n), p)
     dropped = y == 0
     sigma = math.sqrt(p * (1 - p) / n)
     assert abs(dropped.float().mean().item() - p) < 5 * sigma
@@ -40,7 +42,7 @@ def test_quantized_p():
 def test_backward_uses_the_forward_mask(dtype):
     torch.manual_seed(1)
     x = torch.randn(4, 33, 17, dtype=dtype, requires_grad=True)
-    y = D.dropout(x, 0.3)
+    y = kernels.dropout(x, 0.3)
     g = torch.randn_like(y)
     y.backward(g)
     scale = 1 / (1 - D.quantized_p(0.3))
@@ -53,16 +55,16 @@ def test_backward_uses_the_forward_mask(dtype):
 def test_same_seed_same_mask_and_fallbacks():
     x = torch.randn(1000)
     torch.manual_seed(3)
-    a = D.dropout(x, 0.5)
+    a = kernels.dropout(x, 0.5)
     torch.manual_seed(3)
-    b = D.dropout(x, 0.5)
-    c = D.dropout(x, 0.5)
+    b = kernels.dropout(x, 0.5)
+    c = kernels.dropout(x, 0.5)
     assert torch.equal(a, b) and not torch.equal(a, c)
-    assert D.dropout(x, 0.5, training=False) is x and D.dropout(x, 0.0) is x
-    assert torch.equal(D.dropout(x, 1.0), torch.zeros_like(x))  # p = 1 goes to F.dropout
-    m = D.Dropout(0.2).eval()
+    assert kernels.dropout(x, 0.5, training=False) is x and kernels.dropout(x, 0.0) is x
+    assert torch.equal(kernels.dropout(x, 1.0), torch.zeros_like(x))  # p = 1 goes to F.dropout
+    m = Dropout(0.2).eval()
     assert m(x) is x
-    assert not D.cpu_dropout_applies(torch.arange(4), 0.5)  # integer tensors are torch's business
+    assert not D.applies(torch.arange(4), 0.5)  # integer tensors are torch's business
 
 
 # ------------------------------------------------------------------------ attention with dropout
@@ -106,7 +108,7 @@ def test_cpu_attention_matches_float64(case, dtype, tol, p, monkeypatch):
         mask = torch.randn(1, H, T, S, generator=g)
     keep = torch.rand(B, H, T, S, generator=g) > p
     monkeypatch.setattr(A, "keep_mask", lambda shape, p, dtype: keep.to(dtype))
-    y = A._cpu_attention(q, k, v, mask, case == "causal", p)
+    y = A.attention(q, k, v, mask, case == "causal", p)
     out_grad = torch.randn(y.shape, generator=g).to(dtype)
     grads = torch.autograd.grad(y, (q, k, v), out_grad)
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
@@ -154,7 +156,7 @@ def test_attention_dropout_keeps_the_expected_output():
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
     plain = F.scaled_dot_product_attention(q, k, v)
-    mean = torch.stack([A._cpu_attention(q, k, v, None, False, 0.5) for _ in range(4000)]).mean(0)
+    mean = torch.stack([A.attention(q, k, v, None, False, 0.5) for _ in range(4000)]).mean(0)
     torch.testing.assert_close(mean, plain, atol=0.08, rtol=0)
 
 

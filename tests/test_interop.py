@@ -31,7 +31,7 @@ ATOL = 1e-5
 
 @pytest.fixture(autouse=True)
 def _aten_linears(monkeypatch):
-    from zoo.components import linear
+    from zoo.kernels.cpu import linear
 
     monkeypatch.setattr(linear, "_choice", "aten")
 V = 61  # a small vocabulary

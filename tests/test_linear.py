@@ -1,4 +1,4 @@
-"""zoo's Linear: the oneDNN fp32 CPU path against float64 F.linear, its fallbacks, the backend choice."""
+"""zoo's Linear: the oneDNN fp32 CPU kernel against float64 F.linear, the dispatch's fallbacks, the backend choice."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
-from zoo.components import linear as L
+from zoo import kernels
+from zoo.components import Linear
+from zoo.kernels.cpu import linear as L
 from conftest import example_inputs, tiny_model
 
 needs_onednn = pytest.mark.skipif(not L.onednn_available(), reason="this torch build has no oneDNN")
@@ -29,7 +31,7 @@ def onednn_everywhere(monkeypatch):
 def _grads_against_float64(x, w, b, out_grad):
     """Outputs and gradients of zoo's linear (fp32) and of F.linear in float64 on the same values."""
     results = []
-    for fn, dtype in [(L.linear, torch.float32), (F.linear, torch.float64)]:
+    for fn, dtype in [(kernels.linear, torch.float32), (F.linear, torch.float64)]:
         xs = x.detach().to(dtype).requires_grad_(x.requires_grad)
         ws = w.detach().to(dtype).requires_grad_(w.requires_grad)
         bs = None if b is None else b.detach().to(dtype).requires_grad_(b.requires_grad)
@@ -64,7 +66,7 @@ def test_onednn_linear_backward_takes_an_expanded_gradient(onednn_everywhere):
     g = torch.Generator().manual_seed(2)
     x, w, b = torch.randn(3, 5, 24, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
     ours = [t.clone().requires_grad_() for t in (x, w, b)]
-    L.linear(*ours).sum().backward()  # the gradient of sum() is a stride-0 expansion
+    kernels.linear(*ours).sum().backward()  # the gradient of sum() is a stride-0 expansion
     ref = [t.double().requires_grad_() for t in (x, w, b)]
     F.linear(*ref).sum().backward()
     for a, r in zip(ours, ref):
@@ -77,9 +79,9 @@ def test_onednn_linear_takes_strided_inputs(onednn_everywhere):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 48, generator=g)[:, ::2]  # a non-contiguous view
     w = torch.randn(30, 24, generator=g)
-    torch.testing.assert_close(L.linear(x, w), F.linear(x.double(), w.double()).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernels.linear(x, w), F.linear(x.double(), w.double()).float(), rtol=1e-5, atol=1e-5)
     wt = torch.randn(24, 30, generator=g).t()  # a transposed weight
-    torch.testing.assert_close(L.linear(x, wt), F.linear(x.double(), wt.double()).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernels.linear(x, wt), F.linear(x.double(), wt.double()).float(), rtol=1e-5, atol=1e-5)
     assert len(onednn_everywhere) == 2
 
 
@@ -117,18 +119,18 @@ def test_fast_path_leaves_autocast_small_products_and_other_dtypes_to_torch(monk
     big_x, big_w = torch.randn(64, 256), torch.randn(512, 256)  # 8M multiply-adds
     small_x, small_w = torch.randn(2, 16), torch.randn(8, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert L.linear(big_x, big_w).dtype == torch.bfloat16  # autocast still casts
-    assert L.linear(small_x, small_w).shape == (2, 8)
-    assert L.linear(big_x.double(), big_w.double()).dtype == torch.float64
-    assert L.linear(torch.randn(0, 256), big_w).shape == (0, 512)
+        assert kernels.linear(big_x, big_w).dtype == torch.bfloat16  # autocast still casts
+    assert kernels.linear(small_x, small_w).shape == (2, 8)
+    assert kernels.linear(big_x.double(), big_w.double()).dtype == torch.float64
+    assert kernels.linear(torch.randn(0, 256), big_w).shape == (0, 512)
     assert calls == []
     monkeypatch.setattr(L, "_choice", "aten")
-    L.linear(big_x, big_w)
+    kernels.linear(big_x, big_w)
     assert calls == []
     if L.onednn_available():
         monkeypatch.setattr(L, "_choice", "onednn")
-        L.linear(big_x, big_w)
-        L.linear(torch.randn(1, 1024), torch.randn(1024, 1024))  # a decoding step over a 1M weight
+        kernels.linear(big_x, big_w)
+        kernels.linear(torch.randn(1, 1024), torch.randn(1024, 1024))  # a decoding step over a 1M weight
         assert len(calls) == 2
 
 
@@ -166,7 +168,7 @@ def test_cpuinfo_reading():
 
 
 def test_linear_is_an_nn_linear_with_the_same_state():
-    ours, ref = L.Linear(8, 4), nn.Linear(8, 4)
+    ours, ref = Linear(8, 4), nn.Linear(8, 4)
     assert isinstance(ours, nn.Linear)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(3, 8)
@@ -174,7 +176,7 @@ def test_linear_is_an_nn_linear_with_the_same_state():
     model = zoo.build(zoo.load_spec("gpt2-small", ["n_layers=1", "d_model=32", "block.attention.n_heads=4",
                                                    "vocab_size=50"]), seed=0)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(isinstance(m, L.Linear) for m in linears)
+    assert linears and all(isinstance(m, Linear) for m in linears)
 
 
 @needs_onednn
@@ -184,6 +186,6 @@ def test_flop_counter_counts_the_onednn_path(onednn_everywhere):
     x, w = torch.randn(4, 6, 24, requires_grad=True), torch.randn(40, 24, requires_grad=True)
     counter = FlopCounterMode(display=False)
     with counter:
-        L.linear(x, w).sum().backward()
+        kernels.linear(x, w).sum().backward()
     assert onednn_everywhere
     assert counter.get_total_flops() == 3 * 2 * 4 * 6 * 24 * 40  # forward, input grad, weight grad

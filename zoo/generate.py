@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
+import einops
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -60,14 +61,14 @@ class _Stepper:
             if bos_id is None:
                 raise ValueError("generate: an encoder-decoder needs bos_id, the token the target starts with")
             memory = model.encode(inputs, mask)
-            self.memory = memory.repeat_interleave(repeat, dim=0)
-            self.mask = mask.repeat_interleave(repeat, dim=0) if mask is not None else None
+            self.memory = einops.repeat(memory, "b s d -> (b k) s d", k=repeat)  # each sentence's beams in a row
+            self.mask = einops.repeat(mask, "b s -> (b k) s", k=repeat) if mask is not None else None
             self.cache = model.new_cache(capacity)
             self.first_tokens = torch.full((self.memory.shape[0], 1), bos_id, dtype=torch.long, device=inputs.device)
         else:
             self.cache = model.new_cache(inputs.shape[1] + capacity)
-            self.prompt = inputs.repeat_interleave(repeat, dim=0)
-            self.mask = mask.repeat_interleave(repeat, dim=0) if mask is not None else None
+            self.prompt = einops.repeat(inputs, "b t -> (b k) t", k=repeat)
+            self.mask = einops.repeat(mask, "b t -> (b k) t", k=repeat) if mask is not None else None
 
     def _call(self, tokens: Tensor, mask: Tensor | None) -> Tensor:
         if self.encdec:
@@ -222,7 +223,8 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new) ->
         V = logp.shape[-1]
         if t < min_new and len(stops):
             logp[:, stops] = float("-inf")
-        cand = (alive[..., None] + logp.view(B, K, V)).view(B, K * V)
+        logp = einops.rearrange(logp, "(b k) v -> b k v", k=K)
+        cand = einops.rearrange(alive[..., None] + logp, "b k v -> b (k v)")  # candidate = (beam, token)
         top_s, top_i = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K), best first
         beam, tok = top_i // V, top_i % V
         is_stop = torch.isin(tok, stops)
@@ -252,8 +254,8 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new) ->
         done = done | at_max | (best >= reachable)
         if bool(done.all()):
             break
-        rows = (offsets + beam.gather(1, order)).view(-1)  # (B*K,)
-        next_tok = tok.gather(1, order).view(-1)
+        rows = einops.rearrange(offsets + beam.gather(1, order), "b k -> (b k)")
+        next_tok = einops.rearrange(tok.gather(1, order), "b k -> (b k)")
         alive_tokens = torch.cat([alive_tokens[rows], next_tok[:, None]], dim=1)
         stepper.reorder(rows)
         logits = stepper.step(next_tok)

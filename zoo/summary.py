@@ -1,7 +1,8 @@
 """What a spec costs: parameters by part, FLOPs, activation memory, KV cache — from a model built on
 the meta device, so even the big presets answer at once.
 
-Conventions (docs/io.md has the worked formulas):
+Conventions (tests/test_cli_io.py works a small decoder through by hand and checks the counts
+against ``torch.utils.flop_counter`` and what autograd keeps):
 
 * FLOPs count multiply-adds as two and only matrix products (linear layers, the patch convolution,
   the attention scores q·k and the weighted sum of values), as ``torch.utils.flop_counter`` does.
@@ -11,9 +12,12 @@ Conventions (docs/io.md has the worked formulas):
   forward passes (the backward pass costs two).
 * Activation memory is what a training step keeps for the backward pass at a batch and length, in
   the given dtype, assuming fused attention (no T x T matrix is stored), plus the logits the loss
-  reads and one byte per element of each dropout mask. (On CPU, zoo runs sequences of at most 32
-  keys through SDPA's math path, which keeps the H x T x S probabilities too: small at that length.)
+  reads and one byte per element of each dropout mask. (On CPU, zoo's own attention kernel,
+  ``zoo.kernels.cpu.attention``, keeps the H x T x S weights too for the short sequences it takes.)
 * The KV cache is the keys and values a decoder keeps per generated token.
+
+A block's parts are asked, not recognised: their FLOPs, saved activations and head sizes come from
+their declarations or the fallbacks in :mod:`zoo.components.parts`, so registered parts count too.
 
 Shapes: B batch, T tokens, S source tokens, D model width, H heads, G key/value heads, K and V head
 sizes, F FFN hidden size, L layers.
@@ -27,10 +31,9 @@ import torch
 from torch import nn
 
 from zoo.build import build, count_parameters
-from zoo.components.attention import Attention
+from zoo.components import parts
 from zoo.components.block import Block, Stack
 from zoo.components.embedding import PatchEmbedding
-from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.norm import RMSNorm
 from zoo.components.position import Position
 from zoo.spec import FamilySpec
@@ -117,31 +120,13 @@ def _tied(model: nn.Module) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------ FLOPs
-def _linear_flops(module: nn.Module | None, tokens: int) -> int:
-    if module is None:
-        return 0
-    return sum(2 * m.in_features * m.out_features * tokens for m in module.modules() if isinstance(m, nn.Linear))
-
-
-def _score_flops(att: nn.Module, q_len: int, k_len: int) -> int:
-    """q·k over every (query, key) pair and the weighted sum of values, for every query head."""
-    if not isinstance(att, Attention):
-        return 0
-    return 2 * q_len * k_len * att.n_heads * (att.head_dim + att.v_head_dim)
-
-
 def _stack_flops(stack: Stack, tokens: int, memory: int | None = None) -> int:
+    """Every block's parts: self-attention and FFN over the ``tokens``; cross-attention's queries
+    from them and keys/values from the ``memory`` sources."""
     total = 0
     for block in stack.blocks:
-        total += _linear_flops(block.attn, tokens) + _score_flops(block.attn, tokens, tokens)
-        total += _linear_flops(block.ffn, tokens)
-        cross = block.cross_attn
-        if cross is not None:
-            if isinstance(cross, Attention):  # queries from the T targets, keys/values from the S sources
-                total += _linear_flops(cross.q, tokens) + _linear_flops(cross.kv, memory) + _linear_flops(cross.out, tokens)
-            else:
-                total += _linear_flops(cross, tokens)
-            total += _score_flops(cross, tokens, memory)
+        total += parts.flops(block.attn, tokens) + parts.flops(block.ffn, tokens)
+        total += parts.flops(block.cross_attn, tokens, memory)
     return total
 
 
@@ -150,11 +135,12 @@ def forward_flops(model: nn.Module, seq: int) -> int | None:
     source and target both ``seq`` long), or one image. None for a family this does not know."""
     family = model.spec.family
     if family in ("decoder", "encoder"):  # an encoder's forward is its masked-LM head, not the classifier
-        return _stack_flops(model.stack, seq) + _linear_flops(model.head, seq)
+        return _stack_flops(model.stack, seq) + parts.linear_flops(model.head, seq)
     if family == "encoder_decoder":
-        return _stack_flops(model.encoder, seq) + _stack_flops(model.decoder, seq, seq) + _linear_flops(model.head, seq)
+        stacks = _stack_flops(model.encoder, seq) + _stack_flops(model.decoder, seq, seq)
+        return stacks + parts.linear_flops(model.head, seq)
     if family == "vit":
-        return _patch_flops(model) + _stack_flops(model.stack, model.spec.n_tokens) + _linear_flops(model.head, 1)
+        return _patch_flops(model) + _stack_flops(model.stack, model.spec.n_tokens) + parts.linear_flops(model.head, 1)
     return None
 
 
@@ -172,25 +158,6 @@ def _norm_extra(norm: nn.Module, d: int) -> int:
     return d if isinstance(norm, RMSNorm) else 0  # RMSNorm keeps its normalised input for the weight's grad
 
 
-def _ffn_hidden(ffn: nn.Module, dropout: float) -> int:
-    """Elements per token the FFN keeps past its input: a two-layer MLP its pre- and
-    post-activation (2F; ReLU needs only its output, F, unless dropout copies it); a gated one
-    [gate | up], act(gate) and their product (4F)."""
-    if isinstance(ffn, GatedMLP):
-        return 4 * ffn.fc2.in_features
-    if isinstance(ffn, MLP):
-        hidden = ffn.fc1.out_features
-        return hidden if isinstance(ffn.act, nn.ReLU) and not dropout else 2 * hidden
-    linears = [m for m in ffn.modules() if isinstance(m, nn.Linear)]
-    return 2 * sum(m.out_features for m in linears[:-1])
-
-
-def _attn_sizes(att: nn.Module, d: int) -> tuple[int, int, int, int]:
-    if isinstance(att, Attention):
-        return att.n_heads, att.n_kv_heads, att.head_dim, att.v_head_dim
-    return 1, 1, d, d
-
-
 def _rotates(position: Position | None) -> bool:
     return position is not None and type(position).rotate is not Position.rotate
 
@@ -205,18 +172,18 @@ def _stack_activations(
     elements = masks = 0
     for block in stack.blocks:
         extra = _norm_extra(block.attn_norm, d)
-        H, G, K, V = _attn_sizes(block.attn, d)
+        H, G, K, V = parts.head_sizes(block.attn, d)
         elements += tokens * (2 * d + extra + H * K + G * (K + V) + H * V + (H + G) * K * rotates)
-        elements += tokens * (2 * d + extra + _ffn_hidden(block.ffn, drop.ffn))
+        elements += tokens * (2 * d + extra + parts.saved_per_token(block.ffn))
         sublayers = 2
         if block.cross_attn is not None:
-            H, G, K, V = _attn_sizes(block.cross_attn, d)
+            H, G, K, V = parts.head_sizes(block.cross_attn, d)
             elements += tokens * (2 * d + extra + H * K + H * V) + memory * G * (K + V)
             sublayers = 3
         if drop.residual:
             masks += tokens * sublayers * d
         if drop.ffn:
-            masks += tokens * _ffn_hidden(block.ffn, drop.ffn) // 2
+            masks += tokens * parts.saved_per_token(block.ffn) // 2
     if not isinstance(stack.norm, nn.Identity):
         elements += tokens * (d + _norm_extra(stack.norm, d))
     return elements, masks
@@ -261,7 +228,7 @@ def _kv_bytes(stack: Stack, bytes_per_element: int, *, cross: bool = False) -> i
     total = 0
     for block in stack.blocks:
         att = block.cross_attn if cross else block.attn
-        _, G, K, V = _attn_sizes(att, 0)
+        _, G, K, V = parts.head_sizes(att, 0)
         total += G * (K + V) * bytes_per_element
     return total
 

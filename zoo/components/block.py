@@ -6,17 +6,40 @@ Post-Norm (the paper)::            Pre-Norm (GPT-2, LLaMA, ViT)::
     x = norm(x + drop(ffn(x)))         x = x + drop(ffn(norm(x)))
                                        ... and the stack ends with a final norm
 
+Every block of a stack receives the same :class:`BlockContext` (masks, positions, the encoder's
+memory) and its own layer's KV cache.
+
 Shapes: B batch, T tokens, S memory tokens, D model width.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
 from zoo.components.attention import Attention
-from zoo.components.cache import KVCache
+from zoo.components.cache import KVCache, LayerCache
 from zoo.components.dropout import Dropout
 from zoo.components.position import Position
+
+
+@dataclass(frozen=True)
+class BlockContext:
+    """What every block of a stack reads besides its input.
+
+    ``pos``, ``positions``: the model's position module and the tokens' positions ([T], or [B, T]
+    with padding), for self-attention's ``pos.rotate``; ``mask``, ``is_causal``: self-attention's mask
+    and causal flag (see ``attention_mask``); ``memory`` [B, S, D], ``memory_mask`` (broadcastable to
+    [B, H, T, S], True = may attend): cross-attention's keys/values source and its padding.
+    """
+
+    pos: Position | None = None
+    positions: Tensor | None = None
+    mask: Tensor | None = None
+    is_causal: bool = False
+    memory: Tensor | None = None
+    memory_mask: Tensor | None = None
 
 
 class Block(nn.Module):
@@ -42,28 +65,30 @@ class Block(nn.Module):
         self.ffn_norm, self.ffn = ffn_norm, ffn
         self.drop = Dropout(dropout)
 
-    def _self(self, x: Tensor, ctx: dict) -> Tensor:
-        return self.attn(
-            x, mask=ctx["mask"], is_causal=ctx["is_causal"], pos=ctx["pos"], positions=ctx["positions"], cache=ctx["cache"]
-        )
+    def parts(self) -> list[nn.Module]:
+        """The sub-layers: self-attention, cross-attention (if any), FFN."""
+        return [p for p in (self.attn, self.cross_attn, self.ffn) if p is not None]
 
-    def _cross(self, x: Tensor, ctx: dict) -> Tensor:
-        return self.cross_attn(x, ctx["memory"], mask=ctx["memory_mask"], cache=ctx["cache"])
+    def _self(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
+        return self.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos, positions=ctx.positions, cache=cache)
+
+    def _cross(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
+        return self.cross_attn(x, ctx.memory, mask=ctx.memory_mask, cache=cache)
 
 
 class PreNormBlock(Block):
-    def forward(self, x: Tensor, ctx: dict) -> Tensor:
-        x = x + self.drop(self._self(self.attn_norm(x), ctx))
+    def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
+        x = x + self.drop(self._self(self.attn_norm(x), ctx, cache))
         if self.cross_attn is not None:
-            x = x + self.drop(self._cross(self.cross_norm(x), ctx))
+            x = x + self.drop(self._cross(self.cross_norm(x), ctx, cache))
         return x + self.drop(self.ffn(self.ffn_norm(x)))
 
 
 class PostNormBlock(Block):
-    def forward(self, x: Tensor, ctx: dict) -> Tensor:
-        x = self.attn_norm(x + self.drop(self._self(x, ctx)))
+    def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
+        x = self.attn_norm(x + self.drop(self._self(x, ctx, cache)))
         if self.cross_attn is not None:
-            x = self.cross_norm(x + self.drop(self._cross(x, ctx)))
+            x = self.cross_norm(x + self.drop(self._cross(x, ctx, cache)))
         return self.ffn_norm(x + self.drop(self.ffn(x)))
 
 
@@ -75,24 +100,11 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.norm = norm if norm is not None else nn.Identity()
 
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        pos: Position,
-        positions: Tensor,
-        mask: Tensor | None = None,
-        is_causal: bool = False,
-        memory: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        """x [B, T, D] -> [B, T, D]; ``memory`` [B, S, D] and ``memory_mask`` feed cross-attention;
-        ``cache`` holds earlier steps' keys and values (incremental decoding)."""
-        ctx = dict(mask=mask, is_causal=is_causal, pos=pos, positions=positions, memory=memory, memory_mask=memory_mask)
+    def forward(self, x: Tensor, ctx: BlockContext, cache: KVCache | None = None) -> Tensor:
+        """x [B, T, D] -> [B, T, D]; every block reads ``ctx``; ``cache`` holds earlier steps' keys
+        and values (incremental decoding), one layer's to each block."""
         for i, block in enumerate(self.blocks):
-            ctx["cache"] = cache.layers[i] if cache is not None else None
-            x = block(x, ctx)
+            x = block(x, ctx, cache=cache.layers[i] if cache is not None else None)
         return self.norm(x)
 
     def new_cache(self, capacity: int) -> KVCache:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from einops import rearrange
 from torch import Tensor, nn
 
 
@@ -45,4 +46,4 @@ class PatchEmbedding(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         x = self.stem(images) if self.stem is not None else images
-        return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
+        return rearrange(self.proj(x), "b d h w -> b (h w) d")  # N = H/P * W/P patches, row by row

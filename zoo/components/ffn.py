@@ -14,10 +14,13 @@ from torch import Tensor, nn
 
 from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
+from zoo.components.parts import linear_flops
 from zoo.registry import register
 
 
 class MLP(nn.Module):
+    residual_out = ("fc2",)  # writes into the residual stream (zoo.components.parts)
+
     def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
         super().__init__()
         self.fc1 = Linear(dim, hidden, bias=bias)
@@ -28,8 +31,18 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
         return self.fc2(self.drop(self.act(self.fc1(x))))
 
+    def flops(self, tokens: int, memory: int | None = None) -> int:
+        return linear_flops(self, tokens)
+
+    def saved_per_token(self) -> int:
+        """The pre- and post-activation (2F); ReLU needs only its output (F) unless dropout copies it."""
+        hidden = self.fc1.out_features
+        return hidden if isinstance(self.act, nn.ReLU) and not self.drop.p else 2 * hidden
+
 
 class GatedMLP(nn.Module):
+    residual_out = ("fc2",)
+
     def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
         super().__init__()
         self.fc1 = Linear(dim, 2 * hidden, bias=bias)  # [gate | up]
@@ -41,6 +54,12 @@ class GatedMLP(nn.Module):
         gate, up = self.fc1(x).chunk(2, dim=-1)  # (B, T, F) each
         return self.fc2(self.drop(self.act(gate) * up))
 
+    def flops(self, tokens: int, memory: int | None = None) -> int:
+        return linear_flops(self, tokens)
+
+    def saved_per_token(self) -> int:
+        """[gate | up], act(gate) and their product (4F)."""
+        return 4 * self.fc2.in_features
 
 
 def _activation(kind: str, approximate: str = "none") -> nn.Module:

@@ -1,165 +1,21 @@
-"""``Linear``: ``nn.Linear`` whose fp32 CPU matmuls can run on oneDNN instead of the BLAS torch links.
-
-PyTorch's x86 wheels run an fp32 ``F.linear`` on CPU through MKL's GEMM. On AMD CPUs MKL takes a path
-that does not use AVX-512, while oneDNN (also inside torch) does: on a 2-core AMD EPYC with AVX-512
-(Zen 5), oneDNN's fp32 linear ran at ~475 GFLOP/s against MKL's ~220 for training-sized GEMMs, its
-backward GEMMs at 350-410 against ~220, and a decoding step's matrix-vector products streamed the
-weights at 43 GB/s against 19 (the same numbers to ~1e-6 relative). On such CPUs zoo's linear layers
-run forward and backward through ``torch.ops.mkldnn._linear_pointwise``, the op torch.compile's own
-CPU fusions emit; everywhere else, and for any case outside the fast path, they are ``F.linear``.
-
-The backend is chosen once per process from the CPU (never from timings, so a run and its resume
-compute the same numbers): ``auto`` picks oneDNN on AMD CPUs with AVX-512 and ATen elsewhere.
-Override with ``ZOO_CPU_LINEAR=onednn|aten|auto`` or :func:`set_cpu_linear`.
-
-The fast path applies to fp32 CPU tensors with autocast off, outside torch.compile (which makes its
-own choice), to weights of at least ``_MIN_WEIGHT`` elements or products of at least ``_MIN_MACS``
-multiply-adds. oneDNN costs ~15 us a call, so small products stay on MKL: with the weights in cache,
-oneDNN measured 0.2-1.0x MKL between 12k and 1.6M multiply-adds and 1.1-2.3x above; a weight of
-512k+ elements is read from memory in a decoding step, where oneDNN streams it ~2x faster.
-"""
+"""``Linear``: ``nn.Linear`` computed by :func:`zoo.kernels.linear` (oneDNN for large fp32 products on
+the CPUs where it is faster; see :mod:`zoo.kernels.cpu.linear`)."""
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
-
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Linear", "linear", "set_cpu_linear", "cpu_linear_backend", "onednn_available", "onednn_linear"]
+from zoo import kernels
 
-_MIN_MACS, _MIN_WEIGHT = 1 << 21, 1 << 19
-_CHOICES = ("auto", "onednn", "aten")
-_choice: str | None = None  # set_cpu_linear's value; None: the environment's
+# The backend controls live with the kernel; these names are kept importable from here.
+from zoo.kernels.cpu.linear import cpu_linear_backend, onednn_available, onednn_linear, set_cpu_linear
+from zoo.kernels.dispatch import linear
 
-
-def amd_with_avx512(cpuinfo: str) -> bool:
-    """Whether a ``/proc/cpuinfo`` text describes an AMD CPU with AVX-512 (Zen 4 and later)."""
-    vendor = flags = None
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "vendor_id" and vendor is None:
-            vendor = value.strip()
-        elif key == "flags" and flags is None:
-            flags = value.split()
-    return vendor == "AuthenticAMD" and "avx512f" in (flags or [])
-
-
-@functools.lru_cache(maxsize=None)
-def _cpu_prefers_onednn() -> bool:
-    """This machine's answer to :func:`amd_with_avx512`; False where /proc/cpuinfo is missing."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return amd_with_avx512(f.read(1 << 16))
-    except OSError:
-        return False
-
-
-def onednn_available() -> bool:
-    """Whether this torch build has oneDNN and its linear op."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def set_cpu_linear(choice: str | None) -> None:
-    """Choose the fp32 CPU linear backend for this process: ``auto``, ``onednn``, ``aten``, or None to
-    go back to ``ZOO_CPU_LINEAR`` (default ``auto``)."""
-    global _choice
-    if choice is not None and choice not in _CHOICES:
-        raise ValueError(f"cpu linear backend {choice!r}: use one of {', '.join(_CHOICES)}")
-    _choice = choice
-
-
-def cpu_linear_backend() -> str:
-    """The backend fp32 CPU linears use now: ``onednn`` or ``aten``."""
-    choice = _choice or os.environ.get("ZOO_CPU_LINEAR", "auto").strip().lower() or "auto"
-    if choice not in _CHOICES:
-        raise ValueError(f"ZOO_CPU_LINEAR={choice!r}: use one of {', '.join(_CHOICES)}")
-    if choice == "aten" or not onednn_available() or not torch.backends.mkldnn.enabled:
-        return "aten"
-    return "onednn" if choice == "onednn" or _cpu_prefers_onednn() else "aten"
-
-
-def onednn_linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """x [M, K] @ w[N, K].T (+ b) on oneDNN; either operand may be a strided view."""
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-
-
-class _OneDnnLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        ctx.save_for_backward(x2, w)
-        ctx.has_bias, ctx.in_shape = b is not None, x.shape
-        return onednn_linear(x2, w, b).view(*x.shape[:-1], w.shape[0])
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x2, w = ctx.saved_tensors
-        g2 = grad.reshape(-1, w.shape[0])  # (M, N)
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = onednn_linear(g2, w.t(), None).view(ctx.in_shape)  # (M, N) @ (N, K)
-        if ctx.needs_input_grad[1]:
-            gw = onednn_linear(g2.t(), x2.t(), None)  # (N, M) @ (M, K)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g2.sum(0)
-        return gx, gw, gb
-
-
-def _fast_path(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and w.dtype == torch.float32
-        and (b is None or b.dtype == torch.float32)
-        and x.dim() >= 1
-        and w.dim() == 2
-        and x.numel() > 0
-        and (w.numel() >= _MIN_WEIGHT or x.numel() // x.shape[-1] * w.numel() >= _MIN_MACS)
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        and not w.is_sparse
-        and cpu_linear_backend() == "onednn"
-    )
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear``, on oneDNN where :func:`cpu_linear_backend` says so and the product is large."""
-    if _fast_path(x, weight, bias):
-        return _OneDnnLinear.apply(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
-def _register_flop_formula() -> None:
-    """Teach ``torch.utils.flop_counter`` the oneDNN op (it counts aten's matmuls only), so FLOP counts
-    and MFU stay right whichever backend ran."""
-    if not onednn_available():
-        return
-    from torch.utils.flop_counter import flop_registry, register_flop_formula
-
-    op = torch.ops.mkldnn._linear_pointwise
-    if op in flop_registry:
-        return
-
-    @register_flop_formula(op)
-    def _flops(x_shape, w_shape, *args, **kwargs) -> int:
-        rows = 1
-        for n in x_shape[:-1]:
-            rows *= n
-        return 2 * rows * w_shape[0] * w_shape[1]
-
-
-_register_flop_formula()
+__all__ = ["Linear", "cpu_linear_backend", "linear", "onednn_available", "onednn_linear", "set_cpu_linear"]
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (the same parameters, state dict and init) computed by :func:`linear`."""
+    """``nn.Linear`` (the same parameters, state dict and init) computed by :func:`zoo.kernels.linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias)
+        return kernels.linear(x, self.weight, self.bias)

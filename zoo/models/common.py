@@ -7,10 +7,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from zoo.components.attention import Attention, attention_mask
-from zoo.components.ffn import MLP, GatedMLP
-from zoo.components.block import PostNormBlock, PreNormBlock, Stack
+from zoo.components.attention import attention_mask
+from zoo.components.block import Block, BlockContext, PostNormBlock, PreNormBlock, Stack
 from zoo.components.cache import KVCache
+from zoo.components.parts import residual_linears
 from zoo.components.position import LearnedPosition, Position
 from zoo.registry import registry
 from zoo.spec import FamilySpec
@@ -73,12 +73,10 @@ def self_attention_inputs(
     causal: bool,
     cache: KVCache | None = None,
     name: str = "tokens",
-) -> tuple[Tensor, Tensor | None, bool]:
-    """Positions of ``tokens`` and the SDPA mask for self-attention over them (and the cache).
-
-    Returns (positions, mask, is_causal): positions feed ``position.add``/``rotate``; the mask folds
-    causality, key padding and the position's score bias together (see ``attention_mask``).
-    """
+) -> BlockContext:
+    """The blocks' context for self-attention over ``tokens`` (and the cache): the tokens' positions
+    (they feed ``position.add`` and ``rotate``) and the SDPA mask, which folds causality, key padding
+    and the position's score bias together (see ``attention_mask``)."""
     B, T = tokens.shape
     if cache is None:
         positions = key_positions = positions_for(padding_mask, T, tokens.device)
@@ -93,7 +91,7 @@ def self_attention_inputs(
         )
     bias = position.bias(n_heads, positions, key_positions)
     mask, is_causal = attention_mask(q_len=T, k_len=S, causal=causal, key_padding=key_mask, bias=bias, device=tokens.device)
-    return positions, mask, is_causal
+    return BlockContext(pos=position, positions=positions, mask=mask, is_causal=is_causal)
 
 
 def check_tokens(tokens: object, name: str, *, vocab_size: int) -> None:
@@ -121,12 +119,19 @@ def check_mask(mask: object, tokens: Tensor, name: str) -> Tensor | None:
     return mask.to(torch.bool)
 
 
+def _parts(model: nn.Module) -> list[nn.Module]:
+    """The blocks' parts, and any other module that declares ``residual_out``."""
+    parts = {id(p): p for block in model.modules() if isinstance(block, Block) for p in block.parts()}
+    parts.update((id(m), m) for m in model.modules() if getattr(m, "residual_out", None) is not None)
+    return list(parts.values())
+
+
 def init_weights(model: nn.Module, spec: FamilySpec) -> None:
-    """Initialise linear, embedding and learned position weights as ``spec.init`` says; biases zero."""
+    """Initialise linear, embedding and learned position weights as ``spec.init`` says; biases zero.
+    The residual output linears are those the parts name (``zoo.components.parts.residual_out``)."""
     init, d = spec.init, spec.d_model
     residual_std = init.std / math.sqrt(2 * spec.n_layers) if init.scaled_residual else init.std
-    residual = {id(m.out.weight) for m in model.modules() if isinstance(m, Attention)}
-    residual |= {id(m.fc2.weight) for m in model.modules() if isinstance(m, (MLP, GatedMLP))}
+    residual = {id(m.weight) for part in _parts(model) for m in residual_linears(part)}
 
     def normal(w: Tensor, std: float) -> None:
         if init.scheme == "trunc_normal":

@@ -47,11 +47,11 @@ class DecoderLM(nn.Module):
         prompt then skips its [B, T, V] vocabulary projection."""
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        positions, mask, is_causal = self_attention_inputs(
+        ctx = self_attention_inputs(
             self.position, self.spec.block.attention.n_heads, tokens, padding_mask, causal=True, cache=cache
         )
-        x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), positions)))  # (B, T, D)
-        x = self.stack(x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal, cache=cache)
+        x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), ctx.positions)))  # (B, T, D)
+        x = self.stack(x, ctx, cache=cache)
         return self.head(x[:, -1:] if last_only else x)  # (B, T, V)
 
     def new_cache(self, capacity: int) -> KVCache:

@@ -72,10 +72,9 @@ class Encoder(nn.Module):
         """Hidden states [B, T, D] after the last block (and final norm)."""
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        positions, mask, _ = self_attention_inputs(
-            self.position, self.spec.block.attention.n_heads, tokens, padding_mask, causal=False
-        )
-        x = self.position.add(self.tok_emb(tokens), positions)
+        n_heads = self.spec.block.attention.n_heads
+        ctx = self_attention_inputs(self.position, n_heads, tokens, padding_mask, causal=False)
+        x = self.position.add(self.tok_emb(tokens), ctx.positions)
         if self.type_emb is not None:
             if token_types is None:
                 token_types = tokens.new_zeros(tokens.shape)
@@ -84,7 +83,7 @@ class Encoder(nn.Module):
         elif token_types is not None:
             raise ValueError("token_types: this encoder has no segment embeddings (type_vocab_size: 0)")
         x = self.drop(self.emb_norm(x))  # (B, T, D)
-        return self.stack(x, pos=self.position, positions=positions, mask=mask)
+        return self.stack(x, ctx)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         return self.head(self.encode(tokens, padding_mask, token_types))  # (B, T, V)

@@ -10,6 +10,8 @@ projection (sec. 3.4), and multiplies embeddings by sqrt(d_model).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
@@ -57,9 +59,9 @@ class EncoderDecoder(nn.Module):
         """Source ids [B, S] -> memory [B, S, D]."""
         check_tokens(src, "src", vocab_size=self.spec.source_vocab_size)
         src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
-        positions, mask, _ = self_attention_inputs(self.position, self.n_heads, src, src_padding_mask, causal=False, name="src")
-        x = self.drop(self.src_emb_norm(self.position.add(self.src_emb(src), positions)))
-        return self.encoder(x, pos=self.position, positions=positions, mask=mask)
+        ctx = self_attention_inputs(self.position, self.n_heads, src, src_padding_mask, causal=False, name="src")
+        x = self.drop(self.src_emb_norm(self.position.add(self.src_emb(src), ctx.positions)))
+        return self.encoder(x, ctx)
 
     def decode(
         self,
@@ -77,15 +79,12 @@ class EncoderDecoder(nn.Module):
         the memory's keys/values are computed at the first call only."""
         check_tokens(tgt_in, "tgt_in", vocab_size=self.spec.vocab_size)
         tgt_padding_mask = check_mask(tgt_padding_mask, tgt_in, "tgt_padding_mask")
-        positions, mask, is_causal = self_attention_inputs(
+        ctx = self_attention_inputs(
             self.position, self.n_heads, tgt_in, tgt_padding_mask, causal=True, cache=cache, name="tgt_in"
         )
-        x = self.drop(self.tgt_emb_norm(self.position.add(self.tgt_emb(tgt_in), positions)))
+        x = self.drop(self.tgt_emb_norm(self.position.add(self.tgt_emb(tgt_in), ctx.positions)))
         memory_mask = None if src_padding_mask is None else src_padding_mask.to(bool)[:, None, None, :]  # (B, 1, 1, S)
-        x = self.decoder(
-            x, pos=self.position, positions=positions, mask=mask, is_causal=is_causal,
-            memory=memory, memory_mask=memory_mask, cache=cache,
-        )
+        x = self.decoder(x, replace(ctx, memory=memory, memory_mask=memory_mask), cache=cache)
         return self.head(x[:, -1:] if last_only else x)
 
     def new_cache(self, capacity: int) -> KVCache:

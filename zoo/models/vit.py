@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from zoo.components.block import BlockContext
 from zoo.components.dropout import Dropout
 from zoo.components.embedding import PatchEmbedding
 from zoo.components.linear import Linear
@@ -56,7 +57,7 @@ class VisionTransformer(nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)  # (B, 1 + N, D)
         positions = torch.arange(x.shape[1], device=x.device)
         x = self.drop(self.position.add(x, positions))
-        x = self.stack(x, pos=self.position, positions=positions)
+        x = self.stack(x, BlockContext(pos=self.position, positions=positions))
         prefix = int(self.cls_token is not None)
         pooled = x[:, 0] if self.spec.pool == "cls" else x[:, prefix:].mean(dim=1)
         return self.fc_norm(pooled)

@@ -122,7 +122,7 @@ def cross_attention_weights(model, src: list[int], tgt: list[int], *, bos_id: in
     x, memory = seen["x"].float(), seen["memory"].float()
     B, Tq, _ = x.shape
     q = attn.q(x).view(B, Tq, attn.n_heads, attn.head_dim).transpose(1, 2)  # (1, H, T, K)
-    k, _ = attn._heads_kv(attn.kv(memory))  # (1, G, S, K)
+    k, _ = attn.memory_kv(memory)  # (1, G, S, K)
     k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
     return ((q @ k.transpose(-1, -2)) / math.sqrt(attn.head_dim)).softmax(dim=-1)[0]
 
