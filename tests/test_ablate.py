@@ -3,7 +3,6 @@ and the table holds what the runs reported."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 

@@ -9,7 +9,6 @@ Shapes: B batch, T tokens, D dim, F hidden.
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.components.dropout import Dropout

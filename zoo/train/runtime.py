@@ -36,13 +36,13 @@ def tune_malloc(trim_threshold: int = 64 << 30) -> bool:
 
 def attention_kernels(choice: str = "default") -> contextlib.AbstractContextManager:
     """A context forcing attention onto one SDPA kernel (``math``, ``flash``, ``efficient``), zoo's own
-    CPU attention included (see zoo.components.attention); ``default`` leaves the choice to zoo and
+    CPU attention included (see zoo.kernels.cpu.attention); ``default`` leaves the choice to zoo and
     torch."""
     if choice == "default":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from zoo.components.attention import sdpa_only
+    from zoo.kernels import sdpa_only
 
     backends = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
     if choice not in backends:
