@@ -110,9 +110,12 @@ def test_time_budget_stops_early_and_is_saved(tmp_path):
             time.sleep(0.05)
             return super().loss(model, batch, step)
 
-    fitted = fit(cfg(tmp_path), Dist(), model(), Slow(accum=1, batch=6), total_steps=1000, minutes=0.2 / 60)
+    # one row a step, so an epoch of 24 steps outlasts the budget: the loop must stop inside the epoch
+    fitted = fit(cfg(tmp_path), Dist(), model(), Slow(accum=1, batch=1), total_steps=1000, minutes=0.2 / 60)
     assert fitted.stopped_early and 1 <= fitted.step < 10 and fitted.elapsed >= 0.2
-    assert (tmp_path / f"ckpt-{fitted.step:07d}.pt").is_file()  # the last step is checkpointed and evaluated
+    assert [p.name for p in tmp_path.glob("ckpt-*.pt")] == [f"ckpt-{fitted.step:07d}.pt"]  # the last step, once
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows if r["split"] == "valid"] == [fitted.step]  # evaluated once, at the stop
     assert fitted.valid
 
 

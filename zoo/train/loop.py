@@ -305,6 +305,7 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
                     checkpoint(at_end=pos >= n_steps)
                 if stopped:
                     progress.write(f"{task.name}: {minutes} minutes reached at step {step} of {total_steps}: stopping")
+                    break
             if pos >= n_steps:
                 epoch, pos = epoch + 1, 0
             if hasattr(groups, "close"):
