@@ -253,7 +253,9 @@ class ImageTask(Task):
             batches.close()
 
     def count(self, batch) -> float:
-        return float(len(batch[1]))
+        """The images the loss covers: Mixup pairs images, so it leaves an odd batch's last one out."""
+        n = len(batch[1])
+        return float(n - 1 if self.mixup is not None and n > 1 and n % 2 else n)
 
     def loss(self, model, batch, step):
         x, y, skipped = batch

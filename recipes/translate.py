@@ -31,8 +31,8 @@ import zoo
 from zoo.atomic import atomic_write_text
 from zoo.data import corpus as C
 from zoo.data import translation as T
-from zoo.train import (CheckpointError, Config, OptimConfig, RunConfig, ScheduleConfig, Task,
-                       average_checkpoints, distributed, fit, list_checkpoints, parse_args, read_metrics,
+from zoo.train import (CheckpointError, Config, ListTask, OptimConfig, RunConfig, ScheduleConfig,
+                       average_checkpoints, checkpoint_name, distributed, fit, list_checkpoints, parse_args, read_metrics,
                        resolve_precision, resolve_resume, seed_everything, tune_malloc)
 from zoo.train.loop import perplexity
 from zoo.train.seq2seq import (PAD_ID, DecodeConfig, attention_picture, decode_settings, describe_corpus,
@@ -139,14 +139,15 @@ def load_splits(cfg: DataConfig) -> tuple[dict[str, T.Pairs], dict[str, list[str
 
 
 # -------------------------------------------------------------------------------------------- task
-class TranslationTask(Task):
+class TranslationTask(ListTask):
     """Label-smoothed cross-entropy on token-bucketed batches of similar length (each process its
     share, ``accum`` batches a step); valid loss, perplexity and a greedy BLEU curve per domain."""
 
     name = "train"
 
     def __init__(self, cfg: TranslateConfig, dist, tok, splits, ids, labels, domains: list[str], accum: int) -> None:
-        self.cfg, self.dist, self.tok, self.accum, self.domains = cfg, dist, tok, accum, domains
+        super().__init__(dist, accum)
+        self.cfg, self.tok, self.domains = cfg, tok, domains
         self.src, self.tgt = ids["train"]
         self.src_lens, self.tgt_lens = [len(x) for x in self.src], [len(x) for x in self.tgt]
         self.valid_src, self.valid_tgt = ids["valid"]
@@ -157,27 +158,14 @@ class TranslationTask(Task):
             if seen[d] <= n_curve:
                 self.curve.append(i)
         self.total_steps = cfg.train.steps
-        self._plan: tuple[int, list] | None = None
         self.panels = [("loss (label-smoothed)", ["train/loss", "valid/loss"]),
                        ("perplexity", ["train/ppl", "valid/ppl", *(f"valid_{d}/ppl" for d in domains)]),
                        ("valid BLEU", ["valid/bleu", *(f"valid_{d}/bleu" for d in domains)])]
         self.plot_options = {"log_y": ["perplexity"], "title": f"{cfg.model} {cfg.data.src_lang}->{cfg.data.tgt_lang}"}
 
-    def plan(self, epoch: int) -> list[list[list[int]]]:
-        """This process's micro-batches of the epoch, ``accum`` to a step."""
-        if self._plan is None or self._plan[0] != epoch:
-            batches = T.token_batches(self.src_lens, self.tgt_lens, max_tokens=self.cfg.train.max_tokens, shuffle=True,
-                                      seed=self.cfg.run.seed + epoch)
-            batches = T.shard(batches, self.dist.rank, self.dist.world_size)
-            n = len(batches) // self.accum * self.accum
-            self._plan = (epoch, [batches[i : i + self.accum] for i in range(0, n, self.accum)])
-        return self._plan[1]
-
-    def steps(self, epoch: int) -> int:
-        return len(self.plan(epoch))
-
-    def epoch(self, epoch: int, start: int):
-        yield from self.plan(epoch)[start:]
+    def batches(self, epoch: int) -> list[list[int]]:
+        return T.token_batches(self.src_lens, self.tgt_lens, max_tokens=self.cfg.train.max_tokens, shuffle=True,
+                               seed=self.cfg.run.seed + epoch)
 
     def count(self, batch: list[int]) -> float:
         return float(sum(self.tgt_lens[i] for i in batch))
@@ -258,7 +246,7 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
         accum = max(1, math.ceil(cfg.train.batch_tokens / (cfg.train.max_tokens * dist.world_size)))
     domains = list(corpus.splits) if corpus is not None else []  # per-domain rows: the embedded corpus
     task = TranslationTask(cfg, dist, tok, splits, ids, labels, domains, accum)
-    first = T.token_batches(task.src_lens, task.tgt_lens, max_tokens=cfg.train.max_tokens, shuffle=True, seed=cfg.run.seed)
+    first = task.epoch_batches(0)
     pad = (T.padding_fraction(first, task.src_lens), T.padding_fraction(first, task.tgt_lens))
     dist.print(f"model: {spec.name or cfg.model}, {n_params:,} parameters, d_model {spec.d_model}, "
                f"{spec.encoder_layers}+{spec.decoder_layers} layers; {dist.world_size} process(es) on {device}, "
@@ -280,7 +268,7 @@ def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corp
     device, model, step = dist.device, fitted.best, fitted.step
     model.eval()
     paths = list_checkpoints(out)[-cfg.train.average_last :]
-    if len(paths) == 1 and paths[0].name == f"ckpt-{step:07d}.pt":
+    if len(paths) == 1 and paths[0].name == checkpoint_name(step):
         averaged = model  # the final checkpoint alone is the model itself (the paper's Table 3 reports no averaging)
     else:
         averaged = zoo.build(spec, seed=cfg.run.seed).to(device)

@@ -100,16 +100,17 @@ class ListTask(Task):
     def batches(self, epoch: int) -> Sequence[Any]:
         raise NotImplementedError
 
-    def _all(self, epoch: int) -> list[Any]:
+    def epoch_batches(self, epoch: int) -> list[Any]:
+        """``batches(epoch)``, made once per epoch."""
         if self._cache is None or self._cache[0] != epoch:
             self._cache = (epoch, list(self.batches(epoch)))
         return self._cache[1]
 
     def steps(self, epoch: int) -> int:
-        return len(self._all(epoch)) // self.dist.world_size // self.accum
+        return len(self.epoch_batches(epoch)) // self.dist.world_size // self.accum
 
     def epoch(self, epoch: int, start: int) -> Iterator[Sequence[Any]]:
-        mine = self._all(epoch)[self.dist.rank :: self.dist.world_size]
+        mine = self.epoch_batches(epoch)[self.dist.rank :: self.dist.world_size]
         for s in range(start, self.steps(epoch)):
             yield mine[s * self.accum : (s + 1) * self.accum]
 

@@ -5,7 +5,6 @@ scoring of the last and averaged models, and the corpus report."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 import shutil
@@ -21,6 +20,7 @@ from zoo.data import translation as T
 from zoo.io import save as save_model
 from zoo.train.config import Config
 from zoo.train.distributed import Dist
+from zoo.train.loop import perplexity
 from zoo.train.metrics import MetricsLog
 from zoo.train.optim import autocast
 from zoo.train.translation import DECODE_KEYS, cross_attention_weights, decode_batches, plot_attention, score_domains
@@ -206,7 +206,7 @@ for data without domains). Test is scored only where some model is decoded on it
             seconds = round(time.perf_counter() - t0, 1)
             for d in ["all", *domains]:
                 lo, nll = losses[d]
-                sc = {**scores.get(d, {}), "loss": round(lo, 4), "ppl": round(math.exp(min(nll, 50)), 3)}
+                sc = {**scores.get(d, {}), "loss": round(lo, 4), "ppl": round(perplexity(nll), 3)}
                 results[f"{split}/{name}" if d == "all" else f"{split}/{d}/{name}"] = sc
                 log.write(step=step, split=f"{split}_{name}" if d == "all" else f"{split}_{d}_{name}",
                           **{k: v for k, v in sc.items() if k in ("bleu", "chrf", "loss")})

@@ -69,9 +69,10 @@ class LengthBatched(ListTask):
     def __init__(self, dist, accum: int, rows: list[list[int]], batch_size: int, seed: int) -> None:
         super().__init__(dist, accum)
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.lengths = [len(r) for r in rows]
 
     def batches(self, epoch: int) -> list[list[int]]:
-        size, lengths = self.batch_size, [len(r) for r in self.rows]
+        size, lengths = self.batch_size, self.lengths
         g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         order = torch.randperm(len(lengths), generator=g).tolist()
         order = order[: len(order) // size * size]
