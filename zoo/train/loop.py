@@ -256,16 +256,14 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
                 group = list(next(groups))
                 counts = torch.tensor([sum(task.count(b) for b in group)], dtype=torch.float64)
                 total = float(dist.all_reduce(counts)[0]) if dist.enabled else float(counts[0])
-                step_loss, stats = 0.0, {"loss": 0.0, "count": float(counts[0])}
+                stats = {"loss": 0.0, "count": float(counts[0])}
                 for j, batch in enumerate(group):
                     sync = not dist.enabled or j == len(group) - 1 or not hasattr(train_model, "no_sync")
                     with contextlib.nullcontext() if sync else train_model.no_sync():
                         with autocast(device, run.precision):
                             loss, extra = task.loss(train_model, batch, step)
                         (loss * (world / total)).backward()
-                    value = float(loss.detach())
-                    step_loss += value
-                    stats["loss"] += value
+                    stats["loss"] += float(loss.detach())
                     for k, v in extra.items():
                         stats[k] = stats.get(k, 0.0) + float(v)
                 if cfg.optim.clip_grad:
@@ -283,7 +281,7 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
                     window[k] = window.get(k, 0.0) + v
                     totals[k] = totals.get(k, 0.0) + v
                 lr = scheduler.get_last_lr()[0]
-                progress.update(1, loss=step_loss / max(stats["count"], 1e-9), lr=lr)
+                progress.update(1, loss=stats["loss"] / max(stats["count"], 1e-9), lr=lr)
                 if budget is not None:
                     elapsed = torch.tensor([elapsed_before + time.perf_counter() - t_loop], dtype=torch.float64)
                     clock["elapsed"] = float(dist.all_reduce(elapsed, "max")[0])

@@ -1,6 +1,7 @@
-"""Sequence-to-sequence pieces of the translation recipe that do not depend on its config: the
-shared BPE, teacher-forced validation loss per domain, decoding a split across processes, the final
-scoring of the last and averaged models, and the corpus report."""
+"""Sequence-to-sequence pieces of the translation recipe beyond its data, task and command line: the
+decoding settings, word dropout, the shared BPE, teacher-forced validation loss per domain, decoding a
+split across processes, the final scoring of the last and averaged models, the exported model folder
+and the corpus report."""
 
 from __future__ import annotations
 
