@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ["peak", "vit", "gpt2", "bert", "transformer", "generate", "compile"]
 QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
 QUALITY_MD = ROOT / "bench" / "QUALITY.md"
+MEMORY = "memory"  # run only when named: torchrun jobs of GPT-2 small at sequence 1024
+MEMORY_MD = ROOT / "bench" / "MEMORY.md"
 
 
 def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Row]:
@@ -126,8 +128,9 @@ def write_docs(rows: list[Row], peaks: dict[str, float], env: dict, out_md: Path
     body = ["# Benchmarks", "", "zoo side by side with its peers, the same architecture (the same weights "
             "where a converter exists), timed alternately in one process; ratios > 1 mean zoo is faster. "
             "Made with `python -m bench`.", "", markdown(rows, peaks, env), "![zoo / peer throughput](benchmarks.png)", ""]
-    if QUALITY_MD.exists():
-        body.append(QUALITY_MD.read_text())
+    for extra in (QUALITY_MD, MEMORY_MD):
+        if extra.exists():
+            body.append(extra.read_text())
     if notes.exists():
         body.append(notes.read_text())
     out_md.write_text("\n".join(body))
@@ -148,7 +151,7 @@ def usable_precisions(requested: list[str], tiny: bool) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=WORKLOADS + [QUALITY], default=None,
+    parser.add_argument("--only", nargs="+", choices=WORKLOADS + [QUALITY, MEMORY], default=None,
                         help=f"workloads to run (default: all but {QUALITY})")
     parser.add_argument("--minutes", type=float, default=None,
                         help=f"{QUALITY}: the training budget of each side (default: the recipe's train.minutes)")
@@ -178,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     env["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.only and QUALITY in args.only:
         return translation_quality_main(args, env)
+    if args.only and MEMORY in args.only:
+        return memory_main(args, env)
     timing = dict(warmup=1 if args.tiny else args.warmup, repeats=2 if args.tiny else args.repeats)
     chosen = args.only or WORKLOADS
     precisions = usable_precisions(args.precision, args.tiny)
@@ -211,6 +216,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def memory_main(args, env: dict) -> int:
+    """Peak training memory per process against zoo's plan (bench/memory.py); writes bench/MEMORY.md
+    and rebuilds docs/benchmarks.md with the newest speed run (unless --tiny)."""
+    from bench import memory
+
+    rows = memory.run_all("gpt2-small", tiny=args.tiny)
+    stamp = env["date"].replace(" ", "_").replace(":", "")
+    out_json = args.json or ROOT / "bench" / "results" / (("tiny-" if args.tiny else "") + f"memory-{stamp}.json")
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps({"machine": env, "rows": rows}, indent=1))
+    md = memory.markdown(rows, "gpt2-small", env)
+    print(md)
+    if args.tiny or args.out:  # a check, or a table of its own (tools/gpu-check): the docs keep theirs
+        if args.out:
+            args.out.write_text(md)
+        return 0
+    MEMORY_MD.write_text(md)
+    _rebuild_docs(args)
+    return 0
+
+
+def _rebuild_docs(args) -> None:
+    speed = sorted(p for p in (ROOT / "bench" / "results").glob("2*.json"))
+    if speed:
+        data = json.loads(speed[-1].read_text())
+        write_docs([Row(**r) for r in data["rows"]], data["peaks"], data["machine"], args.out or ROOT / "docs" / "benchmarks.md")
+
+
 def translation_quality_main(args, env: dict) -> int:
     """zoo's translation recipe against HF Marian (bench/quality.py); writes bench/QUALITY.md and
     rebuilds docs/benchmarks.md with the newest speed run (unless --tiny)."""
@@ -235,10 +268,7 @@ def translation_quality_main(args, env: dict) -> int:
             args.out.write_text(md)
         return 0
     QUALITY_MD.write_text(md)
-    speed = sorted(p for p in (ROOT / "bench" / "results").glob("2*.json"))
-    if speed:
-        data = json.loads(speed[-1].read_text())
-        write_docs([Row(**r) for r in data["rows"]], data["peaks"], data["machine"], args.out or ROOT / "docs" / "benchmarks.md")
+    _rebuild_docs(args)
     return 0
 
 

@@ -268,7 +268,7 @@ def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corp
     device, model, step = dist.device, fitted.best, fitted.step
     model.eval()
     paths = list_checkpoints(out)[-cfg.train.average_last :]
-    if len(paths) == 1 and paths[0].name == checkpoint_name(step):
+    if len(paths) == 1 and paths[0].name in (checkpoint_name(step), checkpoint_name(step, sharded=True)):
         averaged = model  # the final checkpoint alone is the model itself (the paper's Table 3 reports no averaging)
     else:
         averaged = zoo.build(spec, seed=cfg.run.seed).to(device)

@@ -44,7 +44,7 @@ class Regression(ListTask):
 def cfg(tmp_path, **run):
     return SimpleNamespace(optim=OptimConfig(name="adam", lr=0.01, weight_decay=0.0, clip_grad=None),
                            schedule=ScheduleConfig(kind="constant", warmup=0),
-                           run=RunConfig(out_dir=tmp_path, plot=False, progress=False, **run))
+                           run=RunConfig(**{"out_dir": tmp_path, "plot": False, "progress": False, "precision": "fp32", **run}))
 
 
 def model(seed=0):

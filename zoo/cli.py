@@ -4,6 +4,7 @@
     zoo list                 registered components by kind, families, presets
     zoo show SPEC [--set k=v ...]      the resolved spec as YAML
     zoo summary SPEC [--set k=v ...] [--batch B] [--seq T] [--dtype D] [--json]
+                     [--shard N] [--strategy ddp|fsdp] [--checkpointing]   (training memory per process)
                              parameters by part, FLOPs, activation memory, KV cache (meta device)
     zoo export SPEC -o FILE [--seed N] [--dtype D] [--set k=v ...]
                              a freshly initialised model as safetensors, with its spec
@@ -163,10 +164,37 @@ def _summary(args, console: Console) -> None:
 
     spec = _spec(args.spec, args.overrides)
     s = summarize(spec, batch=args.batch, seq=args.seq, dtype=DTYPES[args.dtype])
+    plan = None
+    if args.shard is not None or args.strategy is not None or args.checkpointing:
+        from zoo.summary import training_memory
+
+        if args.dtype not in ("fp32", "bf16"):
+            raise ValueError(f"--dtype {args.dtype}: training memory is planned for fp32 or bf16 (mixed precision) runs")
+        plan = training_memory(spec, processes=args.shard or 1, strategy=args.strategy or "ddp",
+                               checkpointing=args.checkpointing, batch=args.batch, seq=args.seq, precision=args.dtype)
     if args.json:
-        sys.stdout.write(json.dumps(s.to_dict(), indent=2) + "\n")
+        out = s.to_dict() | ({"training_memory": plan.to_dict()} if plan is not None else {})
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
         console.print(summary_table(s, spec))
+        if plan is not None:
+            console.print(memory_table(plan))
+
+
+def memory_table(plan) -> Table:
+    how = f"{plan.strategy} on {plan.processes} process{'es' if plan.processes > 1 else ''}"
+    how += ", activation checkpointing" if plan.checkpointing else ""
+    table = Table(title=f"training memory per process: {how}, {plan.precision}, batch {plan.batch} x {plan.seq}",
+                  show_header=False, box=None, padding=(0, 2))
+    table.add_column("quantity")
+    table.add_column("bytes", justify="right")
+    table.add_column("")
+    rows = [("parameters (fp32 master)", plan.parameters), ("gradients", plan.gradients),
+            ("optimizer state (AdamW)", plan.optimizer), ("gathered units / compute copies", plan.gathered),
+            ("activations", plan.activations), ("total", plan.total)]
+    for label, value in rows:
+        table.add_row(label, f"{value:,}", human_bytes(value))
+    return table
 
 
 def _export(args) -> None:
@@ -250,17 +278,24 @@ def _average_spec(args, first: Path, ckpt: dict | None):
 
 
 def _average(args) -> None:
-    from zoo.train.checkpoint import CheckpointError, average_state_dicts, load_checkpoint
+    from zoo.train.checkpoint import CheckpointError, average_state_dicts, load_checkpoint, read_sharded_tensors
+    from zoo.train.sharded import read_train_state
 
     if not Path(args.output).parent.is_dir():
         raise SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
     states, spec = [], None
     for i, name in enumerate(args.checkpoints):
         path = Path(name)
-        if not path.is_file():
+        if not path.is_file() and not path.is_dir():
             raise ValueError(f"no such file: {name}")
         ckpt = None
-        if path.suffix == ".safetensors":
+        if path.is_dir():  # a sharded checkpoint folder (run.strategy fsdp)
+            try:
+                states.append(read_sharded_tensors(path))
+                ckpt = read_train_state(path)
+            except CheckpointError as e:
+                raise ValueError(str(e)) from None
+        elif path.suffix == ".safetensors":
             states.append(load(path).state_dict())  # every name, tied ones included
         else:
             try:
@@ -289,7 +324,7 @@ def _average_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("average", help=text, description=text + (
         ". Inputs are training checkpoints (.pt, written by zoo.train; their spec is read from the "
         "checkpoint's state) or .safetensors files written by zoo, all of one model."))
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="training checkpoints (.pt) or zoo .safetensors files")
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="training checkpoints (.pt files or sharded .dcp folders) or zoo .safetensors files")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .safetensors file to write")
     p.add_argument("--spec", default=None, metavar="SPEC",
                    help="the model's spec (preset, YAML or .safetensors); default: the first input's")
@@ -346,6 +381,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="tokens per sequence (default: max_seq_len; a ViT's is fixed)")
     summary.add_argument("--dtype", choices=DTYPES, default="fp32", help="bytes per element for memory (default fp32)")
     summary.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    summary.add_argument("--shard", type=int, default=None, metavar="N",
+                         help="plan training memory per process for N processes (with --strategy)")
+    summary.add_argument("--strategy", choices=["ddp", "fsdp"], default=None, help="how the processes share the model (default ddp)")
+    summary.add_argument("--checkpointing", action="store_true", help="plan with activation checkpointing")
     export = spec_command("export", "a freshly initialised model as a safetensors file carrying its spec")
     export.add_argument("-o", "--output", required=True, metavar="FILE", help="the .safetensors file to write")
     export.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0: exports are reproducible)")

@@ -15,6 +15,12 @@ against ``torch.utils.flop_counter`` and what autograd keeps):
   reads and one byte per element of each dropout mask. (On CPU, zoo's own attention kernel,
   ``zoo.kernels.cpu.attention``, keeps the H x T x S weights too for the short sequences it takes.)
 * The KV cache is the keys and values a decoder keeps per generated token.
+* :func:`training_memory` plans one process's training memory (fp32 master weights, their gradients,
+  AdamW's two moments, the activations) for ``ddp`` (every process holds everything) or ``fsdp``
+  (weights, gradients and optimizer state divided over the processes, plus the units FSDP gathers
+  whole while they run), with or without activation checkpointing. It leaves out what the
+  framework itself takes (CUDA context, allocator slack, code); ``python -m bench --only memory``
+  measures it against real runs.
 
 A block's parts are asked, not recognised: their FLOPs, saved activations and head sizes come from
 their declarations or the fallbacks in :mod:`zoo.components.parts`, so registered parts count too.
@@ -38,7 +44,8 @@ from zoo.components.norm import RMSNorm
 from zoo.components.position import Position
 from zoo.spec import FamilySpec
 
-__all__ = ["PARTS", "Summary", "summarize", "parameter_parts", "forward_flops", "activation_bytes", "kv_cache_bytes"]
+__all__ = ["PARTS", "Summary", "summarize", "parameter_parts", "forward_flops", "activation_bytes", "kv_cache_bytes",
+           "MemoryPlan", "training_memory"]
 
 PARTS = ("embeddings", "attention", "ffn", "norms", "head")
 
@@ -163,7 +170,8 @@ def _rotates(position: Position | None) -> bool:
 
 
 def _stack_activations(
-    stack: Stack, spec: FamilySpec, tokens: int, memory: int | None = None, *, rotates: bool = False
+    stack: Stack, spec: FamilySpec, tokens: int, memory: int | None = None, *, rotates: bool = False,
+    final_norm: bool = True,
 ) -> tuple[int, int]:
     """(elements, dropout-mask bytes) one sample keeps in a stack: per sub-layer the norm's input,
     the projection's input and outputs (q, k, v, attention output), the FFN's hidden activations.
@@ -184,14 +192,39 @@ def _stack_activations(
             masks += tokens * sublayers * d
         if drop.ffn:
             masks += tokens * parts.saved_per_token(block.ffn) // 2
-    if not isinstance(stack.norm, nn.Identity):
+    if final_norm and not isinstance(stack.norm, nn.Identity):
         elements += tokens * (d + _norm_extra(stack.norm, d))
     return elements, masks
 
 
-def activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_element: int) -> int | None:
+def _stacks(model: nn.Module, seq: int) -> list[tuple[Stack, int, int | None]]:
+    """(stack, its tokens, its memory tokens) of each block stack of a zoo model."""
+    spec = model.spec
+    if spec.family == "encoder_decoder":
+        return [(model.encoder, seq, None), (model.decoder, seq, seq)]
+    return [(model.stack, spec.n_tokens if spec.family == "vit" else seq, None)]
+
+
+def activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_element: int,
+                     checkpointing: bool = False) -> int | None:
     """An estimate of the activations a training step keeps for the backward pass (see the module
-    docstring); None for a family this does not know."""
+    docstring); None for a family this does not know. ``checkpointing``: each block keeps only its
+    input, and the backward pass recomputes one block's activations at a time."""
+    full = _activation_bytes(model, batch=batch, seq=seq, bytes_per_element=bytes_per_element)
+    if full is None or not checkpointing:
+        return full
+    spec, kept, largest = model.spec, 0, 0
+    for stack, tokens, memory in _stacks(model, seq):
+        elements, masks = _stack_activations(stack, spec, tokens, memory, rotates=_rotates(getattr(model, "position", None)),
+                                             final_norm=False)
+        blocks = batch * (elements * bytes_per_element + masks)
+        full -= blocks
+        kept += batch * len(stack.blocks) * tokens * spec.d_model * bytes_per_element
+        largest = max(largest, blocks // len(stack.blocks))
+    return full + kept + largest
+
+
+def _activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_element: int) -> int | None:
     spec, family = model.spec, model.spec.family
     d = spec.d_model
     emb_mask = d if spec.dropout.embedding else 0
@@ -298,3 +331,68 @@ def summarize(
         kv_cache_bytes_per_token=kv,
         cross_kv_bytes_per_source_token=cross,
     )
+
+
+# ------------------------------------------------------------------------------- training memory
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One process's training memory in bytes (see :func:`training_memory`)."""
+
+    processes: int
+    strategy: str
+    checkpointing: bool
+    precision: str
+    batch: int
+    seq: int
+    parameters: int  # fp32 master weights this process keeps (its shard under fsdp)
+    gradients: int  # their gradients (+ DDP's communication buckets)
+    optimizer: int  # AdamW's two moments
+    gathered: int  # fsdp: units gathered whole while they run (the root, a block and the next); bf16: weight copies
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.gathered + self.activations
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+def training_memory(spec: FamilySpec, *, processes: int = 1, strategy: str = "ddp", checkpointing: bool = False,
+                    batch: int = 1, seq: int | None = None, precision: str = "fp32") -> MemoryPlan:
+    """Plan one process's memory for training ``spec`` with AdamW on ``processes`` processes, each
+    with ``batch`` sequences of ``seq`` tokens.
+
+    ddp: every process keeps the fp32 weights (4 bytes each), gradients (4, and 4 more in DDP's
+    buckets when there is more than one process) and AdamW's moments (8). fsdp: those divided by
+    the processes, plus the units FSDP gathers whole: the root (embeddings, head, final norm; it
+    stays gathered from forward to backward) and two blocks (the running one and the next,
+    prefetched), with a block's unsharded gradients before they are reduced. bf16: computing copies
+    of the weights in 2 bytes (autocast's cache, or FSDP's bf16 gathers) and activations in 2 bytes.
+    """
+    if processes < 1:
+        raise ValueError(f"--shard: the number of processes must be at least 1, got {processes}")
+    if strategy not in ("ddp", "fsdp"):
+        raise ValueError(f"--strategy: ddp or fsdp, got {strategy!r}")
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision: fp32 or bf16, got {precision!r}")
+    summary = summarize(spec, batch=batch, seq=seq)
+    model = build(spec, device="meta")
+    compute = 2 if precision == "bf16" else 4
+    n = summary.parameters
+    blocks = [count_parameters(b) for stack, _, _ in _stacks(model, summary.seq) for b in stack.blocks]
+    block = max(blocks, default=0)
+    root = n - sum(blocks)
+    if strategy == "fsdp" and processes > 1:
+        shard = -(-n // processes)
+        params, grads, optim = 4 * shard, 4 * shard, 8 * shard
+        gathered = compute * (root + 2 * block) + 4 * block
+    else:
+        params, optim = 4 * n, 8 * n
+        grads = 4 * n * (2 if processes > 1 else 1)
+        gathered = 2 * n if precision == "bf16" else 0
+    activations = activation_bytes(model, batch=batch, seq=summary.seq, bytes_per_element=compute,
+                                   checkpointing=checkpointing) or 0
+    return MemoryPlan(processes=processes, strategy=strategy, checkpointing=checkpointing, precision=precision,
+                      batch=batch, seq=summary.seq, parameters=params, gradients=grads, optimizer=optim,
+                      gathered=gathered, activations=activations)

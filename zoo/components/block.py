@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from zoo.components.attention import Attention
 from zoo.components.cache import KVCache, LayerCache
@@ -93,18 +95,28 @@ class PostNormBlock(Block):
 
 
 class Stack(nn.Module):
-    """Blocks in sequence, then the final norm (Pre-Norm) or nothing (Post-Norm)."""
+    """Blocks in sequence, then the final norm (Pre-Norm) or nothing (Post-Norm).
+
+    ``checkpointing``: in training, each block keeps only its input and recomputes the rest in the
+    backward pass (``torch.utils.checkpoint``, non-reentrant; random draws such as dropout masks are
+    replayed, so the gradients are the same). Set it with ``zoo.train.set_activation_checkpointing``.
+    """
 
     def __init__(self, blocks: list[Block], norm: nn.Module | None) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.norm = norm if norm is not None else nn.Identity()
+        self.checkpointing = False
 
     def forward(self, x: Tensor, ctx: BlockContext, cache: KVCache | None = None) -> Tensor:
         """x [B, T, D] -> [B, T, D]; every block reads ``ctx``; ``cache`` holds earlier steps' keys
         and values (incremental decoding), one layer's to each block."""
+        recompute = self.checkpointing and cache is None and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x = block(x, ctx, cache=cache.layers[i] if cache is not None else None)
+            if recompute:
+                x = checkpoint(block, x, ctx, use_reentrant=False)
+            else:
+                x = block(x, ctx, cache=cache.layers[i] if cache is not None else None)
         return self.norm(x)
 
     def new_cache(self, capacity: int) -> KVCache:

@@ -33,6 +33,8 @@ from zoo.train.distributed import Dist, distributed, resolve_device
 from zoo.train.loop import Fitted, ListTask, Task, fit, resolve_resume
 from zoo.train.metrics import MetricsLog, Progress, plot_metrics, read_metrics
 from zoo.train.runtime import attention_kernels, tune_malloc
+from zoo.train.sharded import load_sharded_checkpoint, save_sharded_checkpoint
+from zoo.train.sharding import full_parameters, gathered, set_activation_checkpointing, shard
 from zoo.train.optim import (EMA, autocast, bf16_is_fast, build_optimizer, build_scheduler, lr_factor, param_groups,
                              resolve_precision, seed_everything)
 
@@ -43,5 +45,6 @@ __all__ = [
     "load_config", "parse_args", "Dist", "distributed", "resolve_device", "MetricsLog", "Progress",
     "plot_metrics", "read_metrics", "EMA", "autocast", "bf16_is_fast", "resolve_precision", "build_optimizer",
     "build_scheduler", "lr_factor", "param_groups", "seed_everything", "tune_malloc", "attention_kernels",
-    "Task", "ListTask", "Fitted", "fit", "resolve_resume",
+    "Task", "ListTask", "Fitted", "fit", "resolve_resume", "load_sharded_checkpoint", "save_sharded_checkpoint",
+    "full_parameters", "gathered", "set_activation_checkpointing", "shard",
 ]

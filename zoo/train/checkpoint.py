@@ -5,8 +5,11 @@
     ckpt = load_checkpoint(latest_checkpoint(out_dir))     # a dict; restore_rng(ckpt) for exact resume
     averaged = average_checkpoints(paths)                   # the paper's checkpoint averaging
 
-A checkpoint is written to a temporary file in the same folder and renamed over the target, so a
-crash mid-write never leaves a half file under a checkpoint's name. Loading uses
+A checkpoint is one file ``ckpt-<step>.pt``, or, from a sharded (FSDP) run, a folder
+``ckpt-<step>.dcp`` written by ``torch.distributed.checkpoint`` with every process writing its own
+shards (:func:`zoo.train.sharded.save_sharded_checkpoint`). Either is written under a temporary name in the same
+folder and renamed over the target, so a crash mid-write never leaves a half checkpoint under a
+checkpoint's name. Loading uses
 ``torch.load(weights_only=True)``: tensors, numbers, strings, lists and dicts only, never arbitrary
 pickled objects. RNG states (Python, torch CPU and CUDA) travel with the checkpoint so dropout and
 data order continue exactly where they stopped.
@@ -17,6 +20,8 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -28,10 +33,11 @@ from zoo.atomic import atomic_write
 __all__ = [
     "CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
     "prune_checkpoints", "average_checkpoints", "average_state_dicts", "rng_state", "restore_rng",
-    "unwrap", "checkpoint_name",
+    "unwrap", "checkpoint_name", "check_compatible", "read_sharded_tensors", "TRAIN_STATE",
 ]
 
-_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+_NAME = re.compile(r"^ckpt-(\d+)\.(pt|dcp)$")
+TRAIN_STATE = "train_state.pt"  # a sharded checkpoint's step, counters, RNG, schedule and config
 
 
 class CheckpointError(RuntimeError):
@@ -49,8 +55,8 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def checkpoint_name(step: int) -> str:
-    return f"ckpt-{step:07d}.pt"
+def checkpoint_name(step: int, sharded: bool = False) -> str:
+    return f"ckpt-{step:07d}." + ("dcp" if sharded else "pt")
 
 
 def rng_state() -> dict[str, Any]:
@@ -132,8 +138,14 @@ def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in out_dir.iterdir() if (m := _NAME.match(p.name))]
+    found = [(int(m.group(1)), p) for p in out_dir.iterdir() if (m := _NAME.match(p.name)) and _complete(p)]
     return [p for _, p in sorted(found)]
+
+
+def _complete(path: Path) -> bool:
+    if path.suffix == ".pt":
+        return path.is_file()
+    return (path / ".metadata").is_file() and (path / TRAIN_STATE).is_file()
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
@@ -146,7 +158,10 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
     found = list_checkpoints(out_dir)
     doomed = found[:-keep] if keep > 0 else found
     for p in doomed:
-        p.unlink(missing_ok=True)
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
     return doomed
 
 
@@ -182,14 +197,85 @@ def average_state_dicts(states: Iterable[Mapping[str, Tensor]]) -> dict[str, Ten
 def average_checkpoints(paths: Iterable[str | os.PathLike], key: str = "model") -> dict[str, Tensor]:
     """The mean of the ``key`` weights of several checkpoints (the paper averages the last 5 / 20).
 
-    Also accepts safetensors files written by ``zoo.save`` (their tensors, tied names once)."""
+    Also accepts sharded checkpoint folders (whole tensors read back from every shard, in this
+    process) and safetensors files written by ``zoo.save`` (their tensors, tied names once)."""
     states = []
     for p in paths:
         p = Path(p)
-        if p.suffix == ".safetensors":
+        if p.is_dir():
+            states.append(read_sharded_tensors(p, key))
+        elif p.suffix == ".safetensors":
             from safetensors.torch import load_file
 
             states.append(load_file(str(p)))
         else:
             states.append(load_checkpoint(p)[key])
     return average_state_dicts(states)
+
+
+def read_sharded_tensors(path: str | os.PathLike, key: str = "model") -> dict[str, Tensor]:
+    """The whole ``key`` tensors of a sharded checkpoint folder, read in this process alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = Path(path)
+    if not _complete(path):
+        raise CheckpointError(f"{str(path)!r} is not a complete sharded checkpoint (no .metadata or {TRAIN_STATE})")
+    found = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    prefix = key + "."
+    template = {k[len(prefix):]: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in found.items()
+                if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    if not template:
+        raise CheckpointError(f"{str(path)!r} holds no {key!r} tensors")
+    with warnings.catch_warnings():  # "torch.distributed is disabled": one process is what is meant
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({key: template}, checkpoint_id=str(path), no_dist=True)
+    return template
+
+
+def saved_shapes(path: str | os.PathLike, key: str = "model") -> dict[str, tuple[int, ...]]:
+    """Names and shapes of a sharded checkpoint's ``key`` tensors, from its metadata alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    found = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    prefix = key + "."
+    return {k[len(prefix):]: tuple(m.size) for k, m in found.items()
+            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def check_compatible(source: str, saved: Mapping[str, tuple[int, ...]], model: nn.Module,
+                     saved_config: Mapping[str, Any] | None = None, config: Mapping[str, Any] | None = None) -> None:
+    """Raise a :class:`CheckpointError` naming what differs when ``saved`` (tensor names -> shapes of
+    a checkpoint's model) does not fit ``model``; the two runs' configs, where given, name the
+    settings that differ (``run.*`` aside)."""
+    here = {k: tuple(v.shape) for k, v in unwrap(model).state_dict().items()}
+    missing = sorted(set(here) - set(saved))
+    extra = sorted(set(saved) - set(here))
+    shapes = [f"{k} is {list(saved[k])} there, {list(here[k])} here" for k in here if k in saved and saved[k] != here[k]]
+    if not (missing or extra or shapes):
+        return
+    problems = []
+    if shapes:
+        problems.append("shapes differ: " + "; ".join(shapes[:3]) + (f" (+{len(shapes) - 3} more)" if len(shapes) > 3 else ""))
+    if missing:
+        problems.append(f"missing there: {', '.join(missing[:3])}" + (f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""))
+    if extra:
+        problems.append(f"not in this model: {', '.join(extra[:3])}" + (f" (+{len(extra) - 3} more)" if len(extra) > 3 else ""))
+    if saved_config is not None and config is not None:
+        a, b = _flat(saved_config), _flat(config)
+        differ = [k for k in sorted(set(a) | set(b)) if not k.startswith("run.") and a.get(k) != b.get(k)]
+        if differ:
+            problems.append("the configs differ in " + ", ".join(f"{k} ({a.get(k)!r} there, {b.get(k)!r} here)"
+                                                                 for k in differ[:5]))
+    raise CheckpointError(f"{source} holds another model than this run builds: " + "; ".join(problems)
+                          + "; resume with the config it was trained with, or start a new run (another run.out_dir)")

@@ -104,6 +104,13 @@ class RunConfig(Config):
     )
     threads: PositiveInt | None = Field(None, description="torch intra-op threads; default: torch's choice")
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="how several processes share the work: ddp replicates the model on every process; fsdp "
+        "shards parameters, gradients and optimizer state over them (PyTorch FSDP2; zoo.train.sharding)")
+    offload: bool = Field(False, description="fsdp only: keep the sharded parameters, gradients and optimizer state "
+                          "in CPU memory (for GPU runs)")
+    activation_checkpointing: bool = Field(False, description="recompute each block's activations in the backward "
+                                           "pass instead of keeping them (less memory, ~1/3 more compute)")
     log_every: PositiveInt = 50
     eval_every: PositiveInt | None = Field(None, description="steps between evaluations; default: once an epoch")
     checkpoint_every: PositiveInt | None = Field(None, description="steps between checkpoints; default: once an epoch")
@@ -111,6 +118,12 @@ class RunConfig(Config):
     ema: float | None = Field(None, gt=0.0, lt=1.0, description="decay of an EMA of the weights (e.g. 0.999), or null")
     progress: bool = Field(True, description="a progress bar on rank 0 (off when stderr is not a terminal: log lines)")
     plot: bool = True
+
+    @model_validator(mode="after")
+    def _check_strategy(self) -> RunConfig:
+        if self.offload and self.strategy != "fsdp":
+            raise ValueError("run.offload: CPU offload is part of FSDP; set run.strategy=fsdp or run.offload=false")
+        return self
 
 
 # ------------------------------------------------------------------------------------ loading

@@ -2,9 +2,11 @@
 
 A recipe describes its data and loss as a :class:`Task`; the loop owns everything else, once:
 the optimizer and schedule (``cfg.optim``, ``cfg.schedule``), bf16 autocast, gradient accumulation,
-clipping, DDP (``no_sync`` on all but the last micro-batch), the EMA of the weights, a time budget,
-periodic evaluation, atomic checkpoints with exact resume (model, optimizer, schedule, EMA, RNG, data
-position, the running log window, the clock), the metrics log and its plot, and progress.
+clipping, DDP (``no_sync`` on all but the last micro-batch) or FSDP2 (``run.strategy: fsdp``, see
+zoo.train.sharding), activation checkpointing, the EMA of the weights, a time budget, periodic
+evaluation, atomic checkpoints with exact resume (model, optimizer, schedule, EMA, RNG, data position,
+the running log window, the clock; one file, or a sharded DCP folder under fsdp that resumes on any
+number of processes), the metrics log and its plot, and progress.
 
     class MyTask(Task):
         def steps(self, epoch): ...                     # optimizer steps in this epoch
@@ -36,12 +38,14 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from zoo.train.checkpoint import (checkpoint_name, latest_checkpoint, load_checkpoint, prune_checkpoints, restore_rng,
-                                  save_checkpoint, unwrap)
+from zoo.train.checkpoint import (CheckpointError, check_compatible, checkpoint_name, latest_checkpoint, load_checkpoint,
+                                  prune_checkpoints, restore_rng, rng_state, save_checkpoint, unwrap)
 from zoo.train.distributed import Dist
 from zoo.train.metrics import MetricsLog, Progress, plot_metrics
-from zoo.train.optim import EMA, autocast, build_optimizer, build_scheduler
+from zoo.train.optim import EMA, autocast, build_optimizer, build_scheduler, resolve_precision
 from zoo.train.runtime import attention_kernels
+from zoo.train.sharded import load_sharded_checkpoint, save_sharded_checkpoint
+from zoo.train.sharding import full_parameters, gathered, set_activation_checkpointing, shard
 
 __all__ = ["Task", "ListTask", "Fitted", "fit", "resolve_resume"]
 
@@ -178,33 +182,47 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
     world = dist.world_size
     budget = minutes * 60 if minutes else None
     clock = {"elapsed": 0.0}  # the same on every process, so a cooldown that follows the clock agrees
+    fsdp = run.strategy == "fsdp"
+    sharded = fsdp and dist.enabled  # one process has nothing to shard: it trains the plain model
+    try:
+        if run.activation_checkpointing:
+            set_activation_checkpointing(model)
+        ema = EMA(model, run.ema) if run.ema else None  # copied before sharding: FSDP modules cannot be copied
+        if sharded:
+            shard(model, dist, precision=resolve_precision(run.precision, device), offload=run.offload)
+            if ema is not None:
+                shard(ema.module, dist, offload=run.offload)  # fp32, sharded like the model's master weights
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.schedule, total_steps, d_model=d_model, done=None if budget is None else
                                 (lambda s: max(s / total_steps, clock["elapsed"] / budget)))
-    ema = EMA(model, run.ema) if run.ema else None
     step, epoch, pos, elapsed_before = 0, 0, 0, 0.0
     window: dict[str, float] = {}
     valid: dict[str, Any] = {}
     if resume is not None:
-        ckpt = load_checkpoint(resume, map_location=device)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        try:
+            ckpt = _restore(resume, model, optimizer, ema, dist, config, sharded)
+        except CheckpointError as e:
+            raise SystemExit(f"--resume: {e}") from None
         scheduler.load_state_dict(ckpt["scheduler"])
-        if ema is not None:
-            if "ema" not in ckpt:
-                raise SystemExit(f"--resume: {resume} has no EMA weights; resume with run.ema=null")
-            ema.load_state_dict(ckpt["ema"])
         st = ckpt["state"]
         step, epoch, pos = int(ckpt["step"]), int(st["epoch"]), int(st["pos"])
+        if int(st.get("world", world)) != world:  # a step's batches scale with the processes: keep the epoch's fraction
+            pos = pos * int(st["world"]) // world
+            dist.print(f"resuming a run of {st['world']} process(es) on {world}: step {step}, epoch {epoch} "
+                       f"continues at its step {pos} (a step now covers {st['world']}/{world} times the data)")
         elapsed_before, window, valid = float(st.get("elapsed", 0.0)), dict(st.get("window", {})), dict(st.get("valid", {}))
         task.load_state_dict(st.get("task", {}))
-        restore_rng(ckpt)
+        ranks = st.get("rng_ranks")  # every process's generators: their draws differ with their batches
+        restore_rng(ranks[dist.rank] if ranks is not None and len(ranks) == world else ckpt)
         dist.print(f"resumed from {resume} at step {step} (epoch {epoch}, step {pos} of it)")
     log = MetricsLog(out_dir / "metrics.jsonl", enabled=dist.is_main, resume_step=step if resume else None)
     if info and resume is None:
         log.write(step=0, split="info", **info)
     train_model = torch.compile(model) if run.compile else model
-    train_model = dist.wrap(train_model)
+    if not sharded:
+        train_model = dist.wrap(train_model)
     per_epoch = task.steps(0)
     if per_epoch < 1:
         raise SystemExit(f"{task.name}: an epoch makes no full optimizer step on {world} process(es) "
@@ -220,12 +238,13 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
     def evaluate() -> dict[str, Any]:
         dist.sync_buffers(*synced)
         values: dict[str, Any] = {}
-        for prefix, m in [("", model)] + ([("ema_", ema.module)] if ema is not None else []):
-            m.eval()
-            with torch.no_grad(), autocast(device, run.precision):
-                got = task.evaluate(m)
-            m.train()
-            values.update({prefix + k: v for k, v in got.items()})
+        with full_parameters(model, ema.module if ema is not None else None):
+            for prefix, m in [("", model)] + ([("ema_", ema.module)] if ema is not None else []):
+                m.eval()
+                with torch.no_grad(), autocast(device, run.precision):
+                    got = task.evaluate(m)
+                m.train()
+                values.update({prefix + k: v for k, v in got.items()})
         for k, v in values.items():
             if isinstance(v, dict):
                 log.write(step=step, split=f"valid_{k}", **v)
@@ -236,8 +255,15 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
     def checkpoint(at_end: bool) -> None:
         dist.sync_buffers(*synced)
         state = {"epoch": epoch + 1 if at_end else epoch, "pos": 0 if at_end else pos, "elapsed": clock["elapsed"],
-                 "window": window, "valid": valid, "task": task.state_dict()}
-        if dist.is_main:
+                 "window": window, "valid": valid, "task": task.state_dict(), "world": world}
+        if dist.enabled:
+            state["rng_ranks"] = dist.gather_object(rng_state())
+        if fsdp:
+            save_sharded_checkpoint(out_dir / checkpoint_name(step, sharded=True), model=model, optimizer=optimizer,
+                                    scheduler=scheduler, step=step, state=state, config=config, ema=ema, dist=dist)
+            if dist.is_main:
+                prune_checkpoints(out_dir, run.keep_checkpoints)
+        elif dist.is_main:
             save_checkpoint(out_dir / checkpoint_name(step), model=model, optimizer=optimizer, scheduler=scheduler,
                             step=step, state=state, config=config, ema=ema)
             prune_checkpoints(out_dir, run.keep_checkpoints)
@@ -258,6 +284,8 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
                 total = float(dist.all_reduce(counts)[0]) if dist.enabled else float(counts[0])
                 stats = {"loss": 0.0, "count": float(counts[0])}
                 for j, batch in enumerate(group):
+                    if sharded:  # FSDP's no_sync: reduce-scatter the gradients after the last micro-batch only
+                        model.set_requires_gradient_sync(j == len(group) - 1)
                     sync = not dist.enabled or j == len(group) - 1 or not hasattr(train_model, "no_sync")
                     with contextlib.nullcontext() if sync else train_model.no_sync():
                         with autocast(device, run.precision):
@@ -314,8 +342,42 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
         valid = evaluate()
     if run.plot and dist.is_main and (out_dir / "metrics.jsonl").exists():
         plot_metrics(out_dir / "metrics.jsonl", out_dir / "curves.png", task.panels, **task.plot_options)
-    return Fitted(model=unwrap(model), ema=ema.module if ema is not None else None, step=step, epoch=epoch, valid=valid,
+    final_model, final_ema = unwrap(model), ema.module if ema is not None else None
+    if sharded:  # whole copies on every process, for the recipe's test, decoding and export
+        final_model = gathered(model)
+        final_ema = gathered(ema.module) if ema is not None else None
+    return Fitted(model=final_model, ema=final_ema, step=step, epoch=epoch, valid=valid,
                   train_seconds=train_seconds, elapsed=clock["elapsed"], stopped_early=stopped, sums=totals, log=log)
+
+
+def _restore(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ema: EMA | None, dist: Dist,
+             config: dict | None, sharded: bool) -> dict[str, Any]:
+    """Load a checkpoint (a file or a sharded folder) into the run's objects; returns its train state."""
+    if path.is_dir():
+        return load_sharded_checkpoint(path, model=model, optimizer=optimizer, ema=ema, dist=dist, config=config)
+    ckpt = load_checkpoint(path, map_location=dist.device)
+    check_compatible(str(path), {k: tuple(v.shape) for k, v in ckpt["model"].items()}, model, ckpt.get("config"), config)
+    if ema is not None and "ema" not in ckpt:
+        raise CheckpointError(f"{path} has no EMA weights; resume with run.ema=null")
+    if sharded:  # whole tensors in the file: every process keeps its shards of them
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, ckpt["model"], options=full)
+        names = {id(p): n for n, p in model.named_parameters()}  # torch numbers parameters group by group
+        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        saved = ckpt["optimizer"]
+        by_name = {"state": {order[int(i)]: v for i, v in saved["state"].items()},
+                   "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, by_name, options=full)
+        if ema is not None:
+            set_model_state_dict(ema, ckpt["ema"], options=full)
+        return ckpt
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if ema is not None:
+        ema.load_state_dict(ckpt["ema"])
+    return ckpt
 
 
 def perplexity(nll: float) -> float:

@@ -155,4 +155,19 @@ class EMA(nn.Module):
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        self.averaged.update_parameters(model)
+        """``ema = decay * ema + (1 - decay) * model`` for floating parameters and buffers (AveragedModel's
+        EMA, in one ``lerp`` per kind of tensor so FSDP's sharded DTensors and plain buffers never mix);
+        other buffers (counters) are copied."""
+        pairs = list(zip(self.module.parameters(), model.parameters())) + list(zip(self.module.buffers(), model.buffers()))
+        groups: dict[tuple, tuple[list, list]] = {}
+        for ema, cur in pairs:
+            if not (ema.is_floating_point() or ema.is_complex()):
+                ema.copy_(cur)
+                continue
+            key = (type(ema), ema.device, ema.dtype)
+            groups.setdefault(key, ([], []))
+            groups[key][0].append(ema)
+            groups[key][1].append(cur.detach().to(ema.device))
+        for ema_list, cur_list in groups.values():
+            torch._foreach_lerp_(ema_list, cur_list, 1 - self.decay)
+        self.averaged.n_averaged += 1

@@ -1,0 +1,177 @@
+"""FSDP2 under torchrun with two gloo processes, for the three training recipes at tiny sizes:
+``run.strategy=fsdp`` with activation checkpointing trains, its first losses match DDP's, a run killed
+with SIGKILL (lm) or cut at a checkpoint (translate, imagenet) resumes to exactly the losses of an
+uninterrupted run, and its sharded checkpoint resumes on one process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from zoo.train import list_checkpoints, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+FSDP = ["run.strategy=fsdp", "run.activation_checkpointing=true"]
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def _cmd(recipe: str, args: list[str], processes: int) -> list[str]:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    return (launcher if processes > 1 else [sys.executable]) + [str(ROOT / "recipes" / f"{recipe}.py"), *args]
+
+
+def run(recipe: str, args: list[str], processes: int = 2, timeout: float = 300) -> str:
+    proc = subprocess.run(_cmd(recipe, args, processes), cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def losses(out: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in read_metrics(out / "metrics.jsonl") if r["split"] == "train"]
+
+
+def cut_at(run_dir: Path, step: int, into: Path) -> Path:
+    """A copy of ``run_dir`` as it was when its checkpoint at ``step`` had just been written."""
+    into.mkdir()
+    ckpt = next(p for p in list_checkpoints(run_dir) if p.name == f"ckpt-{step:07d}.dcp")
+    shutil.copytree(ckpt, into / ckpt.name)
+    for name in os.listdir(run_dir):
+        if name.endswith(".json") and name != "results.json" or name in ("tokenizer.json", "data"):
+            src = run_dir / name
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, into / name)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    import json
+
+    (into / "metrics.jsonl").write_text("".join(x for x in lines if json.loads(x)["step"] <= step))
+    return into / ckpt.name
+
+
+def check_fsdp_matches_ddp(fsdp: Path, ddp: Path, n: int) -> None:
+    a, b = losses(fsdp)[:n], losses(ddp)[:n]
+    assert len(a) == len(b) == n and [s for s, _ in a] == [s for s, _ in b]
+    for (_, x), (_, y) in zip(a, b):
+        assert abs(x - y) < 1e-3, (a, b)
+
+
+# --------------------------------------------------------------------------------------- lm
+@pytest.fixture(scope="module")
+def wordnet(tmp_path_factory) -> Path:
+    from test_lm_recipes import fake_wordnet
+
+    return fake_wordnet(tmp_path_factory.mktemp("wordnet"))
+
+
+def lm_args(wordnet: Path, out: Path, *extra: str) -> list[str]:
+    return [f"data.wordnet_dir={wordnet}", "data.vocab_size=300", "data.valid_fraction=0.1", f"run.out_dir={out}",
+            "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=2,block.attention.n_kv_heads=1,block.ffn.hidden=64]",
+            "train.batch_size=4", "train.block_len=16", "schedule.warmup=2", "run.log_every=1", "run.eval_every=1000",
+            "run.checkpoint_every=4", "run.keep_checkpoints=100", "run.progress=false", "run.plot=false",
+            "run.threads=1", "sample.max_new_tokens=4", "sample.prompts=[a]", *extra]
+
+
+def test_lm_fsdp_killed_and_resumed_equals_uninterrupted_and_reshards(wordnet, tmp_path):
+    steps = "train.steps=60"
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    out = run("lm", lm_args(wordnet, whole, steps, *FSDP))
+    assert "2 process(es)" in out
+
+    proc = subprocess.Popen(_cmd("lm", lm_args(wordnet, killed, steps, *FSDP), 2), cwd=ROOT, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while not (killed / "ckpt-0000008.dcp").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "model").exists(), "the run ended before it could be killed"
+    run("lm", lm_args(wordnet, killed, steps, *FSDP) + ["--resume"])
+    assert losses(killed) == losses(whole)
+
+    # the first losses of DDP on the same data
+    ddp = tmp_path / "ddp"
+    run("lm", lm_args(wordnet, ddp, "train.steps=3"))
+    check_fsdp_matches_ddp(whole, ddp, 3)
+
+    # the two-process sharded checkpoint resumes on one process
+    one = tmp_path / "one"
+    ckpt = cut_at(whole, 8, one)
+    out = run("lm", lm_args(wordnet, one, steps, *FSDP) + ["--resume", str(ckpt)], processes=1)
+    assert "resuming a run of 2 process(es) on 1" in out
+    assert losses(one)[-1][0] == 60 and all(loss == loss for _, loss in losses(one))
+
+
+# -------------------------------------------------------------------------------- translate
+@pytest.fixture(scope="module")
+def ding(tmp_path_factory) -> Path:
+    from zoo.data import translation as T
+
+    root = tmp_path_factory.mktemp("ding")
+    splits, _ = T.ding_splits(direction="en-de")
+    for name, n in (("train", 300), ("valid", 12), ("test", 12)):
+        p = splits[name]
+        (root / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(p.src[:n], p.tgt[:n])), encoding="utf-8")
+    return root
+
+
+def translate_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [f"data.path={data}", "data.vocab_size=300", f"run.out_dir={out}",
+            "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=4,block.ffn.hidden=64]",
+            "train.max_tokens=400", "train.minutes=null", "train.average_last=2", "train.steps=8", "schedule.warmup=4",
+            "run.log_every=1", "run.eval_every=4", "run.checkpoint_every=4", "run.keep_checkpoints=10",
+            "run.progress=false", "run.plot=false", "run.threads=1", "decode.beams=1", "decode.max_len_b=4",
+            "decode.samples=1", "decode.final_splits=[test]", *extra]
+
+
+def test_translate_fsdp_resumes_exactly_and_matches_ddp(ding, tmp_path):
+    whole = tmp_path / "whole"
+    run("translate", translate_args(ding, whole, *FSDP))
+    assert (whole / "model" / "model.safetensors").is_file()  # exported from the sharded run, averaged from shards
+    cut = tmp_path / "cut"
+    ckpt = cut_at(whole, 4, cut)
+    run("translate", translate_args(ding, cut, *FSDP) + ["--resume", str(ckpt)])
+    assert losses(cut) == losses(whole)
+    ddp = tmp_path / "ddp"
+    run("translate", translate_args(ding, ddp, "train.steps=3"))
+    check_fsdp_matches_ddp(whole, ddp, 3)
+    one = tmp_path / "one"
+    ckpt = cut_at(whole, 4, one)
+    assert "resuming a run of 2 process(es) on 1" in run("translate", translate_args(ding, one, *FSDP) + ["--resume", str(ckpt)], processes=1)
+
+
+# --------------------------------------------------------------------------------- imagenet
+sys.path.insert(0, str(ROOT / "tests"))
+from test_imagenet_recipe import needs_fmnist  # noqa: E402 (the same skip as the recipe's own tests)
+
+
+def image_args(out: Path, *extra: str) -> list[str]:
+    return [f"run.out_dir={out}", "data.train_limit=512", "data.valid_limit=64", "data.batch_size=32",
+            "train.max_steps=8", "run.log_every=1", "run.checkpoint_every=4", "run.keep_checkpoints=10",
+            "run.threads=1", "run.plot=false",
+            "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=2,block.ffn.hidden=64]",
+            "schedule.warmup=2", *extra]
+
+
+@needs_fmnist
+def test_imagenet_fsdp_resumes_exactly_and_matches_ddp(tmp_path):
+    whole = tmp_path / "whole"
+    run("imagenet", image_args(whole, *FSDP))
+    cut = tmp_path / "cut"
+    ckpt = cut_at(whole, 4, cut)
+    run("imagenet", image_args(cut, *FSDP) + ["--resume", str(ckpt)])
+    assert losses(cut) == losses(whole)
+    ddp = tmp_path / "ddp"
+    run("imagenet", image_args(ddp, "train.max_steps=3"))
+    check_fsdp_matches_ddp(whole, ddp, 3)
