@@ -121,6 +121,8 @@ ACTIVATIONS = [
     ("encoder_decoder", []),
     ("vit", []),
     ("vit", ["stem.channels=[8, 12]", "stem.strides=[2, 1]"]),
+    ("decoder", ["block.layer_scale=0.1", "block.attention.qk_norm={kind: rmsnorm, scope: all}", "position.kind=rope"]),
+    ("encoder_decoder", ["block.layer_scale=0.1", "block.attention.qk_norm={kind: layernorm}"]),
 ]
 
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from zoo.build import build, count_parameters
 from zoo.components import parts
-from zoo.components.block import Block, Stack
+from zoo.components.block import Block, LayerScale, Stack
 from zoo.components.embedding import PatchEmbedding
 from zoo.components.norm import RMSNorm
 from zoo.components.position import Position
@@ -158,6 +158,13 @@ def _norm_extra(norm: nn.Module, d: int) -> int:
     return d if isinstance(norm, RMSNorm) else 0  # RMSNorm keeps its normalised input for the weight's grad
 
 
+def _qk_norm_copies(attention: nn.Module) -> int:
+    """Copies of q and k a qk-norm keeps: its output, and LayerNorm a contiguous copy of its input
+    (q and k are strided views of the fused projection), RMSNorm the normalised input its weight's
+    gradient needs."""
+    return 2 if isinstance(getattr(attention, "q_norm", None), nn.Module) else 0
+
+
 def _rotates(position: Position | None) -> bool:
     return position is not None and type(position).rotate is not Position.rotate
 
@@ -167,18 +174,22 @@ def _stack_activations(
 ) -> tuple[int, int]:
     """(elements, dropout-mask bytes) one sample keeps in a stack: per sub-layer the norm's input,
     the projection's input and outputs (q, k, v, attention output), the FFN's hidden activations.
-    A rotating position (RoPE) keeps rotated copies of q and k beside the projection's output."""
+    A rotating position (RoPE) and a qk-norm keep copies of q and k beside the projection's output;
+    a layer scale keeps the sub-layer's output."""
     d, drop = spec.d_model, spec.dropout
     elements = masks = 0
     for block in stack.blocks:
         extra = _norm_extra(block.attn_norm, d)
+        ls = d if isinstance(getattr(block, "ls_attn", None), LayerScale) else 0  # a layer scale keeps its input
         H, G, K, V = parts.head_sizes(block.attn, d)
-        elements += tokens * (2 * d + extra + H * K + G * (K + V) + H * V + (H + G) * K * rotates)
-        elements += tokens * (2 * d + extra + parts.saved_per_token(block.ffn))
+        qk = (H + G) * K * (rotates + _qk_norm_copies(block.attn))
+        elements += tokens * (2 * d + extra + ls + H * K + G * (K + V) + H * V + qk)
+        elements += tokens * (2 * d + extra + ls + parts.saved_per_token(block.ffn))
         sublayers = 2
         if block.cross_attn is not None:
             H, G, K, V = parts.head_sizes(block.cross_attn, d)
-            elements += tokens * (2 * d + extra + H * K + H * V) + memory * G * (K + V)
+            qk = _qk_norm_copies(block.cross_attn)
+            elements += tokens * (2 * d + extra + ls + H * K * (1 + qk) + H * V) + memory * G * (K * (1 + qk) + V)
             sublayers = 3
         if drop.residual:
             masks += tokens * sublayers * d

@@ -59,6 +59,7 @@ from zoo.spec.parts import (
     NormSpec,
     Position,
     PositionSpec,
+    QKNormSpec,
     ReluFFNSpec,
     RMSNormSpec,
     RopeSpec,
@@ -73,7 +74,7 @@ __all__ = [
     "ComponentSpec", "ConvStemSpec", "DecoderSpec", "Dispatch", "DropoutSpec", "EmbeddingSpec",
     "EncoderDecoderSpec", "EncoderSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec",
     "InitSpec", "LayerNormSpec", "LearnedSpec", "MLMHeadSpec", "ModelSpec", "NoPositionSpec", "Norm", "NormSpec",
-    "Position", "PositionSpec", "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec",
+    "Position", "PositionSpec", "QKNormSpec", "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec",
     "SinusoidalSpec", "Spec", "SpecError", "SwiGLUSpec", "TextSpec", "VitSpec", "apply_overrides", "json_schema",
     "load_spec", "parse_spec", "preset_names", "preset_path", "read_yaml", "to_yaml",
 ]

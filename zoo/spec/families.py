@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from zoo.registry import registry
 from zoo.spec.base import Dispatch, Rate, Spec, register_specs
@@ -31,12 +31,29 @@ __all__ = [
 
 # ------------------------------------------------------------------------------------ shared pieces
 class BlockSpec(Spec):
-    """One layer: self-attention [+ cross-attention] + FFN, each with a residual and a norm."""
+    """One layer: self-attention [+ cross-attention] + FFN, each with a residual and a norm.
+
+    ``layer_scale`` (LayerScale, Touvron et al. 2021, CaiT; DeiT III; timm's ``init_values``)
+    multiplies each sub-layer's output by a learned per-channel vector, initialised to this value,
+    before the residual add (in both placements: Post-Norm adds the scaled output, then norms)."""
 
     attention: Attention = Field(default_factory=AttentionSpec)
     cross_attention: Attention | None = Field(None, description="encoder-decoder only; default: as attention")
     ffn: FFN = Field(default_factory=ReluFFNSpec)
     norm: Norm = Field(default_factory=LayerNormSpec)
+    layer_scale: float | None = Field(
+        None, description="initial value of the per-channel scale on each sub-layer's output (e.g. 1e-5); null: none"
+    )
+
+    @field_validator("layer_scale")
+    @classmethod
+    def _check_layer_scale(cls, value: float | None) -> float | None:
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ValueError(
+                f"layer_scale is the initial value of the scales and must be a positive number, got {value!r}; "
+                f"use a small value such as 1e-5 (CaiT) or 1e-6 (DeiT III), or null for no layer scale"
+            )
+        return value
 
     @property
     def cross(self) -> AttentionSpec:

@@ -8,16 +8,28 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from zoo.spec.base import ComponentSpec, Dispatch, register_specs
+from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 
 __all__ = [
     "FFN", "AlibiSpec", "Attention", "AttentionSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec",
-    "LayerNormSpec", "LearnedSpec", "NoPositionSpec", "Norm", "NormSpec", "Position", "PositionSpec", "RMSNormSpec",
-    "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
+    "LayerNormSpec", "LearnedSpec", "NoPositionSpec", "Norm", "NormSpec", "Position", "PositionSpec", "QKNormSpec",
+    "RMSNormSpec", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
 ]
 
 
 # ----------------------------------------------------------------------------------------- attention
+class QKNormSpec(Spec):
+    """A norm on the queries and keys before the scores (and before RoPE), which keeps the logits
+    bounded (Dehghani et al. 2023; timm's ``qk_norm``, OLMo 2, Qwen3, Gemma 3). ``scope: head``
+    normalises each head's K features (weights [K], shared by the heads: timm, Qwen3, Gemma 3);
+    ``scope: all`` normalises the whole query projection [H*K] and the whole key projection [G*K]
+    before the head split (OLMo 2)."""
+
+    kind: Literal["layernorm", "rmsnorm"] = "layernorm"
+    scope: Literal["head", "all"] = "head"
+    eps: PositiveFloat = 1e-6
+
+
 class AttentionSpec(ComponentSpec):
     """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1)."""
 
@@ -27,6 +39,7 @@ class AttentionSpec(ComponentSpec):
     head_dim: PositiveInt | None = Field(None, description="query/key size per head; default d_model // n_heads")
     v_head_dim: PositiveInt | None = Field(None, description="value size per head; default d_model // n_heads")
     bias: bool = True
+    qk_norm: QKNormSpec | None = Field(None, description="a norm on queries and keys before the scores; null: none")
 
     @model_validator(mode="after")
     def _check_heads(self) -> AttentionSpec:
