@@ -69,6 +69,9 @@ GLOSSARY: dict[str, str] = {
     "AttentionSpec.kind": "mha (n_kv_heads = n_heads), gqa (n_kv_heads divides n_heads) or mqa (one key/value head)",
     "AttentionSpec.n_heads": "query heads H",
     "AttentionSpec.bias": "biases on the q/k/v and output projections",
+    "QKNormSpec.kind": "LayerNorm (with bias) or RMSNorm",
+    "QKNormSpec.scope": "head: over each head's K features (weights [K]); all: over the whole q [H*K] and k [G*K]",
+    "QKNormSpec.eps": "added to the variance (or mean square) for stability",
     "SinusoidalSpec.base": "wavelength base of the sinusoids",
     "SinusoidalSpec.layout": "interleaved (sin, cos alternate) or concat (all sines, then all cosines)",
     "RopeSpec.base": "rotation frequency base",
@@ -276,7 +279,11 @@ def render() -> str:
         for kind in kinds:
             out += [f"### {kind}", "", f"`family: {kind}` — `zoo.spec.{cls.__name__}`. {own_doc(cls, (zs.FamilySpec,))}", ""]
             out += field_table(cls) + [""]
-    out += ["## Sections", "", "Nested mappings shared by the families.", ""]
+    for part in REGISTRIES:  # mappings inside parts (an attention's qk_norm)
+        if part != "family":
+            for _, cls in builtin_kinds(part):
+                nested_specs(cls, sections)
+    out += ["## Sections", "", "Nested mappings shared by the families and parts.", ""]
     for cls in sections:
         out += [f"### {cls.__name__}", "", own_doc(cls, (zs.Spec,)), ""] + field_table(cls) + [""]
     out += [

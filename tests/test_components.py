@@ -12,6 +12,7 @@ from zoo.components import (
     Attention,
     BlockContext,
     GatedMLP,
+    LayerScale,
     MLP,
     PostNormBlock,
     PreNormBlock,
@@ -194,4 +195,85 @@ def test_block_placement_formulas(block_cls):
     else:
         h = n1(x + a(x))
         expected = n2(h + ffn(h))
+    torch.testing.assert_close(block(x, ctx), expected)
+
+
+def _randomized(module: torch.nn.Module) -> torch.nn.Module:
+    """Norm weights and biases away from 1 and 0, so a missing or misplaced norm shows."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return module.eval()
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_qk_norm_per_head_by_hand(kind):
+    """scope head (timm, Qwen3, Gemma 3): each head's K features normalised, one [K] weight for every head."""
+    B, T, D, H, G, K = 2, 5, 16, 4, 2, 6
+    attn = _randomized(Attention(D, n_heads=H, n_kv_heads=G, head_dim=K, v_head_dim=K, qk_norm=kind, qk_eps=1e-6))
+    assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (K,)
+    x = torch.randn(B, T, D)
+    q, k, v = attn.qkv(x).split([H * K, G * K, G * K], dim=-1)
+    q, k, v = (t.view(B, T, -1, K).transpose(1, 2) for t in (q, k, v))
+
+    def norm(t, n):
+        if kind == "layernorm":
+            return (t - t.mean(-1, keepdim=True)) / torch.sqrt(t.var(-1, unbiased=False, keepdim=True) + 1e-6) * n.weight + n.bias
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * n.weight
+
+    q, k = norm(q, attn.q_norm), norm(k, attn.k_norm).repeat_interleave(H // G, dim=1)
+    ref = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(K), dim=-1) @ v.repeat_interleave(H // G, dim=1)
+    ref = attn.out(ref.transpose(1, 2).reshape(B, T, H * K))
+    torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_qk_norm_over_the_whole_projection_by_hand():
+    """scope all (OLMo 2): the whole q [H*K] and k [G*K] normalised before the head split, then RoPE."""
+    B, T, D, H, G, K = 2, 5, 16, 4, 2, 6
+    attn = _randomized(Attention(D, n_heads=H, n_kv_heads=G, head_dim=K, v_head_dim=K, qk_norm="rmsnorm", qk_scope="all"))
+    assert attn.q_norm.weight.shape == (H * K,) and attn.k_norm.weight.shape == (G * K,)
+    x, rope, pos = torch.randn(B, T, D), RotaryPosition(K), torch.arange(T)
+    q, k, v = attn.qkv(x).split([H * K, G * K, G * K], dim=-1)
+    q, k = (t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * n.weight for t, n in ((q, attn.q_norm), (k, attn.k_norm)))
+    q, k, v = (t.view(B, T, -1, K).transpose(1, 2) for t in (q, k, v))
+    q, k = rope.rotate(q, k, pos)
+    k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    ref = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(K)).masked_fill(~causal, float("-inf")), dim=-1) @ v
+    ref = attn.out(ref.transpose(1, 2).reshape(B, T, H * K))
+    torch.testing.assert_close(attn(x, is_causal=True, pos=rope, positions=pos), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_normalises_queries_and_memory_keys():
+    attn = _randomized(Attention(8, n_heads=2, n_kv_heads=2, head_dim=4, v_head_dim=4, cross=True, qk_norm="layernorm"))
+    x, memory = torch.randn(1, 3, 8), torch.randn(1, 5, 8)
+    q = attn.q_norm(attn.q(x).view(1, 3, 2, 4)).transpose(1, 2)
+    k, v = attn.kv(memory).split([8, 8], dim=-1)
+    k, v = attn.k_norm(k.view(1, 5, 2, 4)).transpose(1, 2), v.view(1, 5, 2, 4).transpose(1, 2)
+    ref = attn.out((torch.softmax(q @ k.transpose(-1, -2) / 2, dim=-1) @ v).transpose(1, 2).reshape(1, 3, 8))
+    torch.testing.assert_close(attn(x, memory), ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_cls", [PreNormBlock, PostNormBlock])
+def test_layer_scale_multiplies_each_sublayer_before_the_residual_add(block_cls):
+    D = 8
+    attn, cross = Attention(D, n_heads=2, n_kv_heads=2, head_dim=4, v_head_dim=4), Attention(
+        D, n_heads=2, n_kv_heads=2, head_dim=4, v_head_dim=4, cross=True)
+    ffn = MLP(D, 16, activation=torch.nn.GELU())
+    n1, n2, n3 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
+    s1, s2, s3 = LayerScale(D, 1e-5), LayerScale(D, 1e-5), LayerScale(D, 1e-5)
+    assert torch.equal(s1.gamma, torch.full((D,), 1e-5))
+    block = block_cls(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=n2, cross_attn=cross, cross_norm=n3,
+                      ls_attn=s1, ls_cross=s3, ls_ffn=s2)
+    _randomized(block)
+    x, memory = torch.randn(2, 4, D), torch.randn(2, 3, D)
+    ctx = BlockContext(is_causal=True, pos=NoPosition(), positions=torch.arange(4), memory=memory)
+    if block_cls is PreNormBlock:
+        h = x + s1.gamma * attn(n1(x), is_causal=True)
+        h = h + s3.gamma * cross(n3(h), memory)
+        expected = h + s2.gamma * ffn(n2(h))
+    else:
+        h = n1(x + s1.gamma * attn(x, is_causal=True))
+        h = n3(h + s3.gamma * cross(h, memory))
+        expected = n2(h + s2.gamma * ffn(h))
     torch.testing.assert_close(block(x, ctx), expected)

@@ -30,6 +30,21 @@ def left_padded(vocab: int, lengths: list[int], seed: int = 0):
 @pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
 def test_cached_decoding_equals_full_recomputation(family, position, attention):
     model = tiny_model(family, [f"position.kind={position}", f"block.attention.kind={attention}", *ATTENTION[attention]]).eval()
+    check_cached_decoding(model, family)
+
+
+@pytest.mark.parametrize("scope", ["head", "all"])
+@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+def test_cached_decoding_with_qk_norm_and_layer_scale(family, scope):
+    """Keys are normalised before they are cached (and before RoPE), in self- and cross-attention."""
+    qk = f"block.attention.qk_norm={{kind: rmsnorm, scope: {scope}}}"
+    model = tiny_model(family, ["position.kind=rope", "block.attention.kind=gqa", "block.attention.n_kv_heads=2", qk,
+                                "block.layer_scale=0.5"]).eval()
+    assert model.spec.block.cross.qk_norm is not None
+    check_cached_decoding(model, family)
+
+
+def check_cached_decoding(model, family):
     V = model.spec.vocab_size
     g = torch.Generator().manual_seed(1)
     steps = 6

@@ -54,6 +54,57 @@ def output_shape(model, inputs) -> tuple:
 def test_combination(family, position, ffn, norm, placement, attention):
     model = tiny_model(family, combo_overrides(position, ffn, norm, placement, attention))
     assert model.spec.position.kind == position and model.spec.block.ffn.kind == ffn
+    check_invariants(model)
+
+
+BLOCK_VARIANTS = {
+    "layer scale": ["block.layer_scale=0.1"],
+    "qk-norm per head": ["block.attention.qk_norm={kind: layernorm}"],
+    "qk-norm whole, rope, gqa": ["block.attention.qk_norm={kind: rmsnorm, scope: all}", "position.kind=rope",
+                                "block.attention.kind=gqa", "block.attention.n_kv_heads=2"],
+    "post-norm, layer scale, qk-norm": ["block.norm.placement=post", "block.layer_scale=0.1",
+                                        "block.attention.qk_norm={kind: rmsnorm}"],
+}
+
+
+@pytest.mark.parametrize("variant", BLOCK_VARIANTS)
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder", "vit"])
+def test_block_variants(family, variant):
+    overrides = BLOCK_VARIANTS[variant]
+    if family == "vit" and "position.kind=rope" in overrides:
+        overrides = [o for o in overrides if o != "position.kind=rope"]
+    model = tiny_model(family, overrides)
+    check_invariants(model)
+    if model.spec.block.layer_scale is not None:
+        gammas = [p for name, p in model.named_parameters() if name.endswith("gamma")]
+        per_layer = 5 if family == "encoder_decoder" else 2  # encoder: attention, FFN; decoder: + cross-attention
+        assert len(gammas) == per_layer * model.spec.n_layers
+    if model.spec.block.attention.qk_norm is not None:
+        assert any(name.endswith("q_norm.weight") for name, _ in model.named_parameters())
+
+
+VIT_VARIANTS = {
+    "registers, patch-only positions": ["reg_tokens=3", "prefix_positions=false"],
+    "map pooling, no class token, registers": ["pool=map", "class_token=false", "reg_tokens=2"],
+    "map pooling, fc_norm, sincos2d, dynamic size": ["pool={kind: map, n_heads: 2, hidden: 20}", "fc_norm=true",
+                                                     "position.kind=sincos2d", "dynamic_size=true"],
+    "mean pooling, registers, post-norm, layer scale": ["pool=mean", "reg_tokens=1", "block.norm.placement=post",
+                                                        "block.layer_scale=0.1"],
+}
+
+
+@pytest.mark.parametrize("variant", VIT_VARIANTS)
+def test_vit_variants(variant):
+    model = tiny_model("vit", VIT_VARIANTS[variant])
+    check_invariants(model)
+    spec, x = model.spec, example_inputs(model)[0]
+    assert model.features(x).prefix[0].shape == (x.shape[0], spec.n_prefix, spec.d_model)
+    if spec.dynamic_size:  # other sizes give logits; the model's own size is unchanged
+        assert model(torch.randn(2, 3, 24, 8)).shape == (2, spec.num_classes)
+
+
+def check_invariants(model):
+    family = model.spec.family
     inputs = example_inputs(model)
     out = model(*inputs)
     assert out.shape == output_shape(model, inputs)

@@ -36,6 +36,11 @@ from zoo.spec import SpecError, apply_overrides, load_spec, to_yaml
         (["block.ffn=3"], "block.ffn: expected a mapping such as"),
         (["family=gpt"], "family: unknown family kind 'gpt'"),
         (["d_model=abc"], "d_model: Input should be a valid integer"),
+        (["block.layer_scale=0"], r"block.layer_scale: .* must be a positive number, got 0.0; use a small value such as 1e-5"),
+        (["block.layer_scale=-1e-5"], "block.layer_scale: .* or null for no layer scale"),
+        (["block.attention.qk_norm={scope: heads}"], "block.attention.qk_norm.scope: Input should be 'head' or 'all'"),
+        (["block.attention.qk_norm={kind: batchnorm}"], "block.attention.qk_norm.kind: Input should be 'layernorm' or 'rmsnorm'"),
+        (["block.attention.qk_norm.eps=0"], "block.attention.qk_norm.eps: Input should be greater than 0"),
     ],
 )
 def test_rules_name_the_field_and_fix(overrides, message):

@@ -38,7 +38,7 @@ from torch import nn
 
 from zoo.build import build, count_parameters
 from zoo.components import parts
-from zoo.components.block import Block, Stack
+from zoo.components.block import Block, LayerScale, Stack
 from zoo.components.embedding import PatchEmbedding
 from zoo.components.norm import RMSNorm
 from zoo.components.position import Position
@@ -147,7 +147,9 @@ def forward_flops(model: nn.Module, seq: int) -> int | None:
         stacks = _stack_flops(model.encoder, seq) + _stack_flops(model.decoder, seq, seq)
         return stacks + parts.linear_flops(model.head, seq)
     if family == "vit":
-        return _patch_flops(model) + _stack_flops(model.stack, model.spec.n_tokens) + parts.linear_flops(model.head, 1)
+        patches = model.spec.grid[0] * model.spec.grid[1]
+        pool = parts.flops(model.pool, patches)  # attention pooling: keys and values of every patch
+        return _patch_flops(model) + _stack_flops(model.stack, model.spec.n_tokens) + pool + parts.linear_flops(model.head, 1)
     return None
 
 
@@ -165,6 +167,13 @@ def _norm_extra(norm: nn.Module, d: int) -> int:
     return d if isinstance(norm, RMSNorm) else 0  # RMSNorm keeps its normalised input for the weight's grad
 
 
+def _qk_norm_copies(attention: nn.Module) -> int:
+    """Copies of q and k a qk-norm keeps: its output, and LayerNorm a contiguous copy of its input
+    (q and k are strided views of the fused projection), RMSNorm the normalised input its weight's
+    gradient needs."""
+    return 2 if isinstance(getattr(attention, "q_norm", None), nn.Module) else 0
+
+
 def _rotates(position: Position | None) -> bool:
     return position is not None and type(position).rotate is not Position.rotate
 
@@ -175,18 +184,22 @@ def _stack_activations(
 ) -> tuple[int, int]:
     """(elements, dropout-mask bytes) one sample keeps in a stack: per sub-layer the norm's input,
     the projection's input and outputs (q, k, v, attention output), the FFN's hidden activations.
-    A rotating position (RoPE) keeps rotated copies of q and k beside the projection's output."""
+    A rotating position (RoPE) and a qk-norm keep copies of q and k beside the projection's output;
+    a layer scale keeps the sub-layer's output."""
     d, drop = spec.d_model, spec.dropout
     elements = masks = 0
     for block in stack.blocks:
         extra = _norm_extra(block.attn_norm, d)
+        ls = d if isinstance(getattr(block, "ls_attn", None), LayerScale) else 0  # a layer scale keeps its input
         H, G, K, V = parts.head_sizes(block.attn, d)
-        elements += tokens * (2 * d + extra + H * K + G * (K + V) + H * V + (H + G) * K * rotates)
-        elements += tokens * (2 * d + extra + parts.saved_per_token(block.ffn))
+        qk = (H + G) * K * (rotates + _qk_norm_copies(block.attn))
+        elements += tokens * (2 * d + extra + ls + H * K + G * (K + V) + H * V + qk)
+        elements += tokens * (2 * d + extra + ls + parts.saved_per_token(block.ffn))
         sublayers = 2
         if block.cross_attn is not None:
             H, G, K, V = parts.head_sizes(block.cross_attn, d)
-            elements += tokens * (2 * d + extra + H * K + H * V) + memory * G * (K + V)
+            qk = _qk_norm_copies(block.cross_attn)
+            elements += tokens * (2 * d + extra + ls + H * K * (1 + qk) + H * V) + memory * G * (K * (1 + qk) + V)
             sublayers = 3
         if drop.residual:
             masks += tokens * sublayers * d
@@ -245,6 +258,9 @@ def _activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_eleme
         n = spec.n_tokens
         elements, masks = _stack_activations(model.stack, spec, n)
         elements += spec.in_channels * spec.image_size**2 + 2 * d + spec.num_classes  # images, pooled, logits
+        pool_saved = getattr(model.pool, "saved_per_token", None)  # attention pooling keeps its keys and values
+        if callable(pool_saved):
+            elements += spec.grid[0] * spec.grid[1] * pool_saved()
         if spec.stem is not None:  # each stem layer keeps its conv output (BatchNorm's input) and its ReLU output
             side = spec.image_size
             for channels, stride in zip(spec.stem.channels, spec.stem.layer_strides):

@@ -1,13 +1,14 @@
 """Interchangeable parts; importing this package registers the built-in builders."""
 
-from zoo.components import attention, block, dropout, embedding, ffn, linear, norm, position  # noqa: F401
+from zoo.components import attention, block, dropout, embedding, ffn, linear, norm, pool, position  # noqa: F401
 from zoo.components.attention import Attention, attention_mask
-from zoo.components.block import Block, BlockContext, PostNormBlock, PreNormBlock, Stack
+from zoo.components.block import Block, BlockContext, LayerScale, PostNormBlock, PreNormBlock, Stack
 from zoo.components.embedding import PatchEmbedding, TokenEmbedding
 from zoo.components.dropout import Dropout
 from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.linear import Linear
 from zoo.components.norm import RMSNorm
+from zoo.components.pool import AttentionPool, ClsPool, MeanPool
 from zoo.components.position import (
     AlibiPosition,
     LearnedPosition,
@@ -19,7 +20,7 @@ from zoo.components.position import (
 )
 
 __all__ = [
-    "Attention", "attention_mask", "Block", "BlockContext", "PreNormBlock", "PostNormBlock", "Stack", "TokenEmbedding",
-    "PatchEmbedding", "MLP", "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition",
-    "SinusoidalPosition", "RotaryPosition", "AlibiPosition", "SinCos2dPosition",
+    "Attention", "attention_mask", "Block", "BlockContext", "LayerScale", "PreNormBlock", "PostNormBlock", "Stack",
+    "TokenEmbedding", "PatchEmbedding", "MLP", "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition",
+    "SinusoidalPosition", "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool",
 ]

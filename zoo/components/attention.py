@@ -19,10 +19,20 @@ from torch import Tensor, nn
 from zoo import kernels
 from zoo.components.cache import LayerCache
 from zoo.components.linear import Linear
+from zoo.components.norm import RMSNorm
 from zoo.components.parts import linear_flops
 from zoo.components.position import Position
 from zoo.kernels import sdpa_only  # noqa: F401 (kept importable from here)
 from zoo.registry import register
+
+
+def qk_norm_layer(kind: str, size: int, eps: float) -> nn.Module:
+    """The norm of a query/key vector of ``size`` features: LayerNorm (with bias) or RMSNorm."""
+    if kind == "layernorm":
+        return nn.LayerNorm(size, eps=eps)
+    if kind == "rmsnorm":
+        return RMSNorm(size, eps=eps)
+    raise ValueError(f"qk_norm: kind must be layernorm or rmsnorm, got {kind!r}")
 
 
 class Attention(nn.Module):
@@ -30,6 +40,11 @@ class Attention(nn.Module):
 
     Self-attention fuses the q, k, v projections into one ``qkv`` linear; cross-attention has ``q``
     on the queries and a fused ``kv`` on the memory.
+
+    ``qk_norm`` (``layernorm`` or ``rmsnorm``) adds ``q_norm`` and ``k_norm``, applied to queries and
+    keys before positions rotate them and before the scores: over each head's K features
+    (``qk_scope="head"``, weights [K]) or over the whole projections before the head split
+    (``qk_scope="all"``, weights [H*K] and [G*K]).
     """
 
     residual_out = ("out",)  # writes into the residual stream (zoo.components.parts)
@@ -46,10 +61,15 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         cross: bool = False,
         kv_dim: int | None = None,
+        qk_norm: str | None = None,
+        qk_scope: str = "head",
+        qk_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+        if qk_scope not in ("head", "all"):
+            raise ValueError(f"qk_scope must be head or all, got {qk_scope!r}")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim, self.v_head_dim = head_dim, v_head_dim
         self.dropout, self.cross = dropout, cross
@@ -61,6 +81,13 @@ class Attention(nn.Module):
         else:
             self.qkv = Linear(dim, q_size + k_size + v_size, bias=bias)
         self.out = Linear(n_heads * v_head_dim, dim, bias=bias)
+        self.qk_scope = qk_scope
+        if qk_norm is not None:
+            whole = qk_scope == "all"
+            self.q_norm = qk_norm_layer(qk_norm, q_size if whole else head_dim, qk_eps)
+            self.k_norm = qk_norm_layer(qk_norm, k_size if whole else head_dim, qk_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(
         self,
@@ -81,7 +108,7 @@ class Attention(nn.Module):
         the memory's keys/values once and reuses them (``memory`` may then be None).
         """
         if self.cross:
-            q = rearrange(self.q(x), "b t (h k) -> b h t k", h=self.n_heads)
+            q = self._heads(self.q(x), self.q_norm, self.n_heads)
             if cache is not None and cache.memory_kv is not None:
                 k, v = cache.memory_kv
             else:
@@ -90,7 +117,7 @@ class Attention(nn.Module):
                     cache.memory_kv = (k, v)
         else:
             q, kv = self.qkv(x).split([self.splits[0], self.splits[1] + self.splits[2]], dim=-1)
-            q = rearrange(q, "b t (h k) -> b h t k", h=self.n_heads)
+            q = self._heads(q, self.q_norm, self.n_heads)
             k, v = self._split_kv(kv)
             if pos is not None:
                 q, k = pos.rotate(q, k, positions)
@@ -123,11 +150,20 @@ class Attention(nn.Module):
         return self._split_kv(self.kv(memory))
 
     def _split_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        """[B, S, G*K + G*V] -> k (B, G, S, K), v (B, G, S, V)."""
+        """[B, S, G*K + G*V] -> k (B, G, S, K) (normalised, with qk-norm), v (B, G, S, V)."""
         k, v = kv.split(self.splits[1:], dim=-1)
-        k = rearrange(k, "b s (g k) -> b g s k", g=self.n_kv_heads)
+        k = self._heads(k, self.k_norm, self.n_kv_heads)
         v = rearrange(v, "b s (g v) -> b g s v", g=self.n_kv_heads)
         return k, v
+
+    def _heads(self, x: Tensor, norm: nn.Module | None, heads: int) -> Tensor:
+        """Queries or keys [B, T, heads*K] -> (B, heads, T, K), through the qk-norm if there is one."""
+        if norm is not None and self.qk_scope == "all":
+            x = norm(x)
+        x = rearrange(x, "b t (h k) -> b h t k", h=heads)
+        if norm is not None and self.qk_scope == "head":
+            x = norm(x)
+        return x
 
 
 def attention_mask(
@@ -166,6 +202,7 @@ def attention_mask(
 @register("attention", "gqa")
 @register("attention", "mqa")
 def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = False, kv_dim: int | None = None, **_) -> Attention:
+    qk = spec.qk_norm
     return Attention(
         dim,
         n_heads=spec.n_heads,
@@ -176,4 +213,7 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         dropout=dropout,
         cross=cross,
         kv_dim=kv_dim,
+        qk_norm=qk.kind if qk is not None else None,
+        qk_scope=qk.scope if qk is not None else "head",
+        qk_eps=qk.eps if qk is not None else 1e-6,
     )

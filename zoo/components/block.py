@@ -6,6 +6,9 @@ Post-Norm (the paper)::            Pre-Norm (GPT-2, LLaMA, ViT)::
     x = norm(x + drop(ffn(x)))         x = x + drop(ffn(norm(x)))
                                        ... and the stack ends with a final norm
 
+With layer scale (CaiT, DeiT III) each sub-layer's output is multiplied by a learned per-channel
+vector before the add: ``x + ls(drop(attn(...)))``, in both placements.
+
 Every block of a stack receives the same :class:`BlockContext` (masks, positions, the encoder's
 memory) and its own layer's KV cache.
 
@@ -44,8 +47,25 @@ class BlockContext:
     memory_mask: Tensor | None = None
 
 
+class LayerScale(nn.Module):
+    """x [..., D] -> x * gamma, a learned per-channel scale initialised to ``init`` (Touvron et al.
+    2021, CaiT; timm's ``LayerScale``)."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.init = init
+        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+    def extra_repr(self) -> str:
+        return f"{self.gamma.shape[0]}, init={self.init}"
+
+
 class Block(nn.Module):
-    """The parts of one layer. ``cross_attn`` (with ``cross_norm``) only in encoder-decoder decoders."""
+    """The parts of one layer. ``cross_attn`` (with ``cross_norm``) only in encoder-decoder decoders.
+    ``ls_attn``, ``ls_cross``, ``ls_ffn``: layer scales on the sub-layers' outputs (identities when None)."""
 
     def __init__(
         self,
@@ -57,14 +77,17 @@ class Block(nn.Module):
         cross_attn: Attention | None = None,
         cross_norm: nn.Module | None = None,
         dropout: float = 0.0,
+        ls_attn: nn.Module | None = None,
+        ls_cross: nn.Module | None = None,
+        ls_ffn: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        self.attn_norm, self.attn = attn_norm, attn
+        self.attn_norm, self.attn, self.ls_attn = attn_norm, attn, ls_attn or nn.Identity()
         if cross_attn is not None:
-            self.cross_norm, self.cross_attn = cross_norm, cross_attn
+            self.cross_norm, self.cross_attn, self.ls_cross = cross_norm, cross_attn, ls_cross or nn.Identity()
         else:
             self.cross_attn = None
-        self.ffn_norm, self.ffn = ffn_norm, ffn
+        self.ffn_norm, self.ffn, self.ls_ffn = ffn_norm, ffn, ls_ffn or nn.Identity()
         self.drop = Dropout(dropout)
 
     def parts(self) -> list[nn.Module]:
@@ -80,18 +103,18 @@ class Block(nn.Module):
 
 class PreNormBlock(Block):
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
-        x = x + self.drop(self._self(self.attn_norm(x), ctx, cache))
+        x = x + self.ls_attn(self.drop(self._self(self.attn_norm(x), ctx, cache)))
         if self.cross_attn is not None:
-            x = x + self.drop(self._cross(self.cross_norm(x), ctx, cache))
-        return x + self.drop(self.ffn(self.ffn_norm(x)))
+            x = x + self.ls_cross(self.drop(self._cross(self.cross_norm(x), ctx, cache)))
+        return x + self.ls_ffn(self.drop(self.ffn(self.ffn_norm(x))))
 
 
 class PostNormBlock(Block):
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
-        x = self.attn_norm(x + self.drop(self._self(x, ctx, cache)))
+        x = self.attn_norm(x + self.ls_attn(self.drop(self._self(x, ctx, cache))))
         if self.cross_attn is not None:
-            x = self.cross_norm(x + self.drop(self._cross(x, ctx, cache)))
-        return self.ffn_norm(x + self.drop(self.ffn(x)))
+            x = self.cross_norm(x + self.ls_cross(self.drop(self._cross(x, ctx, cache))))
+        return self.ffn_norm(x + self.ls_ffn(self.drop(self.ffn(x))))
 
 
 class Stack(nn.Module):

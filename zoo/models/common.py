@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.components.attention import attention_mask
-from zoo.components.block import Block, BlockContext, PostNormBlock, PreNormBlock, Stack
+from zoo.components.block import Block, BlockContext, LayerScale, PostNormBlock, PreNormBlock, Stack
 from zoo.components.cache import KVCache
 from zoo.components.parts import residual_linears
 from zoo.components.position import LearnedPosition, Position
@@ -40,6 +40,9 @@ def build_stack(spec: FamilySpec, n_layers: int, *, cross: bool = False, final_n
     def attention(aspec, is_cross: bool) -> nn.Module:
         return build_part("attention", aspec, dim=d, kv_dim=d, d_model=d, dropout=drop.attention, cross=is_cross)
 
+    def scale() -> nn.Module | None:
+        return LayerScale(d, b.layer_scale) if b.layer_scale is not None else None
+
     block_cls = PreNormBlock if pre else PostNormBlock
     blocks = [
         block_cls(
@@ -50,6 +53,9 @@ def build_stack(spec: FamilySpec, n_layers: int, *, cross: bool = False, final_n
             cross_attn=attention(b.cross, True) if cross else None,
             cross_norm=norm() if cross else None,
             dropout=drop.residual,
+            ls_attn=scale(),
+            ls_cross=scale() if cross else None,
+            ls_ffn=scale(),
         )
         for _ in range(n_layers)
     ]

@@ -8,16 +8,29 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from zoo.spec.base import ComponentSpec, Dispatch, register_specs
+from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 
 __all__ = [
-    "FFN", "AlibiSpec", "Attention", "AttentionSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec",
-    "LayerNormSpec", "LearnedSpec", "NoPositionSpec", "Norm", "NormSpec", "Position", "PositionSpec", "RMSNormSpec",
-    "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
+    "FFN", "AlibiSpec", "Attention", "AttentionSpec", "ClsPoolSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec",
+    "GeluFFNSpec", "LayerNormSpec", "LearnedSpec", "MapPoolSpec", "MeanPoolSpec", "NoPositionSpec", "Norm", "NormSpec",
+    "Pool", "PoolSpec", "Position", "PositionSpec", "QKNormSpec", "RMSNormSpec", "ReluFFNSpec", "RopeSpec",
+    "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
 ]
 
 
 # ----------------------------------------------------------------------------------------- attention
+class QKNormSpec(Spec):
+    """A norm on the queries and keys before the scores (and before RoPE), which keeps the logits
+    bounded (Dehghani et al. 2023; timm's ``qk_norm``, OLMo 2, Qwen3, Gemma 3). ``scope: head``
+    normalises each head's K features (weights [K], shared by the heads: timm, Qwen3, Gemma 3);
+    ``scope: all`` normalises the whole query projection [H*K] and the whole key projection [G*K]
+    before the head split (OLMo 2)."""
+
+    kind: Literal["layernorm", "rmsnorm"] = "layernorm"
+    scope: Literal["head", "all"] = "head"
+    eps: PositiveFloat = 1e-6
+
+
 class AttentionSpec(ComponentSpec):
     """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1)."""
 
@@ -27,6 +40,7 @@ class AttentionSpec(ComponentSpec):
     head_dim: PositiveInt | None = Field(None, description="query/key size per head; default d_model // n_heads")
     v_head_dim: PositiveInt | None = Field(None, description="value size per head; default d_model // n_heads")
     bias: bool = True
+    qk_norm: QKNormSpec | None = Field(None, description="a norm on queries and keys before the scores; null: none")
 
     @model_validator(mode="after")
     def _check_heads(self) -> AttentionSpec:
@@ -159,10 +173,41 @@ class RMSNormSpec(NormSpec):
     kind: Literal["rmsnorm"] = "rmsnorm"
 
 
+# ------------------------------------------------------------------------------------ ViT pooling
+class PoolSpec(ComponentSpec):
+    """How a ViT turns its tokens into one vector [B, D] for the head. A pool sees every token and
+    the number of prefix tokens (class token, registers) in front of the patch tokens."""
+
+
+class ClsPoolSpec(PoolSpec):
+    """The class token's output (ViT; timm ``global_pool='token'``)."""
+
+    kind: Literal["cls"] = "cls"
+
+
+class MeanPoolSpec(PoolSpec):
+    """The mean of the patch tokens, prefix tokens left out (timm ``global_pool='avg'``)."""
+
+    kind: Literal["mean"] = "mean"
+
+
+class MapPoolSpec(PoolSpec):
+    """Multihead attention pooling (MAP; Zhai et al. 2022, "Scaling Vision Transformers"; SigLIP;
+    timm ``global_pool='map'``, ``AttentionPoolLatent``): a learned latent query attends over the patch tokens, then a residual
+    FFN (the block's kind, after a norm of the block's kind): ``y = attn(latent, patches);
+    y = y + ffn(norm(y))``."""
+
+    kind: Literal["map"] = "map"
+    n_heads: PositiveInt | None = Field(None, description="heads of the pooling attention; default: block.attention.n_heads")
+    hidden: PositiveInt | None = Field(None, description="hidden width of its FFN; default: the block FFN's")
+    bias: bool = Field(True, description="biases on its projections and FFN (timm: always)")
+
+
 Attention = Annotated[ComponentSpec, Dispatch("attention")]
 Position = Annotated[ComponentSpec, Dispatch("position")]
 FFN = Annotated[ComponentSpec, Dispatch("ffn")]
 Norm = Annotated[ComponentSpec, Dispatch("norm")]
+Pool = Annotated[ComponentSpec, Dispatch("pool", shorthand=True)]
 
 register_specs("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec})
 register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
@@ -170,3 +215,4 @@ register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": 
 register_specs("ffn", FFNSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec,
                                 "geglu": GeGLUSpec})
 register_specs("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec})
+register_specs("pool", PoolSpec, {"cls": ClsPoolSpec, "mean": MeanPoolSpec, "map": MapPoolSpec})
