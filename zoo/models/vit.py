@@ -31,8 +31,7 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if spec.class_token else None
         self.position = build_position(spec, max_len=spec.n_tokens, grid=spec.grid)
         self.drop = Dropout(spec.dropout.embedding)
-        pre = spec.norm_placement == "pre"
-        self.stack = build_stack(spec, spec.n_layers, final_norm=pre and not spec.fc_norm)
+        self.stack = build_stack(spec, spec.n_layers, final_norm=spec.has_final_norm and not spec.fc_norm)
         self.fc_norm = build_part("norm", spec.block.norm, dim=d) if spec.fc_norm else nn.Identity()
         self.head = Linear(d, spec.num_classes)
         init_weights(self, spec)
