@@ -151,6 +151,19 @@ def test_sliding_window_cache_holds_the_window_only():
             assert len(cache) == 10 + t and cache.layers[0].k.shape[2] == 3 == cache.layers[1].v.shape[2]
 
 
+def test_gemma_embedding_scale_is_rounded_to_bfloat16_as_hf():
+    """HF Gemma casts sqrt(d_model) to the weights' dtype (sqrt(32) = 5.657 is 5.656 in bfloat16);
+    embedding.round_scale does the same, and without it the bfloat16 embeddings differ."""
+    hf = reference("Gemma", **CASES["gemma: GQA 4/2, biases, untied"][1]).to(torch.bfloat16)
+    model = from_hf(hf)
+    x = tokens()
+    with torch.no_grad():
+        assert torch.equal(model.tok_emb(x), hf.model.embed_tokens(x))
+        unrounded = zoo.build(zoo.load_spec(model.spec, ["embedding.round_scale=false"]), dtype=torch.bfloat16)
+        unrounded.load_state_dict(model.state_dict())
+        assert not torch.equal(unrounded.tok_emb(x), hf.model.embed_tokens(x))
+
+
 # ------------------------------------------------------------------------------------- presets
 PRESETS = {"mistral-tiny": "MistralForCausalLM", "qwen2-tiny": "Qwen2ForCausalLM", "pythia-tiny": "GPTNeoXForCausalLM",
            "olmo2-tiny": "Olmo2ForCausalLM", "gemma-tiny": "GemmaForCausalLM"}
