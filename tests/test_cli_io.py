@@ -93,6 +93,7 @@ COUNTED = [
     ("encoder_decoder", ["block.attention.kind=mqa"]),
     ("vit", []),
     ("vit", ["stem.channels=[8, 12]", "stem.strides=[2, 1]"]),
+    ("vit", ["pool=map", "class_token=false", "reg_tokens=3", "block.attention.qk_norm.kind=layernorm"]),
 ]
 
 
@@ -123,6 +124,7 @@ ACTIVATIONS = [
     ("vit", ["stem.channels=[8, 12]", "stem.strides=[2, 1]"]),
     ("decoder", ["block.layer_scale=0.1", "block.attention.qk_norm={kind: rmsnorm, scope: all}", "position.kind=rope"]),
     ("encoder_decoder", ["block.layer_scale=0.1", "block.attention.qk_norm={kind: layernorm}"]),
+    ("vit", ["pool=map", "reg_tokens=3", "prefix_positions=false", "block.layer_scale=0.1"]),
 ]
 
 

@@ -355,10 +355,18 @@ def test_llama_preset_count_and_config_round_trip():
     assert same_architecture(hf_spec(config), spec, ignore=("name", "init"))  # HF has no scaled residual init
 
 
-@pytest.mark.parametrize("name", ["vit-tiny-16", "vit-small-16", "vit-base-16"])
+VIT_PRESETS = {
+    "vit-tiny-16": "vit_tiny_patch16_224", "vit-small-16": "vit_small_patch16_224", "vit-base-16": "vit_base_patch16_224",
+    "deit3-small-16": "deit3_small_patch16_224",  # layer scale 1e-6, positions on the patches only
+    "vit-medium-16-reg4-gap-256": "vit_medium_patch16_reg4_gap_256",  # 4 registers, no class token, mean + fc_norm
+    "vit-so150m-16-reg4-map-256": "vit_so150m_patch16_reg4_map_256",  # 4 registers with positions, attention pooling
+}
+
+
+@pytest.mark.parametrize("name", VIT_PRESETS)
 def test_vit_presets_are_timm_models(name):
     with torch.device("meta"):
-        ref = timm.create_model(name.replace("vit-", "vit_").replace("-16", "_patch16_224"), pretrained=False)
+        ref = timm.create_model(VIT_PRESETS[name], pretrained=False)
     assert zoo_count(name) == n_params(ref)
     assert same_architecture(timm_spec(ref), zoo.load_spec(name))
 
@@ -397,19 +405,22 @@ FROM_REFUSED = {
     "marian unequal FFNs": (lambda: marian(decoder_ffn_dim=40), "decoder_ffn_dim=40"),
     "marian layerdrop": (lambda: marian(encoder_layerdrop=0.1), "encoder_layerdrop=0.1"),
     "marian altered positions": (lambda: marian_with_learned_positions(), "embed_positions.weight is not the sinusoid table"),
-    "vit layer scale": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
-                                                 init_values=1e-5), "init_values"),
+    "vit layer scale on one sub-layer": (lambda: vit_with_one_layer_scale(), "init_values='differ'"),
     "vit qkv bias only": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
                                                    qkv_bias=False), "qkv_bias=False"),
-    "vit register tokens": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
-                                                     reg_tokens=2), "reg_tokens=2"),
-    "vit attention pooling": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
-                                                       global_pool="map"), "global_pool='map'"),
-    "vit qk-norm": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
-                                             qk_norm=True), "qk_norm"),
-    "vit no_embed_class": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
-                                                    no_embed_class=True), "no_embed_class=True"),
+    "vit avgmax pooling": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
+                                                    global_pool="avgmax"), "global_pool='avgmax'"),
+    "vit rmsnorm qk-norm": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
+                                                     qk_norm=True, norm_layer="rmsnorm"), "qk_norm='RmsNorm'"),
+    "vit stochastic depth": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3,
+                                                      drop_path_rate=0.1), "blocks.1: drop_path_rate='> 0'"),
 }
+
+
+def vit_with_one_layer_scale():
+    ref = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, init_values=1e-5)
+    ref.blocks[0].ls2 = nn.Identity()
+    return ref
 
 
 def marian_with_learned_positions():

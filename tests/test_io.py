@@ -39,6 +39,8 @@ ROUND_TRIPS = [
     ("vit", []),  # learned positions, class token
     ("vit", ["position.kind=sincos2d"]),
     ("vit", ["position.kind=none", "pool=mean", "class_token=false", "fc_norm=true"]),
+    ("vit", ["reg_tokens=2", "prefix_positions=false", "pool=map", "block.layer_scale=0.1", "dynamic_size=true",
+             "block.attention.qk_norm.kind=rmsnorm", "block.attention.qk_norm.scope=all"]),
 ]
 IDS = [f"{family}-{'-'.join(o.split('=')[1] for o in extra) or 'preset'}" for family, extra in ROUND_TRIPS]
 

@@ -150,6 +150,26 @@ def test_a_window_as_long_as_the_sequence_is_full_attention():
         assert not torch.allclose(short(x), full(x))
 
 
+VIT_VARIANTS = {
+    "registers, patch-only positions": ["reg_tokens=3", "prefix_positions=false"],
+    "map pooling, no class token, registers": ["pool=map", "class_token=false", "reg_tokens=2"],
+    "map pooling, fc_norm, sincos2d, dynamic size": ["pool={kind: map, n_heads: 2, hidden: 20}", "fc_norm=true",
+                                                     "position.kind=sincos2d", "dynamic_size=true"],
+    "mean pooling, registers, post-norm, layer scale": ["pool=mean", "reg_tokens=1", "block.norm.placement=post",
+                                                        "block.layer_scale=0.1"],
+}
+
+
+@pytest.mark.parametrize("variant", VIT_VARIANTS)
+def test_vit_variants(variant):
+    model = tiny_model("vit", VIT_VARIANTS[variant])
+    check_invariants(model)
+    spec, x = model.spec, example_inputs(model)[0]
+    assert model.features(x).prefix[0].shape == (x.shape[0], spec.n_prefix, spec.d_model)
+    if spec.dynamic_size:  # other sizes give logits; the model's own size is unchanged
+        assert model(torch.randn(2, 3, 24, 8)).shape == (2, spec.num_classes)
+
+
 def check_invariants(model):
     """Shapes, finite non-zero gradients, determinism, causality and padding invariance."""
     family = model.spec.family

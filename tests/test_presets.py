@@ -16,6 +16,10 @@ EXACT = {
     "vit-tiny-16": 5_717_416,
     "vit-small-16": 22_050_664,
     "vit-base-16": 86_567_656,
+    # timm deit3_small_patch16_224, vit_medium_patch16_reg4_gap_256, vit_so150m_patch16_reg4_map_256
+    "deit3-small-16": 22_059_496,
+    "vit-medium-16-reg4-gap-256": 38_881_768,
+    "vit-so150m-16-reg4-map-256": 141_481_064,
 }
 
 

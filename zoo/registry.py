@@ -1,7 +1,7 @@
 """Registries of interchangeable parts.
 
-One registry per kind of part (``attention``, ``position``, ``ffn``, ``norm``) and one for model
-families (``family``). Each entry pairs a ``kind`` name with
+One registry per kind of part (``attention``, ``position``, ``ffn``, ``norm``, and a ViT's
+``pool``) and one for model families (``family``). Each entry pairs a ``kind`` name with
 
 * a pydantic spec class (what a spec file may say about the part), and
 * a builder, ``builder(spec, **context) -> nn.Module`` (how the part is made).
@@ -116,12 +116,13 @@ REGISTRIES: dict[str, Registry] = {
     "position": Registry("position", context="dim, max_len, n_heads, head_dim, grid"),
     "ffn": Registry("ffn", context="dim, dropout"),
     "norm": Registry("norm", context="dim"),
+    "pool": Registry("pool", context="dim, block"),
     "family": Registry("family", context=""),
 }
 
 
 def registry(part: str) -> Registry:
-    """The registry of one kind of part: attention, position, ffn, norm or family."""
+    """The registry of one kind of part: attention, position, ffn, norm, pool or family."""
     try:
         return REGISTRIES[part]
     except KeyError:

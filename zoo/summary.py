@@ -140,7 +140,9 @@ def forward_flops(model: nn.Module, seq: int) -> int | None:
         stacks = _stack_flops(model.encoder, seq) + _stack_flops(model.decoder, seq, seq)
         return stacks + parts.linear_flops(model.head, seq)
     if family == "vit":
-        return _patch_flops(model) + _stack_flops(model.stack, model.spec.n_tokens) + parts.linear_flops(model.head, 1)
+        patches = model.spec.grid[0] * model.spec.grid[1]
+        pool = parts.flops(model.pool, patches)  # attention pooling: keys and values of every patch
+        return _patch_flops(model) + _stack_flops(model.stack, model.spec.n_tokens) + pool + parts.linear_flops(model.head, 1)
     return None
 
 
@@ -223,6 +225,9 @@ def activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_elemen
         n = spec.n_tokens
         elements, masks = _stack_activations(model.stack, spec, n)
         elements += spec.in_channels * spec.image_size**2 + 2 * d + spec.num_classes  # images, pooled, logits
+        pool_saved = getattr(model.pool, "saved_per_token", None)  # attention pooling keeps its keys and values
+        if callable(pool_saved):
+            elements += spec.grid[0] * spec.grid[1] * pool_saved()
         if spec.stem is not None:  # each stem layer keeps its conv output (BatchNorm's input) and its ReLU output
             side = spec.image_size
             for channels, stride in zip(spec.stem.channels, spec.stem.layer_strides):

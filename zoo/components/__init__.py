@@ -1,6 +1,6 @@
 """Interchangeable parts; importing this package registers the built-in builders."""
 
-from zoo.components import attention, block, dropout, embedding, ffn, linear, norm, position  # noqa: F401
+from zoo.components import attention, block, dropout, embedding, ffn, linear, norm, pool, position  # noqa: F401
 from zoo.components.attention import Attention, attention_mask
 from zoo.components.block import (
     Block,
@@ -17,6 +17,7 @@ from zoo.components.dropout import Dropout
 from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.linear import Linear
 from zoo.components.norm import RMSNorm
+from zoo.components.pool import AttentionPool, ClsPool, MeanPool
 from zoo.components.position import (
     AlibiPosition,
     LearnedPosition,
@@ -31,5 +32,5 @@ __all__ = [
     "Attention", "attention_mask", "Block", "BlockContext", "LayerScale", "PreNormBlock", "PostNormBlock",
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "TokenEmbedding", "PatchEmbedding", "MLP", "GatedMLP", "Linear",
     "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition",
-    "SinusoidalPosition", "RotaryPosition", "AlibiPosition", "SinCos2dPosition",
+    "SinusoidalPosition", "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool",
 ]

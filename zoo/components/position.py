@@ -110,6 +110,19 @@ def sincos_2d_table(grid: tuple[int, int], dim: int, *, base: float = 10000.0, e
     return torch.cat([torch.zeros(extra_tokens, dim, dtype=torch.float64), table]).float()
 
 
+def resample_grid_table(table: Tensor, old: tuple[int, int], new: tuple[int, int], *, prefix: int = 0) -> Tensor:
+    """A [prefix + old_h * old_w, D] table of grid positions fitted to a ``new`` grid: the grid rows
+    resampled bicubically in float32 (antialiased, corners not aligned: timm's
+    ``resample_abs_pos_embed``, which ``dynamic_img_size`` uses), the ``prefix`` rows kept."""
+    if tuple(new) == tuple(old):
+        return table
+    head, grid = table[:prefix], table[prefix:]
+    d = table.shape[-1]
+    grid = grid.float().reshape(1, old[0], old[1], d).permute(0, 3, 1, 2)  # (1, D, h, w)
+    grid = nn.functional.interpolate(grid, size=tuple(new), mode="bicubic", align_corners=False, antialias=True)
+    return torch.cat([head, grid.permute(0, 2, 3, 1).reshape(-1, d).to(table.dtype)])
+
+
 class SinCos2dPosition(TablePosition):
     def __init__(self, dim: int, grid: tuple[int, int], *, base: float = 10000.0, extra_tokens: int = 0) -> None:
         super().__init__()

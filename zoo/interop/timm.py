@@ -3,12 +3,14 @@
     from_timm(timm_model) -> zoo model        to_timm(zoo_model) -> timm VisionTransformer
     timm_spec(timm_model) -> zoo spec
 
-Covers ``vit_tiny/small/base_patch16_224`` and every VisionTransformer built from options zoo has:
-class-token or mean ('avg') pooling, fc_norm, learned or no positions, Pre-Norm LayerNorm blocks,
-a two-layer GELU / ReLU / SiLU MLP, biases on qkv and on the projections together. timm keeps few
-options as attributes, so the spec is read from the modules themselves; any module zoo has no
-counterpart for (layer scale, qk-norm, register tokens, attention pooling, ...) is refused by name.
-timm is imported only when a converter runs.
+Covers ``vit_tiny/small/base_patch16_224``, DeiT III, register and MAP-pooled ViTs, and every
+VisionTransformer built from options zoo has: class-token, mean ('avg') or attention ('map')
+pooling, fc_norm, register tokens, positions on every token or on the patches only
+(``no_embed_class``), learned or no positions, ``dynamic_img_size``, Pre-Norm LayerNorm blocks with
+layer scale (``init_values``) and qk-norm, a two-layer GELU / ReLU / SiLU MLP, biases on qkv and on
+the projections together. timm keeps few options as attributes, so the spec is read from the
+modules themselves; any module zoo has no counterpart for is refused by name. timm is imported only
+when a converter runs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from zoo.spec import FamilySpec, parse_spec
 __all__ = ["from_timm", "to_timm", "timm_spec", "timm_kwargs"]
 
 FROM, TO = "timm VisionTransformer -> zoo", "zoo -> timm VisionTransformer"
+_POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm global_pool
 
 
 def _is(module: nn.Module | None, cls: type | tuple) -> bool:
@@ -52,25 +55,52 @@ def _check_model(m: nn.Module) -> None:
 
     if type(m) is not VisionTransformer:
         raise ConversionError(f"from_timm: {type(m).__name__} does not convert; only timm's VisionTransformer does")
+    from timm.layers import AttentionPoolLatent
+
+    pe = m.patch_embed
     checks = [
-        ("reg_tokens", m.num_reg_tokens, m.num_reg_tokens == 0, "zoo's ViT has no register tokens"),
-        ("no_embed_class", m.no_embed_class, not m.no_embed_class, "zoo adds positions to the class token too"),
-        ("dynamic_img_size", m.dynamic_img_size, not m.dynamic_img_size, "zoo's ViT has one image size"),
-        ("global_pool", m.global_pool, m.global_pool in ("token", "avg") and m.attn_pool is None,
-         "zoo pools the class token ('token') or the mean of the patch tokens ('avg')"),
-        ("pool_include_prefix", m.pool_include_prefix, not m.pool_include_prefix, "zoo's mean pooling skips the class token"),
+        ("global_pool", m.global_pool, (m.global_pool in ("token", "avg") and m.attn_pool is None)
+         or (m.global_pool == "map" and type(m.attn_pool) is AttentionPoolLatent),
+         "zoo pools the class token ('token'), the mean of the patch tokens ('avg') or by attention ('map')"),
+        ("pool_include_prefix", m.pool_include_prefix, not m.pool_include_prefix, "zoo's pools skip the class and register tokens"),
         ("patch_drop_rate", getattr(m.patch_drop, "prob", 0.0), isinstance(m.patch_drop, nn.Identity), "zoo has no patch dropout"),
         ("pre_norm", True, isinstance(m.norm_pre, nn.Identity), "zoo's ViT has no norm before the blocks"),
         ("final_norm", False, not (isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity)),
          "zoo's Pre-Norm ViT ends with a norm (before or after pooling)"),
         ("num_classes", 0, isinstance(m.head, nn.Linear), "zoo's ViT ends in a linear classifier"),
         ("drop_rate", m.head_drop.p, m.head_drop.p == 0, "zoo has no dropout before the classifier"),
-        ("embed_layer", type(m.patch_embed).__name__, type(m.patch_embed) is PatchEmbed and isinstance(m.patch_embed.norm, nn.Identity)
-         and m.patch_embed.flatten and not m.patch_embed.dynamic_img_pad, "zoo embeds patches with one strided convolution"),
+        ("embed_layer", type(pe).__name__, type(pe) is PatchEmbed and isinstance(pe.norm, nn.Identity)
+         and (pe.flatten or m.dynamic_img_size) and pe.strict_img_size != m.dynamic_img_size,
+         "zoo embeds patches with one strided convolution"),
+        ("dynamic_img_pad", getattr(pe, "dynamic_img_pad", False), not getattr(pe, "dynamic_img_pad", False),
+         "zoo takes images whose sides are multiples of the patch size, unpadded"),
     ]
     for option, value, ok, why in checks:
         if not ok:
             raise unsupported(FROM, option, value, why)
+
+
+def _layer_scale(blk: nn.Module) -> float | None:
+    """The init value of a block's LayerScales (None without them)."""
+    from timm.layers import LayerScale
+
+    scales = (blk.ls1, blk.ls2)
+    if all(isinstance(s, nn.Identity) for s in scales):
+        return None
+    if not all(type(s) is LayerScale for s in scales) or blk.ls1.init_values != blk.ls2.init_values:
+        raise unsupported(FROM, "init_values", "differ", "zoo's layer scale is on both sub-layers, with one init value")
+    return float(blk.ls1.init_values)
+
+
+def _qk_norm(attn: nn.Module) -> dict | None:
+    """A timm Attention's qk-norm as a zoo QKNormSpec mapping (None without one)."""
+    norms = (attn.q_norm, attn.k_norm)
+    if all(isinstance(n, nn.Identity) for n in norms):
+        return None
+    if not all(isinstance(n, nn.LayerNorm) and n.elementwise_affine and n.bias is not None
+               and tuple(n.normalized_shape) == (attn.head_dim,) for n in norms) or attn.q_norm.eps != attn.k_norm.eps:
+        raise unsupported(FROM, "qk_norm", type(attn.q_norm).__name__, "zoo's timm qk-norm is one LayerNorm (with bias) per head size")
+    return {"kind": "layernorm", "scope": "head", "eps": attn.q_norm.eps}
 
 
 def _check_block(blk: nn.Module, i: int) -> None:
@@ -81,13 +111,11 @@ def _check_block(blk: nn.Module, i: int) -> None:
         ("block_fn", type(blk).__name__, type(blk) is Block, "zoo's blocks are timm's Pre-Norm Block"),
         ("attn_layer", type(blk.attn).__name__, type(blk.attn) is Attention, "zoo's attention is timm's Attention"),
         ("mlp_layer", type(blk.mlp).__name__, type(blk.mlp) is Mlp, "zoo's two-layer FFN is timm's Mlp"),
-        ("init_values", "set", isinstance(blk.ls1, nn.Identity) and isinstance(blk.ls2, nn.Identity), "zoo has no layer scale"),
         ("drop_path_rate", "> 0", isinstance(blk.drop_path1, nn.Identity) and isinstance(blk.drop_path2, nn.Identity),
          "zoo has no stochastic depth"),
     ]
     if type(blk.attn) is Attention:
         checks += [
-            ("qk_norm", True, isinstance(blk.attn.q_norm, nn.Identity) and isinstance(blk.attn.k_norm, nn.Identity), "zoo has no qk-norm"),
             ("scale_attn_norm", True, isinstance(blk.attn.norm, nn.Identity), "zoo has no norm inside attention"),
             ("gated", True, getattr(blk.attn, "gate", None) is None, "zoo's attention has no output gate"),
         ]
@@ -108,6 +136,38 @@ def _norm_eps(norms: list[nn.Module]) -> float:
     return eps.pop()
 
 
+def _map_pool(m: nn.Module, heads: int, hidden: int, act: type) -> dict:
+    """timm's AttentionPoolLatent as a zoo MapPoolSpec mapping (the checks name what zoo lacks)."""
+    from timm.layers import Mlp
+
+    p = m.attn_pool
+    linears = (p.q, p.kv, p.proj, getattr(p.mlp, "fc1", None), getattr(p.mlp, "fc2", None))
+    checks = [
+        ("attn_pool.latent_len", p.latent_len, p.latent_len == 1, "zoo's attention pooling has one latent query"),
+        ("attn_pool.pool_type", p.pool, p.pool == "token", "zoo's attention pooling returns its one latent"),
+        ("attn_pool.pos_embed", "abs", p.pos_embed is None, "zoo's attention pooling adds no positions"),
+        ("attn_pool.q_proj", False, isinstance(p.q, nn.Linear), "zoo's attention pooling projects the latent query"),
+        ("attn_pool.qk_norm", True, isinstance(p.q_norm, nn.Identity) and isinstance(p.k_norm, nn.Identity),
+         "zoo's attention pooling has no qk-norm"),
+        ("attn_pool.embed_dim", p.num_heads * p.head_dim, p.num_heads * p.head_dim == m.embed_dim == p.latent_dim,
+         "zoo's attention pooling is as wide as the model"),
+        ("attn_pool.out_features", p.out_features, isinstance(p.proj, nn.Linear) and p.out_features == m.embed_dim,
+         "zoo's attention pooling ends in its norm + MLP, as wide as the model"),
+        ("attn_pool.mlp", type(p.mlp).__name__, type(p.mlp) is Mlp and isinstance(p.mlp.norm, nn.Identity) and type(p.mlp.act) is act,
+         "zoo's attention pooling MLP is timm's Mlp with the blocks' activation"),
+        ("attn_pool.drop", p.proj_drop.p, p.proj_drop.p == 0 and p.mlp.drop1.p == 0 and p.mlp.drop2.p == 0,
+         "zoo's attention pooling has no dropout"),
+        ("attn_pool.qkv_bias", p.q.bias is not None, len({lin.bias is not None for lin in linears}) == 1,
+         "zoo's attention pooling has biases on all its linears or on none"),
+    ]
+    for option, value, ok, why in checks:
+        if not ok:
+            raise unsupported(FROM, option, value, why)
+    fc1 = p.mlp.fc1.out_features
+    return {"kind": "map", "n_heads": None if p.num_heads == heads else p.num_heads,
+            "hidden": None if fc1 == hidden else fc1, "bias": p.q.bias is not None}
+
+
 def timm_spec(m: nn.Module) -> FamilySpec:
     """The zoo spec of a timm VisionTransformer (refusing what zoo cannot express)."""
     _check_model(m)
@@ -119,10 +179,11 @@ def timm_spec(m: nn.Module) -> FamilySpec:
         raise unsupported(FROM, "img_size/patch_size", (pe.img_size, pe.patch_size), "zoo's ViT takes square images and patches")
     per_block = {(blk.attn.num_heads, blk.mlp.fc1.out_features, type(blk.mlp.act), blk.attn.attn_drop.p, blk.attn.proj_drop.p,
                   blk.mlp.drop1.p, blk.mlp.drop2.p, blk.attn.qkv.bias is not None, blk.attn.proj.bias is not None,
-                  blk.mlp.fc1.bias is not None, blk.mlp.fc2.bias is not None) for blk in m.blocks}
+                  blk.mlp.fc1.bias is not None, blk.mlp.fc2.bias is not None, _layer_scale(blk),
+                  repr(_qk_norm(blk.attn))) for blk in m.blocks}
     if len(per_block) > 1:
         raise unsupported(FROM, "blocks", "differ", "zoo's ViT repeats one block spec")
-    _, hidden, _, attn_drop, proj_drop, drop1, drop2, qkv_bias, proj_bias, fc1_bias, fc2_bias = per_block.pop()
+    heads, hidden, act, attn_drop, proj_drop, drop1, drop2, qkv_bias, proj_bias, fc1_bias, fc2_bias, scale, _ = per_block.pop()
     if not qkv_bias == proj_bias == fc1_bias == fc2_bias:
         raise unsupported(FROM, "qkv_bias", qkv_bias, f"zoo's biases come on qkv and every projection together (proj_bias is {proj_bias})")
     if not proj_drop == drop1 == drop2:
@@ -130,16 +191,22 @@ def timm_spec(m: nn.Module) -> FamilySpec:
     if b0.attn.head_dim * b0.attn.num_heads != m.embed_dim:
         raise unsupported(FROM, "attn_head_dim", b0.attn.head_dim, "zoo's ViT head size is embed_dim / num_heads")
     norms = [m.norm if not isinstance(m.norm, nn.Identity) else m.fc_norm] + [n for blk in m.blocks for n in (blk.norm1, blk.norm2)]
+    pool = {"token": {"kind": "cls"}, "avg": {"kind": "mean"}}.get(m.global_pool)
+    if m.global_pool == "map":
+        pool = _map_pool(m, heads, hidden, act)
+        norms.append(m.attn_pool.norm)
     return parse_spec({
         "family": "vit", "image_size": ih, "patch_size": ph, "in_channels": pe.proj.in_channels,
         "num_classes": m.head.out_features, "d_model": m.embed_dim, "n_layers": len(m.blocks),
-        "class_token": m.cls_token is not None, "pool": "cls" if m.global_pool == "token" else "mean",
-        "fc_norm": not isinstance(m.fc_norm, nn.Identity),
+        "class_token": m.cls_token is not None, "reg_tokens": m.num_reg_tokens,
+        "prefix_positions": not m.no_embed_class or m.pos_embed is None,  # without positions the flag means nothing
+        "pool": pool, "fc_norm": not isinstance(m.fc_norm, nn.Identity), "dynamic_size": m.dynamic_img_size,
         "position": {"kind": "none" if m.pos_embed is None else "learned"},
         "block": {
-            "attention": {"kind": "mha", "n_heads": b0.attn.num_heads, "bias": qkv_bias},
+            "attention": {"kind": "mha", "n_heads": heads, "bias": qkv_bias, "qk_norm": _qk_norm(b0.attn)},
             "ffn": {**_activation(b0.mlp.act), "hidden": hidden, "bias": fc1_bias},
             "norm": {"kind": "layernorm", "placement": "pre", "eps": _norm_eps(norms)},
+            "layer_scale": scale,
         },
         "dropout": {"embedding": m.pos_drop.p, "residual": proj_drop, "attention": attn_drop, "ffn": proj_drop},
         "init": {"scheme": "trunc_normal", "std": 0.02},
@@ -148,18 +215,28 @@ def timm_spec(m: nn.Module) -> FamilySpec:
 
 def _rules(s: FamilySpec) -> list:
     rules = [rule("patch_embed.proj.weight", "patch_embed.proj.weight"), rule("patch_embed.proj.bias", "patch_embed.proj.bias")]
-    if s.class_token:
-        rules.append(rule("cls_token", "cls_token"))
+    rules += [rule(name, name) for name, on in (("cls_token", s.class_token), ("reg_token", s.reg_tokens)) if on]
     if s.position.kind == "learned":
         rules.append(rule("position.weight", "pos_embed"))  # [1, N, D] in timm, [N, D] in zoo
     bias = s.block.attention.bias
     names = [("attn_norm", "norm1", True), ("attn.qkv", "attn.qkv", bias), ("attn.out", "attn.proj", bias),
              ("ffn_norm", "norm2", True), ("ffn.fc1", "mlp.fc1", bias), ("ffn.fc2", "mlp.fc2", bias)]
+    if s.block.attention.qk_norm is not None:
+        names += [("attn.q_norm", "attn.q_norm", True), ("attn.k_norm", "attn.k_norm", True)]
     for i in range(s.n_layers):
         for z, t, has_bias in names:
             rules.append(rule(f"stack.blocks.{i}.{z}.weight", f"blocks.{i}.{t}.weight"))
             if has_bias:
                 rules.append(rule(f"stack.blocks.{i}.{z}.bias", f"blocks.{i}.{t}.bias"))
+        if s.block.layer_scale is not None:
+            rules += [rule(f"stack.blocks.{i}.ls_attn.gamma", f"blocks.{i}.ls1.gamma"),
+                      rule(f"stack.blocks.{i}.ls_ffn.gamma", f"blocks.{i}.ls2.gamma")]
+    if s.pool.kind == "map":
+        rules.append(rule("pool.latent", "attn_pool.latent"))
+        pool = [("attn.q", "q", s.pool.bias), ("attn.kv", "kv", s.pool.bias), ("attn.out", "proj", s.pool.bias),
+                ("norm", "norm", True), ("ffn.fc1", "mlp.fc1", s.pool.bias), ("ffn.fc2", "mlp.fc2", s.pool.bias)]
+        for z, t, has_bias in pool:
+            rules += [rule(f"pool.{z}.{p}", f"attn_pool.{t}.{p}") for p in ("weight", "bias")[: 1 + has_bias]]
     final = ("fc_norm", "fc_norm") if s.fc_norm else ("stack.norm", "norm")
     for p in ("weight", "bias"):
         rules += [rule(f"{final[0]}.{p}", f"{final[1]}.{p}"), rule(f"head.{p}", f"head.{p}")]
@@ -192,6 +269,7 @@ def _mlp_ratio(d: int, hidden: int) -> float:
 def timm_kwargs(s: FamilySpec) -> dict:
     """VisionTransformer arguments for ``s``, refusing what timm's ViT cannot express."""
     att, ffn, norm, d, stem = s.block.attention, s.block.ffn, s.block.norm, s.d_model, getattr(s, "stem", None)
+    qk, pool = att.qk_norm, getattr(s, "pool", None)
     problems = [
         ("family", s.family, s.family == "vit", "to_timm converts zoo ViTs"),
         ("stem", stem, stem is None, "timm's VisionTransformer embeds patches without a conv stem"),
@@ -207,18 +285,29 @@ def timm_kwargs(s: FamilySpec) -> dict:
         ("block.attention.out_bias", att.out_bias, att.has_out_bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
         ("block.parallel", s.block.parallel, s.block.parallel is None, "timm's ViT block runs attention and MLP one after the other"),
         ("dropout.ffn", s.dropout.ffn, s.dropout.ffn == s.dropout.residual, "timm's proj_drop_rate covers the MLP and the residuals"),
+        ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and qk.scope == "head" and qk.eps == norm.eps),
+         f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps})"),
+        ("pool.kind", getattr(pool, "kind", None), getattr(pool, "kind", None) in _POOLS, "timm pools by 'token', 'avg' or 'map'"),
     ]
+    if getattr(pool, "kind", None) == "map":
+        problems += [
+            ("pool.n_heads", pool.n_heads, pool.n_heads in (None, att.n_heads), "timm's attention pooling has the blocks' heads"),
+            ("pool.hidden", pool.hidden, pool.hidden in (None, ffn.hidden_size(d)), "timm's attention pooling MLP is the blocks' size"),
+            ("pool.bias", pool.bias, pool.bias, "timm's attention pooling has biases"),
+        ]
     for option, value, ok, why in problems:
         if not ok:
             raise unsupported(TO, option, value, why)
     act = {"relu": "relu", "silu": "silu"}.get(ffn.kind) or ("gelu_tanh" if ffn.approximate == "tanh" else "gelu")
     return dict(
         img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes,
-        global_pool="token" if s.pool == "cls" else "avg", embed_dim=d, depth=s.n_layers, num_heads=att.n_heads,
+        global_pool=_POOLS[pool.kind], embed_dim=d, depth=s.n_layers, num_heads=att.n_heads,
         mlp_ratio=_mlp_ratio(d, ffn.hidden_size(d)), qkv_bias=att.bias, proj_bias=att.bias, class_token=s.class_token,
         pos_embed="learn" if s.position.kind == "learned" else "none", fc_norm=s.fc_norm,
         norm_layer=functools.partial(nn.LayerNorm, eps=norm.eps), act_layer=act,
         pos_drop_rate=s.dropout.embedding, proj_drop_rate=s.dropout.residual, attn_drop_rate=s.dropout.attention,
+        reg_tokens=s.reg_tokens, no_embed_class=not s.prefix_positions, dynamic_img_size=s.dynamic_size,
+        init_values=s.block.layer_scale, qk_norm=qk is not None,
     )
 
 

@@ -1,9 +1,17 @@
 """Vision Transformer (Dosovitskiy et al. 2021), laid out as timm's VisionTransformer.
 
-    images [B, C, H, W] -> [conv stem ->] patches [B, N, D] -> [class token;] + positions -> blocks -> pool -> logits
+    images [B, C, H, W] -> [conv stem ->] patches [B, N, D] -> [class token; registers;] + positions
+                        -> blocks -> pool -> [fc_norm] -> logits
+
+Positions are added to every token, or, with ``prefix_positions: false``, to the patches before the
+class token and registers are put in front (timm's ``no_embed_class``). With ``dynamic_size`` the
+position table is fitted to each input's patch grid.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -12,13 +20,29 @@ from zoo.components.block import BlockContext
 from zoo.components.dropout import Dropout
 from zoo.components.embedding import PatchEmbedding
 from zoo.components.linear import Linear
+from zoo.components.position import NoPosition, SinCos2dPosition, TablePosition, resample_grid_table, sincos_2d_table
 from zoo.models.common import build_part, build_position, build_stack, init_weights
 from zoo.registry import register
 from zoo.spec import VitSpec
 
 
+@dataclass(frozen=True)
+class VitFeatures:
+    """Per-block outputs of :meth:`VisionTransformer.features`, in block order.
+
+    ``layers``: the blocks' indices; ``patches``: each block's patch tokens, [B, D, h, w] on the
+    patch grid (or [B, h*w, D] with ``grid=False``); ``prefix``: each block's class and register
+    tokens [B, P, D] (P = 0 without them); ``grid``: (h, w)."""
+
+    layers: list[int]
+    patches: list[Tensor]
+    prefix: list[Tensor]
+    grid: tuple[int, int]
+
+
 class VisionTransformer(nn.Module):
-    """``model(images[B,C,H,W]) -> logits[B,num_classes]``; ``features(images) -> [B, D]`` pooled."""
+    """``model(images[B,C,H,W]) -> logits[B,num_classes]``; ``pooled(images) -> [B, D]`` the head's
+    input; ``features(images, layers)`` the tokens of chosen blocks."""
 
     is_causal = False
 
@@ -29,40 +53,122 @@ class VisionTransformer(nn.Module):
         stem = list(zip(spec.stem.channels, spec.stem.layer_strides)) if spec.stem else []
         self.patch_embed = PatchEmbedding(in_channels=spec.in_channels, dim=d, patch_size=spec.patch_size, stem=stem)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if spec.class_token else None
-        self.position = build_position(spec, max_len=spec.n_tokens, grid=spec.grid)
+        self.reg_token = nn.Parameter(torch.zeros(1, spec.reg_tokens, d)) if spec.reg_tokens else None
+        self.position = build_position(spec, max_len=spec.n_positions, grid=spec.grid)
         self.drop = Dropout(spec.dropout.embedding)
         self.stack = build_stack(spec, spec.n_layers, final_norm=spec.has_final_norm and not spec.fc_norm)
+        self.pool = build_part("pool", spec.pool, dim=d, block=spec.block)
         self.fc_norm = build_part("norm", spec.block.norm, dim=d) if spec.fc_norm else nn.Identity()
         self.head = Linear(d, spec.num_classes)
         init_weights(self, spec)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)  # as timm
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)  # as timm
 
-    def _check(self, images: object) -> None:
+    # ------------------------------------------------------------------------------ embedding
+    def _grid(self, images: object) -> tuple[int, int]:
+        """The patch grid of ``images``, refusing a shape the model cannot take."""
         s = self.spec
-        want = (s.in_channels, s.image_size, s.image_size)
-        if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != want:
-            got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        fixed = (s.in_channels, s.image_size, s.image_size)
+        ok = isinstance(images, Tensor) and images.dim() == 4 and images.shape[1] == s.in_channels
+        if ok and s.dynamic_size:
+            h, w = images.shape[2:]
+            if h >= s.patch_size and w >= s.patch_size and h % s.patch_size == 0 and w % s.patch_size == 0:
+                return h // s.patch_size, w // s.patch_size
             raise ValueError(
-                f"images: expected a float tensor [batch, {want[0]}, {want[1]}, {want[2]}] (in_channels, image_size), "
-                f"got {got}; resize the images or set image_size/in_channels in the spec"
+                f"images: height and width must be multiples of patch_size ({s.patch_size}), got {h} x {w}; "
+                f"crop or pad the images"
             )
+        if ok and tuple(images.shape[1:]) == fixed:
+            return s.grid
+        got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        hint = ", or set dynamic_size: true to take other sizes" if ok else ""
+        raise ValueError(
+            f"images: expected a float tensor [batch, {fixed[0]}, {fixed[1]}, {fixed[2]}] (in_channels, image_size), "
+            f"got {got}; resize the images or set image_size/in_channels in the spec{hint}"
+        )
 
-    def features(self, images: Tensor) -> Tensor:
-        """Pooled features [B, D]: the class token, or the mean of the patch tokens."""
-        self._check(images)
+    def _add_positions(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        """x [B, n_positions rows' tokens, D] + the position table fitted to ``grid``."""
+        if grid == self.spec.grid:
+            return self.position.add(x, torch.arange(x.shape[1], device=x.device))
+        if isinstance(self.position, NoPosition):
+            return x
+        prefix = self.spec.n_prefix if self.spec.prefix_positions else 0
+        if isinstance(self.position, SinCos2dPosition):
+            p = self.position
+            table = sincos_2d_table(grid, p.weight.shape[1], base=p.base, extra_tokens=p.extra_tokens).to(p.weight.device)
+        elif isinstance(self.position, TablePosition):
+            table = resample_grid_table(self.position.weight, self.spec.grid, grid, prefix=prefix)
+        else:  # the spec admits no other kind with dynamic_size: a spec error, not a type error
+            raise ValueError(  # noqa: TRY004
+                f"dynamic_size: position kind {self.spec.position.kind!r} cannot be fitted to another grid"
+            )
+        return x + table.to(x.dtype)
+
+    def embed(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """The first block's input [B, T, D] (prefix tokens, then patches, with positions and
+        embedding dropout) and the patch grid (h, w)."""
+        grid = self._grid(images)
         x = self.patch_embed(images)  # (B, N, D)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)  # (B, 1 + N, D)
-        positions = torch.arange(x.shape[1], device=x.device)
-        x = self.drop(self.position.add(x, positions))
-        x = self.stack(x, BlockContext(pos=self.position, positions=positions))
-        prefix = int(self.cls_token is not None)
-        pooled = x[:, 0] if self.spec.pool == "cls" else x[:, prefix:].mean(dim=1)
-        return self.fc_norm(pooled)
+        prefix = [t.expand(x.shape[0], -1, -1).to(x.dtype) for t in (self.cls_token, self.reg_token) if t is not None]
+        if self.spec.prefix_positions:
+            x = self._add_positions(torch.cat([*prefix, x], dim=1), grid)  # (B, P + N, D)
+        else:
+            x = torch.cat([*prefix, self._add_positions(x, grid)], dim=1)
+        return self.drop(x), grid
+
+    def _context(self, x: Tensor) -> BlockContext:
+        return BlockContext(pos=self.position, positions=torch.arange(x.shape[1], device=x.device))
+
+    # ------------------------------------------------------------------------------- outputs
+    def pooled(self, images: Tensor) -> Tensor:
+        """The head's input [B, D]: the tokens pooled (class token, patch mean or attention pooling),
+        after the final norm or through ``fc_norm``."""
+        x, _ = self.embed(images)
+        x = self.stack(x, self._context(x))
+        return self.fc_norm(self.pool(x, self.spec.n_prefix))
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.head(self.features(images))  # (B, num_classes)
+        return self.head(self.pooled(images))  # (B, num_classes)
+
+    def features(self, images: Tensor, layers: int | Sequence[int] | None = None, *, norm: bool = False,
+                 grid: bool = True) -> VitFeatures:
+        """The outputs of chosen blocks (timm's ``forward_intermediates``): ``layers`` None for every
+        block, an int n for the last n, or block indices (negative from the end); blocks after the
+        last one chosen are not run. ``norm`` passes each through the final norm (an identity with
+        ``fc_norm``); ``grid`` lays the patch tokens out as [B, D, h, w]."""
+        n = len(self.stack.blocks)
+        take = self._take(n, layers)
+        x, (h, w) = self.embed(images)
+        ctx = self._context(x)
+        outs = []
+        for i, block in enumerate(self.stack.blocks[: max(take) + 1]):
+            x = block(x, ctx)
+            if i in take:
+                outs.append(self.stack.norm(x) if norm else x)
+        p = self.spec.n_prefix
+        patches = [y[:, p:] for y in outs]
+        if grid:
+            patches = [y.reshape(y.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for y in patches]
+        return VitFeatures(layers=sorted(take), patches=patches, prefix=[y[:, :p] for y in outs], grid=(h, w))
+
+    @staticmethod
+    def _take(n: int, layers: int | Sequence[int] | None) -> set[int]:
+        if layers is None:
+            return set(range(n))
+        if isinstance(layers, int) and not isinstance(layers, bool):
+            if not 0 < layers <= n:
+                raise ValueError(f"layers: the last {layers} blocks of {n}; give 1 to {n}, or block indices")
+            return set(range(n - layers, n))
+        chosen = set()
+        for i in layers:
+            if not isinstance(i, int) or not -n <= i < n:
+                raise ValueError(f"layers: {i!r} is no block index of {n} blocks (0 to {n - 1}, or -{n} to -1)")
+            chosen.add(i % n)
+        if not chosen:
+            raise ValueError("layers: no block chosen; give block indices, a count, or None for every block")
+        return chosen
 
 
 @register("family", "vit")

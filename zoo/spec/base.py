@@ -29,10 +29,11 @@ class ComponentSpec(Spec):
 
 
 class Dispatch:
-    """Validate a ``{kind: ...}`` mapping with the spec class its registry has for that kind."""
+    """Validate a ``{kind: ...}`` mapping with the spec class its registry has for that kind.
+    With ``shorthand``, a bare name stands for ``{kind: name}`` (``pool: mean``)."""
 
-    def __init__(self, part: str, key: str = "kind") -> None:
-        self.part, self.key = part, key
+    def __init__(self, part: str, key: str = "kind", *, shorthand: bool = False) -> None:
+        self.part, self.key, self.shorthand = part, key, shorthand
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
         reg = registry(self.part)
@@ -40,6 +41,8 @@ class Dispatch:
         def validate(value: Any) -> Any:
             if isinstance(value, ComponentSpec):
                 value = value.model_dump()
+            if self.shorthand and isinstance(value, str):
+                value = {self.key: value}
             if not isinstance(value, Mapping):
                 raise ValueError(  # noqa: TRY004  (pydantic reports a ValueError as a validation error)
                     f"expected a mapping such as {{{self.key}: {reg.names()[0]}}}, got {value!r}"
@@ -69,6 +72,8 @@ class Dispatch:
             if cls not in seen:
                 seen.add(cls)
                 members.append(handler(cls.__pydantic_core_schema__))
+        if self.shorthand:
+            members.append({"type": "string", "enum": reg.names()})
         return {"oneOf": members, "description": f"a {self.part}, chosen by {self.key}: {', '.join(reg.names())}"}
 
 

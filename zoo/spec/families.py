@@ -15,9 +15,12 @@ from zoo.spec.parts import (
     FFN,
     Attention,
     AttentionSpec,
+    ClsPoolSpec,
     LayerNormSpec,
     LearnedSpec,
+    MapPoolSpec,
     Norm,
+    Pool,
     Position,
     ReluFFNSpec,
     SinusoidalSpec,
@@ -292,7 +295,8 @@ class ConvStemSpec(Spec):
 
 
 class VitSpec(FamilySpec):
-    """Vision Transformer: ``model(images[B,C,H,W]) -> logits[B,num_classes]``."""
+    """Vision Transformer: ``model(images[B,C,H,W]) -> logits[B,num_classes]``. The tokens are
+    ``[class token?, registers..., patches...]``; the class token and the registers are the prefix."""
 
     family: Literal["vit"] = "vit"
     image_size: PositiveInt = 224
@@ -300,8 +304,22 @@ class VitSpec(FamilySpec):
     in_channels: PositiveInt = 3
     num_classes: PositiveInt = 1000
     class_token: bool = True
-    pool: Literal["cls", "mean"] = "cls"
+    reg_tokens: NonNegativeInt = Field(
+        0, description="learned register tokens after the class token (Darcet et al. 2023); read by no pool"
+    )
+    prefix_positions: bool = Field(
+        True, description="the position table has rows for the class and register tokens too; false: patch tokens "
+        "only, the prefix gets no position (timm's no_embed_class: DeiT III, registers)"
+    )
+    pool: Pool = Field(
+        default_factory=ClsPoolSpec, description="how tokens become the head's input: cls, mean or map (a bare name "
+        "stands for {kind: name})"
+    )
     fc_norm: bool = Field(False, description="norm after pooling instead of before (timm's fc_norm)")
+    dynamic_size: bool = Field(
+        False, description="accept images of other sizes (multiples of patch_size): learned positions are resampled "
+        "bicubically to the grid (timm's dynamic_img_size), sincos2d recomputed"
+    )
     stem: ConvStemSpec | None = Field(None, description="convolutions before the patch projection; null: none (the plain ViT)")
     position: Position = Field(default_factory=LearnedSpec)
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="trunc_normal"))
@@ -315,8 +333,26 @@ class VitSpec(FamilySpec):
             )
         if self.position.kind == "sincos2d" and self.d_model % 4:
             raise ValueError(f"position.kind: sincos2d splits d_model in four (row/column x sin/cos); d_model ({self.d_model}) must be divisible by 4")
-        if self.pool == "cls" and not self.class_token:
-            raise ValueError("pool: cls needs class_token: true; set class_token: true or pool: mean")
+        if self.pool.kind == "cls" and not self.class_token:
+            raise ValueError("pool: cls needs class_token: true; set class_token: true or pool: mean (or map)")
+        if isinstance(self.pool, MapPoolSpec):
+            heads = self.pool.n_heads or self.block.attention.n_heads
+            if self.d_model % heads:
+                divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
+                raise ValueError(
+                    f"pool.n_heads: the pooling attention splits d_model ({self.d_model}) into {heads} heads "
+                    f"({'pool.n_heads' if self.pool.n_heads else 'block.attention.n_heads'}); set pool.n_heads to one of {divisors}"
+                )
+        if not self.prefix_positions and self.position.kind in self._gridless_positions:
+            raise ValueError(
+                f"prefix_positions: false leaves the class and register tokens out of the position table, but "
+                f"position.kind {self.position.kind} adds no table; remove prefix_positions (or use learned or sincos2d)"
+            )
+        if self.dynamic_size and self.position.kind not in self._resizable_positions:
+            raise ValueError(
+                f"dynamic_size: positions of kind {self.position.kind!r} cannot be fitted to another grid; "
+                f"use position.kind {', '.join(sorted(self._resizable_positions))}, or set dynamic_size: false"
+            )
         if self.stem is not None:
             stem = self.stem
             if stem.strides is not None and len(stem.strides) != len(stem.channels):
@@ -332,6 +368,8 @@ class VitSpec(FamilySpec):
         return self
 
     _foreign_positions: ClassVar[frozenset[str]] = frozenset({"sinusoidal", "rope", "alibi"})  # 1-D text positions
+    _resizable_positions: ClassVar[frozenset[str]] = frozenset({"learned", "sincos2d", "none"})
+    _gridless_positions: ClassVar[frozenset[str]] = frozenset({"none"})
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -339,8 +377,18 @@ class VitSpec(FamilySpec):
         return (n, n)
 
     @property
+    def n_prefix(self) -> int:
+        """Tokens in front of the patches: the class token and the registers."""
+        return int(self.class_token) + self.reg_tokens
+
+    @property
     def n_tokens(self) -> int:
-        return self.grid[0] * self.grid[1] + int(self.class_token)
+        return self.grid[0] * self.grid[1] + self.n_prefix
+
+    @property
+    def n_positions(self) -> int:
+        """Rows of the position table: every token, or the patches only (``prefix_positions: false``)."""
+        return self.n_tokens if self.prefix_positions else self.grid[0] * self.grid[1]
 
 
 ModelSpec = Annotated[FamilySpec, Dispatch("family", key="family")]

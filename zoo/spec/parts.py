@@ -11,9 +11,10 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_v
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 
 __all__ = [
-    "FFN", "AlibiSpec", "Attention", "AttentionSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec",
-    "LayerNormSpec", "LearnedSpec", "NoPositionSpec", "Norm", "NormSpec", "Position", "PositionSpec", "QKNormSpec",
-    "RMSNormSpec", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
+    "FFN", "AlibiSpec", "Attention", "AttentionSpec", "ClsPoolSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec",
+    "GeluFFNSpec", "LayerNormSpec", "LearnedSpec", "MapPoolSpec", "MeanPoolSpec", "NoPositionSpec", "Norm", "NormSpec",
+    "Pool", "PoolSpec", "Position", "PositionSpec", "QKNormSpec", "RMSNormSpec", "ReluFFNSpec", "RopeSpec",
+    "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
 ]
 
 
@@ -207,10 +208,41 @@ class RMSNormSpec(NormSpec):
     unit_offset: bool = Field(False, description="scale by (1 + weight), the weight initialised to zero (Gemma); false: by weight, initialised to one")
 
 
+# ------------------------------------------------------------------------------------ ViT pooling
+class PoolSpec(ComponentSpec):
+    """How a ViT turns its tokens into one vector [B, D] for the head. A pool sees every token and
+    the number of prefix tokens (class token, registers) in front of the patch tokens."""
+
+
+class ClsPoolSpec(PoolSpec):
+    """The class token's output (ViT; timm ``global_pool='token'``)."""
+
+    kind: Literal["cls"] = "cls"
+
+
+class MeanPoolSpec(PoolSpec):
+    """The mean of the patch tokens, prefix tokens left out (timm ``global_pool='avg'``)."""
+
+    kind: Literal["mean"] = "mean"
+
+
+class MapPoolSpec(PoolSpec):
+    """Multihead attention pooling (MAP; Zhai et al. 2022, "Scaling Vision Transformers"; SigLIP;
+    timm ``global_pool='map'``, ``AttentionPoolLatent``): a learned latent query attends over the patch tokens, then a residual
+    FFN (the block's kind, after a norm of the block's kind): ``y = attn(latent, patches);
+    y = y + ffn(norm(y))``."""
+
+    kind: Literal["map"] = "map"
+    n_heads: PositiveInt | None = Field(None, description="heads of the pooling attention; default: block.attention.n_heads")
+    hidden: PositiveInt | None = Field(None, description="hidden width of its FFN; default: the block FFN's")
+    bias: bool = Field(True, description="biases on its projections and FFN (timm: always)")
+
+
 Attention = Annotated[ComponentSpec, Dispatch("attention")]
 Position = Annotated[ComponentSpec, Dispatch("position")]
 FFN = Annotated[ComponentSpec, Dispatch("ffn")]
 Norm = Annotated[ComponentSpec, Dispatch("norm")]
+Pool = Annotated[ComponentSpec, Dispatch("pool", shorthand=True)]
 
 register_specs("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec})
 register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
@@ -218,3 +250,4 @@ register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": 
 register_specs("ffn", FFNSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec,
                                 "geglu": GeGLUSpec})
 register_specs("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec})
+register_specs("pool", PoolSpec, {"cls": ClsPoolSpec, "mean": MeanPoolSpec, "map": MapPoolSpec})
