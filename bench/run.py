@@ -29,7 +29,7 @@ from bench.common import MALLOC, Row, machine, matmul_peak
 from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOADS = ["peak", "vit", "gpt2", "bert", "transformer", "generate", "compile"]
+WORKLOADS = ["peak", "vit", "gpt2", "mistral", "bert", "transformer", "generate", "compile"]
 QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
 QUALITY_MD = ROOT / "bench" / "QUALITY.md"
 MEMORY = "memory"  # run only when named: torchrun jobs of GPT-2 small at sequence 1024
@@ -46,6 +46,8 @@ def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Ro
         elif name == "gpt2":
             out.append(W.gpt2(p, timing, tiny=tiny))
             out.append(W.gpt2(p, timing, layers=6, width=384, heads=6, tiny=tiny))
+        elif name == "mistral":
+            out.append(W.mistral(p, timing, tiny=tiny))
         elif name == "bert":
             out.append(W.bert(p, timing, tiny))
         elif name == "transformer":

@@ -121,6 +121,40 @@ def gpt2(precision: str, timing: Timing, *, layers: int = 12, width: int = 768, 
     return row
 
 
+# -------------------------------------------------------------------------------------- Mistral
+def mistral(precision: str, timing: Timing, *, layers: int = 6, width: int = 512, heads: int = 8, kv_heads: int = 2,
+            window: int = 128, batch: int = 8, seq: int = 256, tiny: bool = False) -> Row:
+    """zoo vs HF MistralForCausalLM (sdpa attention), same weights: a causal-LM training step of a
+    Mistral-style decoder with GQA and a sliding window shorter than the sequence."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from zoo.interop.hf import from_hf
+
+    if tiny:
+        layers, width, heads, kv_heads, window, batch, seq = 2, 64, 4, 2, 8, 2, 16
+    cfg = MistralConfig(vocab_size=32000, hidden_size=width, intermediate_size=width * 8 // 3 // 64 * 64 + 64,
+                        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                        sliding_window=window, max_position_embeddings=max(seq, 2 * window), attn_implementation="sdpa")
+    peer = MistralForCausalLM(cfg).train()
+    ours = from_hf(peer).train()
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq))
+
+    def ours_loss():
+        logits = ours(tokens)
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+    def peer_loss():
+        return peer(input_ids=tokens, labels=tokens).loss
+
+    name = f"Mistral-style {layers}L/{width} GQA {heads}/{kv_heads}, window {window}"
+    row = Row(workload=f"{name} train", precision=precision, unit="tokens", work=batch * seq)
+    sides = [Side("zoo", _train_step(ours, ours_loss, _zoo_opt(ours), precision)),
+             Side("HF", _train_step(peer, peer_loss, _torch_adamw(peer), precision))]
+    row.flops = _flops_of_train(ours_loss)
+    row.seconds, row.spread = compare(sides, **timing)
+    return row
+
+
 # ----------------------------------------------------------------------------------------- BERT
 def bert(precision: str, timing: Timing, tiny: bool = False) -> Row:
     """zoo vs HF BertForMaskedLM (sdpa), same weights: an MLM training step, 15% of tokens scored."""

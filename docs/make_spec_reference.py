@@ -54,7 +54,7 @@ GLOSSARY: dict[str, str] = {
     "VitSpec.pool": "pooled feature: the class token (`cls`) or the mean of the patch tokens (`mean`)",
     "BlockSpec.attention": "self-attention (and the cross-attention when cross_attention is null)",
     "BlockSpec.ffn": "the position-wise feed-forward network",
-    "BlockSpec.norm": "the norm kind of every sub-layer, and its placement (pre or post)",
+    "BlockSpec.norm": "the norm kind of every sub-layer, and its placement (pre, post or post_sublayer)",
     "DropoutSpec.embedding": "on the embedding (+ position) sum",
     "DropoutSpec.residual": "on each sub-layer's output before the residual add",
     "InitSpec.scheme": "initialisation scheme for linear and embedding weights",
@@ -68,7 +68,6 @@ GLOSSARY: dict[str, str] = {
     "ClassifierSpec.dropout": "dropout before the classifier's linear",
     "AttentionSpec.kind": "mha (n_kv_heads = n_heads), gqa (n_kv_heads divides n_heads) or mqa (one key/value head)",
     "AttentionSpec.n_heads": "query heads H",
-    "AttentionSpec.bias": "biases on the q/k/v and output projections",
     "QKNormSpec.kind": "LayerNorm (with bias) or RMSNorm",
     "QKNormSpec.scope": "head: over each head's K features (weights [K]); all: over the whole q [H*K] and k [G*K]",
     "QKNormSpec.eps": "added to the variance (or mean square) for stability",
@@ -80,7 +79,8 @@ GLOSSARY: dict[str, str] = {
     "FFNSpec.bias": "biases on the linear layers",
     "GeluFFNSpec.approximate": "exact GELU (`none`) or its tanh approximation (`tanh`, GPT-2)",
     "GeGLUSpec.approximate": "exact GELU (`none`) or its tanh approximation (`tanh`)",
-    "NormSpec.placement": "pre: norm before each sub-layer (+ a final norm); post: norm after each residual add",
+    "NormSpec.placement": "pre: norm before each sub-layer (+ a final norm); post: norm after each residual add; "
+    "post_sublayer: norm on each sub-layer's output, before the residual add (+ a final norm)",
     "NormSpec.eps": "added to the variance (or mean square) for stability",
     "LayerNormSpec.bias": "a learned bias (beta)",
 }

@@ -14,7 +14,9 @@ from zoo.components import (
     GatedMLP,
     LayerScale,
     MLP,
+    ParallelBlock,
     PostNormBlock,
+    PostSublayerNormBlock,
     PreNormBlock,
     RMSNorm,
     RotaryPosition,
@@ -179,23 +181,38 @@ def test_rmsnorm_formula():
     torch.testing.assert_close(norm(x), expected)
 
 
-@pytest.mark.parametrize("block_cls", [PreNormBlock, PostNormBlock])
+@pytest.mark.parametrize("block_cls", [PreNormBlock, PostNormBlock, PostSublayerNormBlock, ParallelBlock, "shared norm"])
 def test_block_placement_formulas(block_cls):
     D = 8
     attn = Attention(D, n_heads=2, n_kv_heads=2, head_dim=4, v_head_dim=4)
     ffn = MLP(D, 16, activation=torch.nn.GELU())
     n1, n2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
-    block = block_cls(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=n2).eval()
+    with torch.no_grad():
+        for n in (n1, n2):
+            n.weight.normal_(1.0, 0.3), n.bias.normal_(0.0, 0.3)
+    if block_cls == "shared norm":
+        block = ParallelBlock(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=None).eval()
+    else:
+        block = block_cls(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=n2).eval()
     x = torch.randn(2, 4, D)
     ctx = BlockContext(is_causal=True, pos=NoPosition(), positions=torch.arange(4))
     a = lambda h: attn(h, is_causal=True)  # noqa: E731
     if block_cls is PreNormBlock:
         h = x + a(n1(x))
         expected = h + ffn(n2(h))
-    else:
+    elif block_cls is PostNormBlock:
         h = n1(x + a(x))
         expected = n2(h + ffn(h))
+    elif block_cls is PostSublayerNormBlock:  # OLMo 2
+        h = x + n1(a(x))
+        expected = h + n2(ffn(h))
+    elif block_cls is ParallelBlock:  # GPT-NeoX
+        expected = x + a(n1(x)) + ffn(n2(x))
+    else:  # GPT-J, PaLM
+        expected = x + a(n1(x)) + ffn(n1(x))
     torch.testing.assert_close(block(x, ctx), expected)
+    with pytest.raises(ValueError, match="no cross-attention"):
+        ParallelBlock(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=n2, cross_attn=attn, cross_norm=n1)
 
 
 def _randomized(module: torch.nn.Module) -> torch.nn.Module:
@@ -277,3 +294,62 @@ def test_layer_scale_multiplies_each_sublayer_before_the_residual_add(block_cls)
         h = n3(h + s3.gamma * cross(h, memory))
         expected = n2(h + s2.gamma * ffn(h))
     torch.testing.assert_close(block(x, ctx), expected)
+
+
+@pytest.mark.parametrize("block_cls", [PostSublayerNormBlock, ParallelBlock])
+def test_layer_scale_in_post_sublayer_and_parallel_blocks(block_cls):
+    D = 8
+    attn, ffn = Attention(D, n_heads=2, n_kv_heads=2, head_dim=4, v_head_dim=4), MLP(D, 16, activation=torch.nn.GELU())
+    n1, n2, s1, s2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D), LayerScale(D, 0.1), LayerScale(D, 0.1)
+    block = _randomized(block_cls(attn=attn, ffn=ffn, attn_norm=n1, ffn_norm=n2, ls_attn=s1, ls_ffn=s2))
+    x = torch.randn(2, 4, D)
+    ctx = BlockContext(is_causal=True, pos=NoPosition(), positions=torch.arange(4))
+    if block_cls is PostSublayerNormBlock:
+        h = x + s1.gamma * n1(attn(x, is_causal=True))
+        expected = h + s2.gamma * n2(ffn(h))
+    else:
+        expected = x + s1.gamma * attn(n1(x), is_causal=True) + s2.gamma * ffn(n2(x))
+    torch.testing.assert_close(block(x, ctx), expected)
+
+
+def test_partial_rope_turns_the_first_dimensions_only():
+    """GPT-NeoX's partial rotary: the first R of K dimensions turn as a rope of size R; the rest pass."""
+    K, R = 12, 4
+    partial, whole = RotaryPosition(K, base=500.0, rotary_dims=R), RotaryPosition(R, base=500.0)
+    q, k = torch.randn(2, 3, 5, K), torch.randn(2, 1, 5, K)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])
+    pq, pk = partial.rotate(q, k, pos)
+    wq, wk = whole.rotate(q[..., :R], k[..., :R], pos)
+    torch.testing.assert_close(pq, torch.cat([wq, q[..., R:]], dim=-1), rtol=0, atol=0)
+    torch.testing.assert_close(pk, torch.cat([wk, k[..., R:]], dim=-1), rtol=0, atol=0)
+    partial.inv_freq.zero_()
+    partial.reset_buffers()
+    torch.testing.assert_close(partial.inv_freq, whole.inv_freq, rtol=0, atol=0)
+
+
+def test_rmsnorm_unit_offset_scales_by_one_plus_weight():
+    norm = RMSNorm(6, eps=1e-6, unit_offset=True)
+    assert torch.equal(norm.weight, torch.zeros(6))  # the scale starts at one
+    with torch.no_grad():
+        norm.weight.uniform_()
+    x = torch.randn(3, 6)
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + norm.weight)
+    torch.testing.assert_close(norm(x), expected)
+
+
+def test_output_bias_apart_from_the_projection_biases():
+    """Qwen2: biases on q, k and v, none on the output projection."""
+    attn = Attention(8, n_heads=2, n_kv_heads=1, head_dim=4, v_head_dim=4, bias=True, out_bias=False)
+    assert attn.qkv.bias is not None and attn.out.bias is None
+    assert Attention(8, n_heads=2, n_kv_heads=2, head_dim=4, v_head_dim=4, bias=False).out.bias is None
+
+
+def test_sliding_window_mask():
+    """Each query sees itself and the window - 1 keys before it; with more keys than queries (a cache)
+    the window ends at each query's own key."""
+    mask, is_causal = attention_mask(q_len=5, k_len=5, causal=True, window=2)
+    assert not is_causal and mask[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    mask, _ = attention_mask(q_len=2, k_len=4, causal=True, window=3)
+    assert mask[0, 0].int().tolist() == [[1, 1, 1, 0], [0, 1, 1, 1]]
+    assert attention_mask(q_len=4, k_len=4, causal=True, window=4) == (None, True)  # the window covers every key

@@ -75,6 +75,42 @@ def check_cached_decoding(model, family):
             assert got.argmax(-1).equal(full.argmax(-1))
 
 
+# Decoder options of Mistral, Qwen2, GPT-NeoX, OLMo 2 and Gemma; the window is shorter than the prompts
+# plus the new tokens, so the sliding cache drops keys while it decodes, padded rows included.
+VARIANTS = {
+    "window 3": ["block.attention.window=3"],
+    "window 1": ["block.attention.window=1"],
+    "qkv bias only, partial rope": ["block.attention.out_bias=false", "position.fraction=0.5"],
+    "parallel": ["block.parallel.shared_norm=false"],
+    "post-sublayer norms, gemma norms": ["block.norm.placement=post_sublayer", "block.norm.kind=rmsnorm",
+                                         "block.norm.unit_offset=true", "embedding.scale=true", "embedding.round_scale=true"],
+}
+
+
+VARIANT_CASES = [(v, p, a) for v in VARIANTS for p in ("rope", "alibi") for a in ATTENTION
+                 if p == "rope" or "position.fraction=0.5" not in VARIANTS[v]]  # partial rotary is a rope option
+
+
+@pytest.mark.parametrize("variant,position,attention", VARIANT_CASES, ids=["-".join(c) for c in VARIANT_CASES])
+def test_cached_decoding_equals_full_recomputation_for_variants(variant, position, attention):
+    overrides = [f"position.kind={position}", f"block.attention.kind={attention}", *ATTENTION[attention], *VARIANTS[variant]]
+    model = tiny_model("decoder", overrides).eval()
+    V, steps = model.spec.vocab_size, 6
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        prompt, mask = left_padded(V, [5, 2, 4])
+        cont = torch.randint(0, V, (3, steps), generator=g)
+        full_mask = torch.cat([mask, torch.ones_like(cont, dtype=torch.bool)], dim=1)
+        full = model(torch.cat([prompt, cont], dim=1), full_mask)
+        cache = model.new_cache(prompt.shape[1] + steps)
+        got = [model(prompt, mask, cache=cache)]
+        got += [model(cont[:, t : t + 1], cache=cache) for t in range(steps)]
+        torch.testing.assert_close(torch.cat(got, dim=1)[full_mask], full[full_mask], rtol=0, atol=1e-5)
+        window = model.spec.block.attention.window
+        if window is not None:  # the cache holds the window's keys only
+            assert cache.layers[0].k.shape[2] == window - 1
+
+
 @pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
 def test_last_only_logits_are_the_last_position_of_the_full_logits(family):
     model = tiny_model(family, []).eval()

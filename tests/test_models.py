@@ -83,6 +83,73 @@ def test_block_variants(family, variant):
         assert any(name.endswith("q_norm.weight") for name, _ in model.named_parameters())
 
 
+# Options only some models have (Mistral, Qwen2, GPT-NeoX, OLMo 2, Gemma), with the positions and
+# attention kinds of the combinations above; a variant that sets the position meets the attention kinds only.
+VARIANTS = {
+    "window 3": ["block.attention.window=3"],
+    "qkv bias only": ["block.attention.out_bias=false"],
+    "partial rope": ["position.kind=rope", "position.fraction=0.5"],
+    "parallel": ["block.parallel.shared_norm=false", "block.norm.placement=pre"],
+    "parallel shared norm": ["block.parallel.shared_norm=true", "block.norm.kind=rmsnorm", "block.norm.placement=pre"],
+    "post-sublayer norms": ["block.norm.placement=post_sublayer"],
+    "gemma norms": ["block.norm.kind=rmsnorm", "block.norm.unit_offset=true", "embedding.scale=true", "embedding.round_scale=true"],
+    "olmo 2": ["block.norm.placement=post_sublayer", "block.norm.kind=rmsnorm", "block.attention.qk_norm={kind: rmsnorm, scope: all}"],
+    "layer scale, parallel, qk-norm": ["block.layer_scale=0.1", "block.parallel.shared_norm=false", "block.norm.placement=pre",
+                                       "block.attention.qk_norm={kind: layernorm}"],
+    "all at once": ["block.attention.window=4", "block.attention.out_bias=false", "position.kind=rope", "position.fraction=0.75",
+                    "block.parallel.shared_norm=false", "block.norm.kind=rmsnorm", "block.norm.unit_offset=true",
+                    "block.attention.qk_norm={kind: rmsnorm, scope: all}", "block.layer_scale=0.5"],
+}
+VARIANT_POSITIONS = ["rope", "alibi", "learned"]
+# which families each variant applies to (a window is causal self-attention; a parallel block has no cross-attention)
+VARIANT_FAMILIES = {"window 3": ["decoder"], "all at once": ["decoder"], "partial rope": ["decoder", "encoder", "encoder_decoder"],
+                    "parallel": ["decoder", "encoder", "vit"], "layer scale, parallel, qk-norm": ["decoder", "encoder", "vit"],
+                    "parallel shared norm": ["decoder", "encoder", "vit"], "gemma norms": ["decoder", "encoder", "encoder_decoder"]}
+
+
+def variant_cases():
+    for name, overrides in VARIANTS.items():
+        positions = ["rope"] if "position.kind=rope" in overrides else VARIANT_POSITIONS
+        for position, attention in itertools.product(positions, ATTENTIONS):
+            yield pytest.param("decoder", name, position, attention, id=f"decoder-{name}-{position}-{attention}")
+        for family in VARIANT_FAMILIES.get(name, ["encoder", "encoder_decoder", "vit"]):
+            if family != "decoder":  # the other families once, with their preset's positions
+                yield pytest.param(family, name, None, "gqa", id=f"{family}-{name}")
+
+
+def variant_model(family: str, name: str, position: str | None, attention: str, extra: list[str] = ()):
+    overrides = [*VARIANTS[name], *extra]
+    if position is not None and "position.kind=rope" not in overrides:
+        overrides.append(f"position.kind={position}")
+    return tiny_model(family, [f"block.attention.kind={attention}", *ATTENTIONS[attention], *overrides])
+
+
+@pytest.mark.parametrize("family,variant,position,attention", list(variant_cases()))
+def test_variant(family, variant, position, attention):
+    check_invariants(variant_model(family, variant, position, attention))
+
+
+@pytest.mark.parametrize("variant", ["window 3", "qkv bias only", "parallel", "olmo 2", "all at once"])
+def test_gqa_with_as_many_key_value_heads_as_heads_is_mha(variant):
+    gqa = variant_model("decoder", variant, "rope", "gqa", ["block.attention.n_kv_heads=4"]).eval()
+    mha = variant_model("decoder", variant, "rope", "mha").eval()
+    x = example_inputs(mha)[0]
+    with torch.no_grad():
+        assert torch.equal(gqa(x), mha(x))
+
+
+def test_a_window_as_long_as_the_sequence_is_full_attention():
+    """A window >= max_seq_len (as HF configs often have) computes what full attention computes."""
+    full = tiny_model("decoder", ["position.kind=rope"]).eval()
+    windowed = tiny_model("decoder", ["position.kind=rope", "block.attention.window=32"]).eval()
+    short = tiny_model("decoder", ["position.kind=rope", "block.attention.window=4"]).eval()
+    x = example_inputs(full, length=20)[0]
+    with torch.no_grad():
+        assert torch.equal(windowed(x), full(x))
+        torch.testing.assert_close(short(x)[:, :4], full(x)[:, :4], rtol=0, atol=1e-5)
+        assert not torch.allclose(short(x), full(x))
+
+
 VIT_VARIANTS = {
     "registers, patch-only positions": ["reg_tokens=3", "prefix_positions=false"],
     "map pooling, no class token, registers": ["pool=map", "class_token=false", "reg_tokens=2"],
@@ -104,6 +171,7 @@ def test_vit_variants(variant):
 
 
 def check_invariants(model):
+    """Shapes, finite non-zero gradients, determinism, causality and padding invariance."""
     family = model.spec.family
     inputs = example_inputs(model)
     out = model(*inputs)

@@ -2,7 +2,16 @@
 
 from zoo.components import attention, block, dropout, embedding, ffn, linear, norm, pool, position  # noqa: F401
 from zoo.components.attention import Attention, attention_mask
-from zoo.components.block import Block, BlockContext, LayerScale, PostNormBlock, PreNormBlock, Stack
+from zoo.components.block import (
+    Block,
+    BlockContext,
+    LayerScale,
+    ParallelBlock,
+    PostNormBlock,
+    PostSublayerNormBlock,
+    PreNormBlock,
+    Stack,
+)
 from zoo.components.embedding import PatchEmbedding, TokenEmbedding
 from zoo.components.dropout import Dropout
 from zoo.components.ffn import MLP, GatedMLP
@@ -20,7 +29,8 @@ from zoo.components.position import (
 )
 
 __all__ = [
-    "Attention", "attention_mask", "Block", "BlockContext", "LayerScale", "PreNormBlock", "PostNormBlock", "Stack",
-    "TokenEmbedding", "PatchEmbedding", "MLP", "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition",
+    "Attention", "attention_mask", "Block", "BlockContext", "LayerScale", "PreNormBlock", "PostNormBlock",
+    "PostSublayerNormBlock", "ParallelBlock", "Stack", "TokenEmbedding", "PatchEmbedding", "MLP", "GatedMLP", "Linear",
+    "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition",
     "SinusoidalPosition", "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool",
 ]

@@ -39,7 +39,8 @@ class Attention(nn.Module):
     """Multi-head attention with ``n_kv_heads`` key/value heads shared by groups of query heads.
 
     Self-attention fuses the q, k, v projections into one ``qkv`` linear; cross-attention has ``q``
-    on the queries and a fused ``kv`` on the memory.
+    on the queries and a fused ``kv`` on the memory. ``bias`` puts biases on those projections and,
+    unless ``out_bias`` says otherwise, on the output projection ``out``.
 
     ``qk_norm`` (``layernorm`` or ``rmsnorm``) adds ``q_norm`` and ``k_norm``, applied to queries and
     keys before positions rotate them and before the scores: over each head's K features
@@ -58,6 +59,7 @@ class Attention(nn.Module):
         head_dim: int,
         v_head_dim: int,
         bias: bool = True,
+        out_bias: bool | None = None,
         dropout: float = 0.0,
         cross: bool = False,
         kv_dim: int | None = None,
@@ -80,7 +82,7 @@ class Attention(nn.Module):
             self.kv = Linear(kv_dim or dim, k_size + v_size, bias=bias)
         else:
             self.qkv = Linear(dim, q_size + k_size + v_size, bias=bias)
-        self.out = Linear(n_heads * v_head_dim, dim, bias=bias)
+        self.out = Linear(n_heads * v_head_dim, dim, bias=bias if out_bias is None else out_bias)
         self.qk_scope = qk_scope
         if qk_norm is not None:
             whole = qk_scope == "all"
@@ -173,21 +175,27 @@ def attention_mask(
     causal: bool,
     key_padding: Tensor | None = None,
     bias: Tensor | None = None,
+    window: int | None = None,
     device: torch.device | None = None,
 ) -> tuple[Tensor | None, bool]:
-    """Combine causality, key padding ([B, S], True = real) and an additive bias ([B|1, H, T, S]).
+    """Combine causality, key padding ([B, S], True = real), an additive bias ([B|1, H, T, S]) and a
+    sliding ``window`` (causal only: each query sees itself and the ``window - 1`` keys before it).
 
     Returns ``(mask, is_causal)`` for SDPA. With nothing to combine, the mask is None and causality is
     left to SDPA's ``is_causal`` flag (its fastest path). The last query attends to the last key, so
     with a KV cache (k_len > q_len) the causal diagonal is shifted. A padded query in a square
     self-attention may attend to itself, so no row is empty (empty rows make NaN); real tokens'
-    outputs do not change.
+    outputs do not change. The window counts key slots, padding included, as HF does; with left
+    padding (generation's) that is the same as counting real tokens.
     """
-    if key_padding is None and bias is None and (not causal or q_len in (1, k_len)):
+    local = causal and window is not None and window < k_len
+    if key_padding is None and bias is None and not local and (not causal or q_len in (1, k_len)):
         return None, causal and q_len > 1
     allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     if causal:
         allowed = allowed.tril(diagonal=k_len - q_len)
+    if local:
+        allowed = allowed.triu(diagonal=k_len - q_len - window + 1)  # key j > query i - window
     allowed = allowed[None, None]  # (1, 1, T, S)
     if key_padding is not None:
         allowed = allowed & key_padding[:, None, None, :].to(torch.bool)  # (B, 1, T, S)
@@ -210,6 +218,7 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         head_dim=spec.qk_size(d_model),
         v_head_dim=spec.v_size(d_model),
         bias=spec.bias,
+        out_bias=spec.has_out_bias,
         dropout=dropout,
         cross=cross,
         kv_dim=kv_dim,

@@ -117,6 +117,44 @@ class PostNormBlock(Block):
         return self.ffn_norm(x + self.ls_ffn(self.drop(self.ffn(x))))
 
 
+class PostSublayerNormBlock(Block):
+    """The norm on each sub-layer's output, inside the residual branch (OLMo 2; Swin V2's
+    res-post-norm)::
+
+        x = x + drop(norm(attn(x)))
+        x = x + drop(norm(ffn(x)))      ... and the stack ends with a final norm
+
+    (with layer scale: ``x + ls(drop(norm(...)))``)
+    """
+
+    def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
+        x = x + self.ls_attn(self.drop(self.attn_norm(self._self(x, ctx, cache))))
+        if self.cross_attn is not None:
+            x = x + self.ls_cross(self.drop(self.cross_norm(self._cross(x, ctx, cache))))
+        return x + self.ls_ffn(self.drop(self.ffn_norm(self.ffn(x))))
+
+
+class ParallelBlock(Block):
+    """Attention and FFN side by side on the same input (GPT-J, GPT-NeoX, PaLM)::
+
+        x = x + drop(attn(attn_norm(x))) + drop(ffn(ffn_norm(x)))
+
+    With ``ffn_norm=None`` one norm feeds both (GPT-J, PaLM): ``x + drop(attn(h)) + drop(ffn(h))``,
+    ``h = attn_norm(x)``. Pre-norm only; no cross-attention. With layer scale each branch is scaled:
+    ``x + ls_attn(drop(attn(...))) + ls_ffn(drop(ffn(...)))``.
+    """
+
+    def __init__(self, *, ffn_norm: nn.Module | None, cross_attn: Attention | None = None, **parts) -> None:
+        if cross_attn is not None:
+            raise ValueError("ParallelBlock: a parallel block has no cross-attention")
+        super().__init__(ffn_norm=ffn_norm, **parts)
+
+    def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
+        h = self.attn_norm(x)
+        ffn_in = h if self.ffn_norm is None else self.ffn_norm(x)
+        return x + self.ls_attn(self.drop(self._self(h, ctx, cache))) + self.ls_ffn(self.drop(self.ffn(ffn_in)))
+
+
 class Stack(nn.Module):
     """Blocks in sequence, then the final norm (Pre-Norm) or nothing (Post-Norm).
 

@@ -6,6 +6,10 @@ and its cross-attention keys/values (computed once per source). The cache also t
 keys are padding and each key's position, so left-padded batches and every position kind (added,
 rotated or biased) decode exactly as a full recomputation would.
 
+With a sliding ``window`` W (shorter than the capacity) a layer keeps only the last W - 1 keys and
+values between steps, all a later token can see: new tokens attend to those and to each other, and
+the cache's memory stays bounded by the window however long the sequence grows.
+
 Shapes: B batch (rows, beams included), G key/value heads, C capacity, K head size, T new tokens.
 """
 
@@ -23,8 +27,11 @@ class LayerCache:
         self.memory_kv: tuple[Tensor, Tensor] | None = None  # cross-attention (B, G, S, K), (B, G, S, V)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new keys/values [B, G, T, *] at the current step; return all so far."""
+        """Write the new keys/values [B, G, T, *] at the current step; return all the new tokens may
+        see: every key so far, or with a window those from ``parent.offset`` on."""
         p = self.parent
+        if p.window is not None:
+            return self._slide(k, v, p.window - 1)
         if self.k is None:
             B, G, _, K = k.shape
             self.k = k.new_empty(B, G, p.capacity, K)
@@ -33,6 +40,14 @@ class LayerCache:
         self.v[:, :, p.start : p.end] = v
         return self.k[:, :, : p.end], self.v[:, :, : p.end]
 
+    def _slide(self, k: Tensor, v: Tensor, keep: int) -> tuple[Tensor, Tensor]:
+        """The held keys (those from ``offset`` to ``start``) and the new ones; hold the last ``keep``."""
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        n = k.shape[2]
+        self.k, self.v = k[:, :, n - min(keep, n) :], v[:, :, n - min(keep, n) :]
+        return k, v
+
     def reorder(self, index: Tensor) -> None:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
@@ -40,10 +55,14 @@ class LayerCache:
 
 
 class KVCache:
-    """Decoding state of a whole model: per-layer caches plus key padding and positions."""
+    """Decoding state of a whole model: per-layer caches plus key padding and positions. ``window``:
+    the self-attention's sliding window, if any (see the module docstring)."""
 
-    def __init__(self, n_layers: int, capacity: int) -> None:
+    def __init__(self, n_layers: int, capacity: int, *, window: int | None = None) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"cache: a sliding window covers at least the token itself, got window={window}")
         self.capacity = capacity
+        self.window = window if window is not None and window < capacity else None  # else it never slides
         self.layers = [LayerCache(self) for _ in range(n_layers)]
         self.start = self.end = 0  # the new tokens occupy [start, end)
         self.key_mask: Tensor | None = None  # (B, C) True = real token; None: no padding seen
@@ -53,8 +72,15 @@ class KVCache:
     def __len__(self) -> int:
         return self.end
 
+    @property
+    def offset(self) -> int:
+        """The first key the new tokens may see: 0, or with a window the oldest key in the first new
+        token's window."""
+        return 0 if self.window is None else max(0, self.start - self.window + 1)
+
     def extend(self, padding_mask: Tensor | None, length: int, batch: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Make room for ``length`` new tokens. Returns (their positions, all key positions, key mask).
+        """Make room for ``length`` new tokens. Returns (their positions, the positions of the keys
+        they may see, those keys' mask): keys from ``offset`` to the end.
 
         Positions are [T] and [S] while no padding has been seen, [B, T] and [B, S] after.
         """
@@ -66,7 +92,7 @@ class KVCache:
         self.start, self.end = self.end, self.end + length
         if padding_mask is None and self.key_mask is None:
             positions = torch.arange(self.start, self.end, device=device)
-            return positions, torch.arange(self.end, device=device), None
+            return positions, torch.arange(self.offset, self.end, device=device), None
         if self.key_mask is None:  # first padding: earlier tokens were all real
             self.key_mask = torch.ones(batch, self.capacity, dtype=torch.bool, device=device)
             self.key_positions = torch.arange(self.capacity, device=device).expand(batch, -1).clone()
@@ -77,7 +103,8 @@ class KVCache:
         self.next_position = self.next_position + padding_mask.sum(dim=1)
         self.key_mask[:, self.start : self.end] = padding_mask
         self.key_positions[:, self.start : self.end] = positions
-        return positions, self.key_positions[:, : self.end], self.key_mask[:, : self.end]
+        keys = slice(self.offset, self.end)
+        return positions, self.key_positions[:, keys], self.key_mask[:, keys]
 
     def reorder(self, index: Tensor) -> None:
         """Select rows (beam search): row i becomes old row index[i]. Cross-attention keys are left as

@@ -8,20 +8,35 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 
 class TokenEmbedding(nn.Embedding):
-    """Token ids [B, T] -> vectors [B, T, D], times sqrt(D) when ``scale`` (the paper, sec. 3.4)."""
+    """Token ids [B, T] -> vectors [B, T, D], times sqrt(D) when ``scale`` (the paper, sec. 3.4).
 
-    def __init__(self, vocab_size: int, dim: int, *, scale: bool = False) -> None:
+    ``round_scale``: sqrt(D) is first rounded to the weights' dtype, as HF Gemma casts its normalizer
+    (in bfloat16, sqrt(3072) = 55.43 becomes 55.5); in float32 both ways give the same result."""
+
+    def __init__(self, vocab_size: int, dim: int, *, scale: bool = False, round_scale: bool = False) -> None:
         super().__init__(vocab_size, dim)
         self.scale = math.sqrt(dim) if scale else 1.0
+        self.round_scale = round_scale
+        # the scale per floating dtype, worked out once (exact as Python floats)
+        self.scales = {dtype: _rounded(self.scale, dtype) if round_scale else self.scale for dtype in _FLOATS}
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = super().forward(tokens)
-        return x * self.scale if self.scale != 1.0 else x
+        return x * self.scales.get(x.dtype, self.scale) if self.scale != 1.0 else x
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype``."""
+    return float(torch.tensor(value, dtype=torch.float64, device="cpu").to(dtype))  # not on a meta default device
 
 
 class PatchEmbedding(nn.Module):

@@ -10,16 +10,20 @@ from zoo.registry import register
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as LLaMA) and cast back."""
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as LLaMA) and cast back.
 
-    def __init__(self, dim: int, *, eps: float = 1e-5) -> None:
+    ``unit_offset``: the scale is (1 + weight) with the weight initialised to zero (Gemma), so weight
+    decay pulls the scale towards one rather than zero."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, unit_offset: bool = False) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.unit_offset = eps, unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        w = self.weight.float()
+        return (y * (1.0 + w if self.unit_offset else w)).to(x.dtype)
 
 
 @register("norm", "layernorm")
@@ -29,4 +33,4 @@ def _layernorm(spec, *, dim: int, **_) -> nn.Module:
 
 @register("norm", "rmsnorm")
 def _rmsnorm(spec, *, dim: int, **_) -> nn.Module:
-    return RMSNorm(dim, eps=spec.eps)
+    return RMSNorm(dim, eps=spec.eps, unit_offset=spec.unit_offset)

@@ -147,25 +147,37 @@ def rope_frequencies(head_dim: int, base: float) -> Tensor:
 
 class RotaryPosition(Position):
     """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX and HF LLaMA: dimension i pairs
-    with i + K/2, and the pair turns by angle position * base^(-2i/K)."""
+    with i + K/2, and the pair turns by angle position * base^(-2i/K).
 
-    def __init__(self, head_dim: int, *, base: float = 10000.0) -> None:
+    ``rotary_dims`` R < K (partial rotary, GPT-NeoX): only the first R dimensions of each head turn,
+    in the same layout within them (i pairs with i + R/2, angle position * base^(-2i/R)); the other
+    K - R pass through unchanged."""
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, rotary_dims: int | None = None) -> None:
         super().__init__()
         self.head_dim, self.base = head_dim, base
-        self.register_buffer("inv_freq", rope_frequencies(head_dim, base), persistent=False)
+        self.rotary_dims = rotary_dims or head_dim
+        self.register_buffer("inv_freq", rope_frequencies(self.rotary_dims, base), persistent=False)
 
     def reset_buffers(self) -> None:
         """Recompute the frequencies in place, on their device, keeping their dtype."""
         with torch.device(self.inv_freq.device):
-            self.inv_freq.copy_(rope_frequencies(self.head_dim, self.base))
+            self.inv_freq.copy_(rope_frequencies(self.rotary_dims, self.base))
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        angles = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # ([B,] T, K/2)
+        angles = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # ([B,] T, R/2)
         angles = torch.cat([angles, angles], dim=-1)
-        if angles.dim() == 3:  # per-row positions: (B, T, K) -> (B, 1, T, K)
+        if angles.dim() == 3:  # per-row positions: (B, T, R) -> (B, 1, T, R)
             angles = angles[:, None]
         cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+        def turn(x: Tensor) -> Tensor:
+            if self.rotary_dims == x.shape[-1]:
+                return x * cos + rotate_half(x) * sin
+            x, rest = x[..., : self.rotary_dims], x[..., self.rotary_dims :]
+            return torch.cat([x * cos + rotate_half(x) * sin, rest], dim=-1)
+
+        return turn(q), turn(k)
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -211,7 +223,7 @@ def _sinusoidal(spec, *, dim: int, max_len: int, **_) -> Position:
 
 @register("position", "rope")
 def _rope(spec, *, head_dim: int, **_) -> Position:
-    return RotaryPosition(head_dim, base=spec.base)
+    return RotaryPosition(head_dim, base=spec.base, rotary_dims=spec.rotary_dims(head_dim))
 
 
 @register("position", "alibi")

@@ -282,6 +282,8 @@ def timm_kwargs(s: FamilySpec) -> dict:
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's ViT head size is d_model / n_heads"),
         ("block.ffn.kind", ffn.kind, ffn.kind in ("gelu", "relu", "silu"), "timm's ViT MLP is two-layer (gelu, relu or silu)"),
         ("block.ffn.bias", ffn.bias, ffn.bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
+        ("block.attention.out_bias", att.out_bias, att.has_out_bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
+        ("block.parallel", s.block.parallel, s.block.parallel is None, "timm's ViT block runs attention and MLP one after the other"),
         ("dropout.ffn", s.dropout.ffn, s.dropout.ffn == s.dropout.residual, "timm's proj_drop_rate covers the MLP and the residuals"),
         ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and qk.scope == "head" and qk.eps == norm.eps),
          f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps})"),

@@ -8,8 +8,18 @@ import torch
 from torch import Tensor, nn
 
 from zoo.components.attention import attention_mask
-from zoo.components.block import Block, BlockContext, LayerScale, PostNormBlock, PreNormBlock, Stack
+from zoo.components.block import (
+    Block,
+    BlockContext,
+    LayerScale,
+    ParallelBlock,
+    PostNormBlock,
+    PostSublayerNormBlock,
+    PreNormBlock,
+    Stack,
+)
 from zoo.components.cache import KVCache
+from zoo.components.embedding import TokenEmbedding
 from zoo.components.parts import residual_linears
 from zoo.components.position import LearnedPosition, Position
 from zoo.registry import registry
@@ -21,6 +31,12 @@ def build_part(part: str, spec, **context) -> nn.Module:
     return registry(part).builder(spec.kind)(spec, **context)
 
 
+def token_embedding(spec: FamilySpec, vocab_size: int) -> TokenEmbedding:
+    """A token embedding of ``vocab_size`` rows, scaled as ``spec.embedding`` says."""
+    e = spec.embedding
+    return TokenEmbedding(vocab_size, spec.d_model, scale=e.scale, round_scale=e.round_scale)
+
+
 def build_position(spec: FamilySpec, *, max_len: int, grid: tuple[int, int] | None = None) -> Position:
     att = spec.block.attention
     return build_part(
@@ -29,10 +45,15 @@ def build_position(spec: FamilySpec, *, max_len: int, grid: tuple[int, int] | No
     )
 
 
+_PLACEMENTS = {"pre": PreNormBlock, "post": PostNormBlock, "post_sublayer": PostSublayerNormBlock}
+
+
 def build_stack(spec: FamilySpec, n_layers: int, *, cross: bool = False, final_norm: bool | None = None) -> Stack:
-    """``n_layers`` blocks as the spec says; ``cross`` adds cross-attention (decoders of encoder-decoders)."""
+    """``n_layers`` blocks as the spec says; ``cross`` adds cross-attention (decoders of encoder-decoders).
+    The block class follows ``block.parallel`` and the norm placement; ``final_norm`` defaults to the
+    placement's (``spec.has_final_norm``)."""
     d, b, drop = spec.d_model, spec.block, spec.dropout
-    pre = spec.norm_placement == "pre"
+    parallel = b.parallel
 
     def norm() -> nn.Module:
         return build_part("norm", b.norm, dim=d)
@@ -43,13 +64,13 @@ def build_stack(spec: FamilySpec, n_layers: int, *, cross: bool = False, final_n
     def scale() -> nn.Module | None:
         return LayerScale(d, b.layer_scale) if b.layer_scale is not None else None
 
-    block_cls = PreNormBlock if pre else PostNormBlock
+    block_cls = ParallelBlock if parallel is not None else _PLACEMENTS[spec.norm_placement]
     blocks = [
         block_cls(
             attn=attention(b.attention, False),
             ffn=build_part("ffn", b.ffn, dim=d, dropout=drop.ffn),
             attn_norm=norm(),
-            ffn_norm=norm(),
+            ffn_norm=None if parallel is not None and parallel.shared_norm else norm(),
             cross_attn=attention(b.cross, True) if cross else None,
             cross_norm=norm() if cross else None,
             dropout=drop.residual,
@@ -59,7 +80,7 @@ def build_stack(spec: FamilySpec, n_layers: int, *, cross: bool = False, final_n
         )
         for _ in range(n_layers)
     ]
-    return Stack(blocks, norm() if (pre if final_norm is None else final_norm) else None)
+    return Stack(blocks, norm() if (spec.has_final_norm if final_norm is None else final_norm) else None)
 
 
 def positions_for(mask: Tensor | None, length: int, device: torch.device) -> Tensor:
@@ -78,11 +99,12 @@ def self_attention_inputs(
     *,
     causal: bool,
     cache: KVCache | None = None,
+    window: int | None = None,
     name: str = "tokens",
 ) -> BlockContext:
     """The blocks' context for self-attention over ``tokens`` (and the cache): the tokens' positions
-    (they feed ``position.add`` and ``rotate``) and the SDPA mask, which folds causality, key padding
-    and the position's score bias together (see ``attention_mask``)."""
+    (they feed ``position.add`` and ``rotate``) and the SDPA mask, which folds causality, key padding,
+    the position's score bias and a sliding ``window`` together (see ``attention_mask``)."""
     B, T = tokens.shape
     if cache is None:
         positions = key_positions = positions_for(padding_mask, T, tokens.device)
@@ -96,7 +118,8 @@ def self_attention_inputs(
             f"truncate the input or build the model with a larger max_seq_len"
         )
     bias = position.bias(n_heads, positions, key_positions)
-    mask, is_causal = attention_mask(q_len=T, k_len=S, causal=causal, key_padding=key_mask, bias=bias, device=tokens.device)
+    mask, is_causal = attention_mask(q_len=T, k_len=key_positions.shape[-1], causal=causal, key_padding=key_mask, bias=bias,
+                                     window=window, device=tokens.device)
     return BlockContext(pos=position, positions=positions, mask=mask, is_causal=is_causal)
 
 

@@ -9,9 +9,17 @@ from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
 from zoo.components.dropout import Dropout
-from zoo.components.embedding import TokenEmbedding
 from zoo.components.linear import Linear
-from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
+from zoo.models.common import (
+    build_part,
+    build_position,
+    build_stack,
+    check_mask,
+    check_tokens,
+    init_weights,
+    self_attention_inputs,
+    token_embedding,
+)
 from zoo.registry import register
 from zoo.spec import DecoderSpec
 
@@ -29,7 +37,8 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.spec = spec
         d = spec.d_model
-        self.tok_emb = TokenEmbedding(spec.vocab_size, d, scale=spec.embedding.scale)
+        self.tok_emb = token_embedding(spec, spec.vocab_size)
+        self.window = getattr(spec.block.attention, "window", None)  # sliding-window attention
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
@@ -48,15 +57,16 @@ class DecoderLM(nn.Module):
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
         ctx = self_attention_inputs(
-            self.position, self.spec.block.attention.n_heads, tokens, padding_mask, causal=True, cache=cache
+            self.position, self.spec.block.attention.n_heads, tokens, padding_mask, causal=True, cache=cache, window=self.window
         )
         x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), ctx.positions)))  # (B, T, D)
         x = self.stack(x, ctx, cache=cache)
         return self.head(x[:, -1:] if last_only else x)  # (B, T, V)
 
     def new_cache(self, capacity: int) -> KVCache:
-        """An empty KV cache for up to ``capacity`` positions (prompt + new tokens)."""
-        return self.stack.new_cache(capacity)
+        """An empty KV cache for up to ``capacity`` positions (prompt + new tokens); with a sliding
+        window it holds at most the window's keys between steps."""
+        return KVCache(len(self.stack.blocks), capacity, window=self.window)
 
 
 @register("family", "decoder")

@@ -8,9 +8,17 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from zoo.components.dropout import Dropout
-from zoo.components.embedding import TokenEmbedding
 from zoo.components.linear import Linear
-from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
+from zoo.models.common import (
+    build_part,
+    build_position,
+    build_stack,
+    check_mask,
+    check_tokens,
+    init_weights,
+    self_attention_inputs,
+    token_embedding,
+)
 from zoo.registry import register
 from zoo.spec import EncoderSpec
 
@@ -54,7 +62,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.spec = spec
         d = spec.d_model
-        self.tok_emb = TokenEmbedding(spec.vocab_size, d, scale=spec.embedding.scale)
+        self.tok_emb = token_embedding(spec, spec.vocab_size)
         self.type_emb = nn.Embedding(spec.type_vocab_size, d) if spec.type_vocab_size else None
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()

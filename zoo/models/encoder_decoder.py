@@ -16,9 +16,17 @@ from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
 from zoo.components.dropout import Dropout
-from zoo.components.embedding import TokenEmbedding
 from zoo.components.linear import Linear
-from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, self_attention_inputs
+from zoo.models.common import (
+    build_part,
+    build_position,
+    build_stack,
+    check_mask,
+    check_tokens,
+    init_weights,
+    self_attention_inputs,
+    token_embedding,
+)
 from zoo.registry import register
 from zoo.spec import EncoderDecoderSpec
 
@@ -35,11 +43,11 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         self.spec = spec
         d = spec.d_model
-        self.tgt_emb = TokenEmbedding(spec.vocab_size, d, scale=spec.embedding.scale)
+        self.tgt_emb = token_embedding(spec, spec.vocab_size)
         if spec.share_embeddings:
             self.src_emb = self.tgt_emb
         else:
-            self.src_emb = TokenEmbedding(spec.source_vocab_size, d, scale=spec.embedding.scale)
+            self.src_emb = token_embedding(spec, spec.source_vocab_size)
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.src_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.tgt_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()

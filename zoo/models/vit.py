@@ -56,8 +56,7 @@ class VisionTransformer(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, spec.reg_tokens, d)) if spec.reg_tokens else None
         self.position = build_position(spec, max_len=spec.n_positions, grid=spec.grid)
         self.drop = Dropout(spec.dropout.embedding)
-        pre = spec.norm_placement == "pre"
-        self.stack = build_stack(spec, spec.n_layers, final_norm=pre and not spec.fc_norm)
+        self.stack = build_stack(spec, spec.n_layers, final_norm=spec.has_final_norm and not spec.fc_norm)
         self.pool = build_part("pool", spec.pool, dim=d, block=spec.block)
         self.fc_norm = build_part("norm", spec.block.norm, dim=d) if spec.fc_norm else nn.Identity()
         self.head = Linear(d, spec.num_classes)

@@ -28,6 +28,7 @@ from zoo.spec.families import (
     InitSpec,
     MLMHeadSpec,
     ModelSpec,
+    ParallelSpec,
     TextSpec,
     VitSpec,
 )
@@ -79,7 +80,8 @@ __all__ = [
     "ComponentSpec", "ConvStemSpec", "DecoderSpec", "Dispatch", "DropoutSpec", "EmbeddingSpec",
     "EncoderDecoderSpec", "EncoderSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec",
     "InitSpec", "LayerNormSpec", "LearnedSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "ModelSpec",
-    "NoPositionSpec", "Norm", "NormSpec", "Pool", "PoolSpec", "Position", "PositionSpec", "QKNormSpec", "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec",
+    "NoPositionSpec", "Norm", "NormSpec", "ParallelSpec", "Pool", "PoolSpec", "Position", "PositionSpec", "QKNormSpec",
+    "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec",
     "SinusoidalSpec", "Spec", "SpecError", "SwiGLUSpec", "TextSpec", "VitSpec", "apply_overrides", "json_schema",
     "load_spec", "parse_spec", "preset_names", "preset_path", "read_yaml", "to_yaml",
 ]

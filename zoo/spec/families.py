@@ -28,11 +28,19 @@ from zoo.spec.parts import (
 
 __all__ = [
     "BlockSpec", "ClassifierSpec", "ConvStemSpec", "DecoderSpec", "DropoutSpec", "EmbeddingSpec", "EncoderDecoderSpec",
-    "EncoderSpec", "FamilySpec", "InitSpec", "MLMHeadSpec", "ModelSpec", "TextSpec", "VitSpec",
+    "EncoderSpec", "FamilySpec", "InitSpec", "MLMHeadSpec", "ModelSpec", "ParallelSpec", "TextSpec", "VitSpec",
 ]
 
 
 # ------------------------------------------------------------------------------------ shared pieces
+class ParallelSpec(Spec):
+    """Attention and FFN side by side on the same input, both added to it (Wang & Komatsuzaki 2021,
+    GPT-J; GPT-NeoX; PaLM): ``x + attn(norm1(x)) + ffn(norm2(x))``, or with ``shared_norm``
+    ``x + attn(norm(x)) + ffn(norm(x))``. Needs pre-norm placement."""
+
+    shared_norm: bool = Field(False, description="one norm feeds attention and FFN (GPT-J, PaLM); false: each has its own (GPT-NeoX)")
+
+
 class BlockSpec(Spec):
     """One layer: self-attention [+ cross-attention] + FFN, each with a residual and a norm.
 
@@ -46,6 +54,9 @@ class BlockSpec(Spec):
     norm: Norm = Field(default_factory=LayerNormSpec)
     layer_scale: float | None = Field(
         None, description="initial value of the per-channel scale on each sub-layer's output (e.g. 1e-5); null: none"
+    )
+    parallel: ParallelSpec | None = Field(
+        None, description="attention and FFN side by side (GPT-NeoX, GPT-J, PaLM); null: one after the other"
     )
 
     @field_validator("layer_scale")
@@ -90,6 +101,17 @@ class EmbeddingSpec(Spec):
 
     scale: bool = False
     norm: bool = False
+    round_scale: bool = Field(
+        False,
+        description="round sqrt(d_model) to the weights' dtype before multiplying (HF Gemma's normalizer; "
+        "the same in float32, different in bfloat16); needs scale",
+    )
+
+    @model_validator(mode="after")
+    def _check_round(self) -> EmbeddingSpec:
+        if self.round_scale and not self.scale:
+            raise ValueError("round_scale: rounds the sqrt(d_model) scale, so it needs scale: true; set scale: true or round_scale: false")
+        return self
 
 
 class FamilySpec(Spec):
@@ -118,11 +140,35 @@ class FamilySpec(Spec):
                     f"block.{field}.n_heads: d_model ({d}) must be divisible by n_heads ({spec.n_heads}); "
                     f"choose n_heads from {divisors} or set head_dim and v_head_dim"
                 )
-        if self.position.kind == "rope" and isinstance(att, AttentionSpec) and att.qk_size(d) % 2:
-            problems.append(
-                f"position.kind: rope rotates pairs of dimensions, so the query/key head size must be even, "
-                f"got {att.qk_size(d)} (d_model {d} / n_heads {att.n_heads}); change n_heads or set block.attention.head_dim"
-            )
+        if self.position.kind == "rope" and isinstance(att, AttentionSpec):
+            fraction, rotated = self.position.fraction, self.position.rotary_dims(att.qk_size(d))
+            if fraction == 1.0 and rotated % 2:
+                problems.append(
+                    f"position.kind: rope rotates pairs of dimensions, so the query/key head size must be even, "
+                    f"got {att.qk_size(d)} (d_model {d} / n_heads {att.n_heads}); change n_heads or set block.attention.head_dim"
+                )
+            elif rotated % 2 or rotated == 0:
+                problems.append(
+                    f"position.fraction: rope rotates pairs of dimensions, so int(head size * fraction) must be even and "
+                    f"positive, got int({att.qk_size(d)} * {fraction}) = {rotated}; choose a fraction that rotates an even count"
+                )
+        for field, spec in (("attention", att), ("cross_attention", self.block.cross_attention)):
+            if getattr(spec, "window", None) is not None and self.family != "decoder":
+                problems.append(
+                    f"block.{field}.window: sliding-window attention is causal self-attention, which family "
+                    f"{self.family} does not have (only decoder); remove it"
+                )
+        if self.block.parallel is not None:
+            if self.norm_placement != "pre":
+                problems.append(
+                    f"block.parallel: a parallel block normalises the input of attention and FFN (block.norm.placement: pre), "
+                    f"but block.norm.placement is {self.norm_placement}; set block.norm.placement: pre or block.parallel: null"
+                )
+            if self.family == "encoder_decoder":
+                problems.append(
+                    "block.parallel: a parallel block has self-attention and FFN only, not the cross-attention of "
+                    "family encoder_decoder; set block.parallel: null"
+                )
         if self.block.cross_attention is not None and self.family != "encoder_decoder":
             problems.append(
                 f"block.cross_attention: family {self.family} has no cross-attention (only encoder_decoder); remove it"
@@ -146,6 +192,12 @@ class FamilySpec(Spec):
     @property
     def norm_placement(self) -> str:
         return getattr(self.block.norm, "placement", "pre")
+
+    @property
+    def has_final_norm(self) -> bool:
+        """A norm after the last block: pre-norm and post-sublayer stacks end unnormalised without one;
+        a post-norm stack already ends in a norm."""
+        return self.norm_placement != "post"
 
 
 class TextSpec(FamilySpec):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 
@@ -32,15 +32,32 @@ class QKNormSpec(Spec):
 
 
 class AttentionSpec(ComponentSpec):
-    """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1)."""
+    """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1).
+    ``window`` makes causal self-attention local (sliding-window attention, Mistral)."""
 
     kind: Literal["mha", "gqa", "mqa"] = "mha"
     n_heads: PositiveInt = 8
     n_kv_heads: PositiveInt | None = Field(None, description="key/value heads; default: mha n_heads, mqa 1")
     head_dim: PositiveInt | None = Field(None, description="query/key size per head; default d_model // n_heads")
     v_head_dim: PositiveInt | None = Field(None, description="value size per head; default d_model // n_heads")
-    bias: bool = True
+    bias: bool = Field(True, description="biases on the q, k and v projections, and on the output projection unless out_bias says otherwise")
+    out_bias: bool | None = Field(None, description="a bias on the output projection; null: as bias (Qwen2: bias true, out_bias false)")
     qk_norm: QKNormSpec | None = Field(None, description="a norm on queries and keys before the scores; null: none")
+    window: int | None = Field(
+        None,
+        description="sliding-window attention (decoders): each token attends to itself and the window - 1 tokens "
+        "before it (Mistral's sliding_window); null: to every earlier token",
+    )
+
+    @field_validator("window")
+    @classmethod
+    def _check_window(cls, window: int | None) -> int | None:
+        if window is not None and window < 1:
+            raise ValueError(
+                f"a sliding window covers at least the token itself, so window >= 1, got {window}; "
+                f"use null for attention to every earlier token"
+            )
+        return window
 
     @model_validator(mode="after")
     def _check_heads(self) -> AttentionSpec:
@@ -61,6 +78,11 @@ class AttentionSpec(ComponentSpec):
         if self.n_kv_heads is not None:
             return self.n_kv_heads
         return 1 if self.kind == "mqa" else self.n_heads
+
+    @property
+    def has_out_bias(self) -> bool:
+        """Whether the output projection has a bias (``out_bias``, else ``bias``)."""
+        return self.bias if self.out_bias is None else self.out_bias
 
     def qk_size(self, d_model: int) -> int:
         return self.head_dim or d_model // self.n_heads
@@ -93,10 +115,21 @@ class LearnedSpec(PositionSpec):
 
 
 class RopeSpec(PositionSpec):
-    """Rotary embeddings (rotate-half layout, as HF LLaMA)."""
+    """Rotary embeddings (rotate-half layout, as HF LLaMA). ``fraction`` < 1 rotates only the first
+    ``int(fraction * head size)`` dimensions of each query and key head and passes the rest through
+    (partial rotary, GPT-NeoX's ``rotary_pct``)."""
 
     kind: Literal["rope"] = "rope"
     base: PositiveFloat = 10000.0
+    fraction: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="share of each query/key head's dimensions that rotate: the first int(fraction * head size) (GPT-NeoX's rotary_pct)",
+    )
+
+    def rotary_dims(self, head_dim: int) -> int:
+        """The rotated dimensions of a query/key head of ``head_dim``: ``int(head_dim * fraction)``,
+        as HF computes ``partial_rotary_factor``."""
+        return int(head_dim * self.fraction)
 
 
 class AlibiSpec(PositionSpec):
@@ -157,10 +190,11 @@ class SwiGLUSpec(GatedFFNSpec):
 
 # -------------------------------------------------------------------------------------------- norms
 class NormSpec(ComponentSpec):
-    """Normalisation and where blocks put it: ``post`` (the paper: norm after each residual add) or
-    ``pre`` (GPT-2, LLaMA, ViT: norm before each sub-layer, plus a final norm)."""
+    """Normalisation and where blocks put it: ``post`` (the paper: norm after each residual add),
+    ``pre`` (GPT-2, LLaMA, ViT: norm before each sub-layer, plus a final norm) or ``post_sublayer``
+    (OLMo 2: norm on each sub-layer's output before the residual add, plus a final norm)."""
 
-    placement: Literal["pre", "post"] = "pre"
+    placement: Literal["pre", "post", "post_sublayer"] = "pre"
     eps: PositiveFloat = 1e-5
 
 
@@ -171,6 +205,7 @@ class LayerNormSpec(NormSpec):
 
 class RMSNormSpec(NormSpec):
     kind: Literal["rmsnorm"] = "rmsnorm"
+    unit_offset: bool = Field(False, description="scale by (1 + weight), the weight initialised to zero (Gemma); false: by weight, initialised to one")
 
 
 # ------------------------------------------------------------------------------------ ViT pooling

@@ -5,8 +5,13 @@
 
 Reference classes (``ARCHITECTURES``): ``GPT2LMHeadModel`` (zoo decoder, learned positions,
 LayerNorm), ``LlamaForCausalLM`` (zoo decoder: RoPE in the rotate-half layout, RMSNorm, gated FFN,
-MHA/GQA/MQA), ``BertForMaskedLM`` (zoo encoder, Post-Norm, MLM head) and ``MarianMTModel`` (zoo
-encoder-decoder: Post-Norm, sinusoidal positions in the concat layout, scaled embeddings).
+MHA/GQA/MQA), ``BertForMaskedLM`` (zoo encoder, Post-Norm, MLM head), ``MarianMTModel`` (zoo
+encoder-decoder: Post-Norm, sinusoidal positions in the concat layout, scaled embeddings), and the
+LLaMA-like decoders ``MistralForCausalLM`` (sliding-window attention), ``Qwen2ForCausalLM`` (q/k/v
+biases, none on the output), ``GemmaForCausalLM`` (scaled embeddings, (1 + w) RMSNorm, its own
+head size) and ``Olmo2ForCausalLM`` (qk-norm, norms after each sub-layer), and
+``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel attention and FFN, LayerNorm). A rotary
+decoder converts by default to the first of these that expresses it.
 
 The spec is read from the reference's config (and the config written from the spec); tensors are
 then mapped by name (:mod:`zoo.interop.common`). Tying is read from the model itself, because HF

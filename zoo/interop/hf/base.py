@@ -23,7 +23,9 @@ __all__ = [
     "no_dropout",
     "plain_attention",
     "refuse_config",
+    "refuse_variants",
     "require",
+    "rope_parameters",
     "token_ids",
     "weights",
 ]
@@ -32,9 +34,10 @@ __all__ = [
 class Architecture:
     """One HF reference class. ``spec(config, hf_model or None)`` reads a zoo spec (a mapping) from
     its config, ``config(spec, given)`` writes its config fields from a zoo spec, ``rules(spec)``
-    maps tensors by name. Three steps are optional: ``check_from`` names the reference tensors zoo
+    maps tensors by name. Four steps are optional: ``check_from`` names the reference tensors zoo
     keeps no copy of (after checking them), ``extra_to`` makes the reference tensors zoo does not
-    hold, ``prepare_to`` rearranges a zoo state dict before it is mapped."""
+    hold, ``prepare_from`` and ``prepare_to`` rearrange a reference or zoo state dict (same names,
+    same shapes) before it is mapped."""
 
     name: ClassVar[str]  # the transformers model class
     config_name: ClassVar[str]  # the transformers config class
@@ -59,6 +62,10 @@ class Architecture:
     @classmethod
     def extra_to(cls, zoo_model: nn.Module, s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
         return {}
+
+    @staticmethod
+    def prepare_from(ref: dict[str, Tensor], s: FamilySpec) -> dict[str, Tensor]:
+        return ref
 
     @staticmethod
     def prepare_to(state: dict[str, Tensor], s: FamilySpec) -> dict[str, Tensor]:
@@ -140,6 +147,7 @@ def plain_attention(spec: FamilySpec, where: str, *, cross_too: bool = False) ->
         require(d % att.n_heads == 0 and sizes == (d // att.n_heads,) * 2, where, f"block.{field}.head_dim", sizes,
                 "this architecture's head size is d_model / n_heads for queries, keys and values")
         require(att.bias, where, f"block.{field}.bias", att.bias, "this architecture has biases on every projection")
+        require(att.has_out_bias, where, f"block.{field}.out_bias", att.out_bias, "this architecture has biases on every projection")
     if cross_too and b.cross_attention is not None:
         require(b.cross_attention == b.attention, where, "block.cross_attention", b.cross_attention.kind,
                 "this architecture's cross-attention is shaped as its self-attention; leave cross_attention null")
@@ -163,3 +171,52 @@ def token_ids(c: dict, vocab: int, defaults: dict[str, int | None], given: dict)
     for field, default in defaults.items():
         if field not in given:
             c[field] = default if default is None or default < vocab else None
+
+
+def _variants(spec: FamilySpec) -> dict[str, tuple[str, object, bool, str]]:
+    """The options only some references have: name -> (field, value, at its plain setting, why not)."""
+    b, att, pos = spec.block, spec.block.attention, spec.position
+    out_bias = getattr(att, "out_bias", None)
+    return {
+        "window": ("block.attention.window", getattr(att, "window", None), getattr(att, "window", None) is None,
+                   "this architecture attends to every earlier token (no sliding window)"),
+        "out_bias": ("block.attention.out_bias", out_bias, out_bias in (None, getattr(att, "bias", None)),
+                     "this architecture has one bias setting for every attention projection"),
+        "qk_norm": ("block.attention.qk_norm", getattr(att, "qk_norm", None), getattr(att, "qk_norm", None) is None,
+                    "this architecture does not normalise queries and keys"),
+        "rope_fraction": ("position.fraction", getattr(pos, "fraction", 1.0), getattr(pos, "fraction", 1.0) == 1.0,
+                          "this architecture rotates every query/key dimension"),
+        "parallel": ("block.parallel", b.parallel, b.parallel is None,
+                     "this architecture runs attention and FFN one after the other"),
+        "layer_scale": ("block.layer_scale", getattr(b, "layer_scale", None), getattr(b, "layer_scale", None) is None,
+                        "this architecture has no layer scale"),
+        "unit_offset": ("block.norm.unit_offset", getattr(b.norm, "unit_offset", False), not getattr(b.norm, "unit_offset", False),
+                        "this architecture's RMSNorm scales by its weight, not by (1 + weight)"),
+        "round_scale": ("embedding.round_scale", getattr(spec, "embedding", None) and spec.embedding.round_scale,
+                        not (getattr(spec, "embedding", None) and spec.embedding.round_scale),
+                        "this architecture does not round its embedding scale"),
+    }
+
+
+def refuse_variants(spec: FamilySpec, where: str, *, allow: tuple[str, ...] = ()) -> None:
+    """Options of zoo's that only some references have (sliding window, qk-norm, partial rotary, a
+    parallel block, layer scale, ...) must be off, but for those the architecture ``allow`` s and
+    checks itself."""
+    for name, (option, value, plain, why) in _variants(spec).items():
+        if name not in allow:
+            require(plain, where, option, value, why)
+
+
+def rope_parameters(c: Any, where: str, *, partial: bool = False) -> dict:
+    """The default-frequency rope of an HF config (``rope_parameters``, or the older ``rope_scaling``):
+    its ``rope_theta`` (and with ``partial`` its ``partial_rotary_factor``); scaled rope is refused."""
+    rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {"rope_type": "default"})
+    if rope.get("rope_type", "default") != "default":
+        raise unsupported(where, "rope_parameters.rope_type", rope["rope_type"],
+                          "zoo's rope has the default frequencies only (no scaling)")
+    known = {"rope_type", "rope_theta"} | ({"partial_rotary_factor"} if partial else set())
+    for key in sorted(set(rope) - known):
+        raise unsupported(where, f"rope_parameters.{key}", rope[key], "this architecture's rope rotates every dimension with the default frequencies")
+    if not partial and getattr(c, "partial_rotary_factor", None) not in (None, 1.0):
+        raise unsupported(where, "partial_rotary_factor", c.partial_rotary_factor, "this architecture's rope rotates every dimension")
+    return rope

@@ -14,6 +14,7 @@ from zoo.interop.hf.base import (
     no_dropout,
     plain_attention,
     refuse_config,
+    refuse_variants,
     require,
     weights,
 )
@@ -74,6 +75,7 @@ class Bert(Architecture):
         require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
                 f"BERT's hidden_dropout_prob is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
         no_dropout(s, where, ("ffn",), "BERT has no dropout inside its FFN")
+        refuse_variants(s, where)
         return {
             "vocab_size": s.vocab_size, "hidden_size": s.d_model, "num_hidden_layers": s.n_layers,
             "num_attention_heads": s.block.attention.n_heads, "intermediate_size": ffn.hidden_size(s.d_model),

@@ -18,19 +18,27 @@ from zoo.interop.common import (
 )
 from zoo.interop.hf.base import Architecture
 from zoo.interop.hf.bert import Bert
+from zoo.interop.hf.gemma import Gemma
 from zoo.interop.hf.gpt2 import GPT2
+from zoo.interop.hf.gpt_neox import GPTNeoX
 from zoo.interop.hf.llama import Llama
 from zoo.interop.hf.marian import Marian
+from zoo.interop.hf.mistral import Mistral
+from zoo.interop.hf.olmo2 import Olmo2
+from zoo.interop.hf.qwen2 import Qwen2
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
 
-ARCHS: dict[str, type[Architecture]] = {a.name: a for a in (GPT2, Bert, Llama, Marian)}
+ARCHS: dict[str, type[Architecture]] = {a.name: a for a in (GPT2, Bert, Llama, Marian, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma)}
 ARCHITECTURES = tuple(ARCHS)
+# A rotary decoder converts by default to the first of these that expresses it
+ROPE_DECODERS: tuple[type[Architecture], ...] = (Llama, Mistral, Qwen2, Gemma, Olmo2, GPTNeoX)
 
 
 def by_model_type(model_type: str | None) -> type[Architecture] | None:
-    """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian) is ``model_type``, or None."""
+    """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, mistral, qwen2, gpt_neox,
+    olmo2, gemma) is ``model_type``, or None."""
     return next((a for a in ARCHS.values() if a.model_type == model_type), None)
 
 
@@ -46,15 +54,30 @@ def _arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architect
         if architecture not in ARCHS:
             raise ConversionError(f"to_hf: unknown architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
         return ARCHS[architecture]
-    default = {"encoder": Bert, "encoder_decoder": Marian,
-               "decoder": Llama if spec.position.kind == "rope" else GPT2}.get(spec.family)
+    if spec.family == "decoder" and spec.position.kind == "rope":
+        return _rope_decoder(spec)
+    default = {"encoder": Bert, "encoder_decoder": Marian, "decoder": GPT2}.get(spec.family)
     if default is None:
         raise ConversionError(f"to_hf: family {spec.family!r} has no HF counterpart here (a vit converts with zoo.interop.timm.to_timm)")
     return default
 
 
+def _rope_decoder(spec: FamilySpec) -> type[Architecture]:
+    """The first of ``ROPE_DECODERS`` that expresses ``spec``; else every one's reason."""
+    reasons = []
+    for arch in ROPE_DECODERS:
+        try:
+            arch.config(spec, {})
+        except ConversionError as e:
+            reasons.append(str(e))
+        else:
+            return arch
+    raise ConversionError("to_hf: no HF architecture expresses this rotary decoder (pass architecture= to pick one):\n  "
+                          + "\n  ".join(reasons))
+
+
 def hf_spec(config: Any) -> FamilySpec:
-    """The zoo spec of the model an HF config describes (``model_type`` gpt2, bert, llama or marian).
+    """The zoo spec of the model an HF config describes (its ``model_type``: see :func:`by_model_type`).
     Tying follows the config; :func:`from_hf` reads it from the model instead."""
     arch = by_model_type(getattr(config, "model_type", None))
     if arch is None:
@@ -83,7 +106,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     spec = parse_spec(arch.spec(hf_model.config, hf_model), source=f"from {arch.name}")
     device, dtype = device_dtype(hf_model)
     model = build(spec, device=device, dtype=dtype)
-    ref = hf_model.state_dict()
+    ref = arch.prepare_from(hf_model.state_dict(), spec)
     rules = arch.rules(spec)
     handled = arch.check_from(hf_model, spec, ref)
     check_covered(ref, rules, where, handled=handled)

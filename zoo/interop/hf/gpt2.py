@@ -16,6 +16,7 @@ from zoo.interop.hf.base import (
     no_dropout,
     plain_attention,
     refuse_config,
+    refuse_variants,
     require,
     token_ids,
     weights,
@@ -68,6 +69,7 @@ class GPT2(Architecture):
                 "GPT-2 neither scales nor normalises its embeddings")
         require(not s.head_bias, where, "head_bias", True, "GPT-2's output projection has no bias")
         no_dropout(s, where, ("ffn",), "GPT-2 has no dropout inside its MLP")
+        refuse_variants(s, where)
         c = {
             "vocab_size": s.vocab_size, "n_positions": s.max_seq_len, "n_embd": s.d_model, "n_layer": s.n_layers,
             "n_head": s.block.attention.n_heads, "n_inner": s.block.ffn.hidden_size(s.d_model),

@@ -1,4 +1,10 @@
-"""LLaMA: ``LlamaForCausalLM`` <-> a zoo decoder with RoPE, RMSNorm and a gated FFN (MHA, GQA or MQA)."""
+"""LLaMA: ``LlamaForCausalLM`` <-> a zoo decoder with RoPE, RMSNorm and a gated FFN (MHA, GQA or MQA).
+
+:class:`Llama` is also the base of the references laid out as LLaMA (``model.layers.{i}.self_attn.
+{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``): Mistral, Qwen2, Gemma and OLMo 2 subclass it and
+override the hooks ``read`` (their config fields into the spec) and ``write`` (the spec into their
+config fields), and the class attributes that name their differences.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from zoo.interop.common import Rule, rule, unsupported
+from zoo.interop.common import Rule, rule
 from zoo.interop.hf.base import (
     BUILTIN_ATTENTION,
     GATED,
@@ -15,7 +21,9 @@ from zoo.interop.hf.base import (
     ffn_of,
     fused,
     no_dropout,
+    refuse_variants,
     require,
+    rope_parameters,
     token_ids,
     weights,
 )
@@ -31,76 +39,105 @@ class Llama(Architecture):
     acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
         ("swiglu", "none"): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_pytorch_tanh",
     }
+    head_dim_field: ClassVar[bool] = True  # the config has head_dim (else the head size is hidden_size / heads)
+    placement: ClassVar[str] = "pre"  # the norm placement
+    norm_names: ClassVar[tuple[str, str]] = ("input_layernorm", "post_attention_layernorm")  # zoo's attn_norm, ffn_norm
+    variants: ClassVar[tuple[str, ...]] = ()  # the options of base.refuse_variants the reference has
+    token_defaults: ClassVar[dict[str, int | None]] = {"bos_token_id": 1, "eos_token_id": 2}
 
-    @staticmethod
-    def spec(c: Any, hf: nn.Module | None) -> dict:
-        where = "LlamaForCausalLM -> zoo"
-        rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {"rope_type": "default"})
-        if rope.get("rope_type", "default") != "default":
-            raise unsupported(where, "rope_parameters.rope_type", rope["rope_type"],
-                              "zoo's rope has the default frequencies only (no scaling)")
-        for key in sorted(set(rope) - {"rope_type", "rope_theta"}):
-            raise unsupported(where, f"rope_parameters.{key}", rope[key], "zoo's rope rotates every dimension with the default frequencies")
-        if getattr(c, "partial_rotary_factor", None) not in (None, 1.0):
-            raise unsupported(where, "partial_rotary_factor", c.partial_rotary_factor, "zoo's rope rotates every dimension")
+    # ------------------------------------------------------------------ reference -> zoo
+    @classmethod
+    def spec(cls, c: Any, hf: nn.Module | None) -> dict:
+        where = f"{cls.name} -> zoo"
+        rope = rope_parameters(c, where)
         h, g, d = c.num_attention_heads, c.num_key_value_heads, c.hidden_size
-        head_dim = c.head_dim if getattr(c, "head_dim", None) and c.head_dim * h != d else None
+        head_dim = getattr(c, "head_dim", None)
+        head_dim = head_dim if head_dim and head_dim * h != d else None
         kind = "mha" if g == h else ("mqa" if g == 1 else "gqa")
         tied = c.tie_word_embeddings if hf is None else hf.lm_head.weight is hf.model.embed_tokens.weight
-        return {
+        s = {
             "family": "decoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings, "d_model": d,
             "n_layers": c.num_hidden_layers, "tie_embeddings": tied, "head_bias": False,
             "embedding": {"scale": False, "norm": False},
             "position": {"kind": "rope", "base": rope.get("rope_theta", 10000.0)},
             "block": {
                 "attention": {"kind": kind, "n_heads": h, "n_kv_heads": g if kind == "gqa" else None,
-                              "head_dim": head_dim, "v_head_dim": head_dim, "bias": c.attention_bias},
-                "ffn": {**ffn_of(GATED, c.hidden_act, where, "hidden_act"), "hidden": c.intermediate_size, "bias": c.mlp_bias},
-                "norm": {"kind": "rmsnorm", "placement": "pre", "eps": c.rms_norm_eps},
+                              "head_dim": head_dim, "v_head_dim": head_dim},
+                "ffn": {**ffn_of(GATED, c.hidden_act, where, "hidden_act"), "hidden": c.intermediate_size, "bias": False},
+                "norm": {"kind": "rmsnorm", "placement": cls.placement, "eps": c.rms_norm_eps},
             },
             "dropout": {"attention": c.attention_dropout},
             "init": {"scheme": "normal", "std": c.initializer_range},
         }
+        cls.read(c, s, where)
+        return s
 
     @classmethod
+    def read(cls, c: Any, s: dict, where: str) -> None:
+        """The reference's own config fields into the spec mapping ``s``."""
+        s["block"]["attention"]["bias"] = c.attention_bias
+        s["block"]["ffn"]["bias"] = c.mlp_bias
+
+    # ------------------------------------------------------------------ zoo -> reference
+    @classmethod
     def config(cls, s: FamilySpec, given: dict) -> dict:
-        where = "zoo -> LlamaForCausalLM"
+        where = f"zoo -> {cls.name}"
         att, d = s.block.attention, s.d_model
         require(s.position.kind == "rope", where, "position.kind", s.position.kind,
-                "LLaMA has rotary positions (a decoder with learned positions converts to GPT2LMHeadModel)")
-        require(s.block.norm.kind == "rmsnorm", where, "block.norm.kind", s.block.norm.kind, "LLaMA uses RMSNorm")
-        require(s.norm_placement == "pre", where, "block.norm.placement", s.norm_placement, "LLaMA is pre-norm")
+                f"{cls.name} has rotary positions (a decoder with learned positions converts to GPT2LMHeadModel)")
+        require(s.block.norm.kind == "rmsnorm", where, "block.norm.kind", s.block.norm.kind, f"{cls.name} uses RMSNorm")
+        require(s.norm_placement == cls.placement, where, "block.norm.placement", s.norm_placement,
+                f"{cls.name} puts its norms {'before' if cls.placement == 'pre' else 'after'} each sub-layer ({cls.placement})")
         require(att.kind in BUILTIN_ATTENTION, where, "block.attention.kind", att.kind, "only zoo's built-in attention converts")
         require(att.qk_size(d) == att.v_size(d), where, "block.attention.v_head_dim", att.v_size(d),
-                f"LLaMA has one head size for queries, keys and values (head_dim {att.qk_size(d)})")
-        require(not s.embedding.scale and not s.embedding.norm, where, "embedding", s.embedding.model_dump(),
-                "LLaMA neither scales nor normalises its embeddings")
-        require(not s.head_bias, where, "head_bias", True, "LLaMA's output projection has no bias")
-        no_dropout(s, where, ("embedding", "residual", "ffn"), "LLaMA's only dropout is on the attention weights")
+                f"{cls.name} has one head size for queries, keys and values (head_dim {att.qk_size(d)})")
+        if not cls.head_dim_field:
+            require(att.qk_size(d) * att.n_heads == d, where, "block.attention.head_dim", att.qk_size(d),
+                    f"{cls.name}'s head size is hidden_size / num_attention_heads ({d} / {att.n_heads})")
+        require(not s.embedding.norm, where, "embedding.norm", True, f"{cls.name} does not normalise its embeddings")
+        require(not s.head_bias, where, "head_bias", True, f"{cls.name}'s output projection has no bias")
+        no_dropout(s, where, ("embedding", "residual", "ffn"), f"{cls.name}'s only dropout is on the attention weights")
+        refuse_variants(s, where, allow=cls.variants)
         c = {
             "vocab_size": s.vocab_size, "hidden_size": d, "intermediate_size": s.block.ffn.hidden_size(d),
             "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads, "num_key_value_heads": att.kv_heads,
-            "head_dim": att.qk_size(d), "hidden_act": act_name(s.block.ffn, cls.acts, where),
-            "max_position_embeddings": s.max_seq_len, "rms_norm_eps": s.block.norm.eps,
-            "rope_parameters": {"rope_type": "default", "rope_theta": s.position.base},
-            "attention_bias": att.bias, "mlp_bias": s.block.ffn.bias, "attention_dropout": s.dropout.attention,
-            "initializer_range": s.init.std, "tie_word_embeddings": s.tie_embeddings,
+            "hidden_act": act_name(s.block.ffn, cls.acts, where), "max_position_embeddings": s.max_seq_len,
+            "rms_norm_eps": s.block.norm.eps, "rope_parameters": {"rope_type": "default", "rope_theta": s.position.base},
+            "attention_dropout": s.dropout.attention, "initializer_range": s.init.std, "tie_word_embeddings": s.tie_embeddings,
         }
-        token_ids(c, s.vocab_size, {"bos_token_id": 1, "eos_token_id": 2}, given)
+        if cls.head_dim_field:
+            c["head_dim"] = att.qk_size(d)
+        cls.write(s, c, where)
+        token_ids(c, s.vocab_size, cls.token_defaults, given)
         return c
 
-    @staticmethod
-    def rules(s: FamilySpec) -> list[Rule]:
-        ab, fb = s.block.attention.bias, s.block.ffn.bias
+    @classmethod
+    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
+        """Check what the reference's own config fields can express; write them into ``c``."""
+        att = s.block.attention
+        require(not s.embedding.scale, where, "embedding.scale", True, f"{cls.name} does not scale its embeddings")
+        c.update(attention_bias=att.bias, mlp_bias=s.block.ffn.bias)
+
+    # ---------------------------------------------------------------------------- tensors
+    @classmethod
+    def rules(cls, s: FamilySpec) -> list[Rule]:
+        att, fb = s.block.attention, s.block.ffn.bias
+        attn_norm, ffn_norm = cls.norm_names
         rules = [rule("tok_emb.weight", "model.embed_tokens.weight")]
         for i in range(s.n_layers):
             z, h = f"stack.blocks.{i}", f"model.layers.{i}"
             rules += [
-                rule(f"{z}.attn_norm.weight", f"{h}.input_layernorm.weight"),
-                *fused(f"{z}.attn.qkv", [f"{h}.self_attn.{p}_proj" for p in "qkv"], bias=ab),
-                *weights(f"{z}.attn.out", f"{h}.self_attn.o_proj", bias=ab),
-                rule(f"{z}.ffn_norm.weight", f"{h}.post_attention_layernorm.weight"),
+                rule(f"{z}.attn_norm.weight", f"{h}.{attn_norm}.weight"),
+                *fused(f"{z}.attn.qkv", [f"{h}.self_attn.{p}_proj" for p in "qkv"], bias=att.bias),
+                *weights(f"{z}.attn.out", f"{h}.self_attn.o_proj", bias=att.has_out_bias),
+                rule(f"{z}.ffn_norm.weight", f"{h}.{ffn_norm}.weight"),
                 *fused(f"{z}.ffn.fc1", [f"{h}.mlp.gate_proj", f"{h}.mlp.up_proj"], bias=fb),  # [gate | up]
                 *weights(f"{z}.ffn.fc2", f"{h}.mlp.down_proj", bias=fb),
             ]
+            rules += cls.layer_rules(s, z, h)
         return rules + [rule("stack.norm.weight", "model.norm.weight"), rule("head.weight", "lm_head.weight")]
+
+    @classmethod
+    def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
+        """Rules for a layer's tensors beyond LLaMA's (zoo block ``z``, reference layer ``h``)."""
+        return []

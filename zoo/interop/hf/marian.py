@@ -18,6 +18,7 @@ from zoo.interop.hf.base import (
     layernorm,
     plain_attention,
     refuse_config,
+    refuse_variants,
     require,
     weights,
 )
@@ -81,6 +82,7 @@ class Marian(Architecture):
         plain_attention(s, where, cross_too=True)
         require(s.block.ffn.bias, where, "block.ffn.bias", False, "Marian's FFN has biases")
         require(not s.embedding.norm, where, "embedding.norm", True, "Marian has no norm after the embedding sum")
+        refuse_variants(s, where)
         require(s.tie_embeddings or not s.share_embeddings, where, "tie_embeddings", False,
                 "HF Marian shares source and target embeddings only when it also ties the output projection; "
                 "set share_embeddings: false or tie_embeddings: true")

@@ -1,0 +1,273 @@
+"""Decoder variants against their HF reference classes, at sizes no preset has: Mistral (sliding-window
+attention), Qwen2 (q/k/v biases without an output bias), GPT-NeoX (partial rotary, parallel attention
+and FFN), OLMo 2 (qk-norm, norms after each sub-layer) and Gemma (scaled embeddings, (1 + w) RMSNorm,
+GeGLU-tanh, a head size of its own).
+
+For each: a random-init reference converts into zoo with the same logits (fp32, padded or not),
+converts back with every tensor equal, survives ``zoo.save``/``zoo.load``, and zoo's cached greedy
+decoding gives HF's ``generate(do_sample=False)`` tokens, past the sliding window where there is one.
+The presets are their reference configs; what zoo cannot express is refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+from zoo.interop import ConversionError, from_hf, hf_config, hf_spec, to_hf
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.reference
+ATOL = 1e-4
+V = 67  # a small vocabulary
+
+
+@pytest.fixture(autouse=True)
+def _aten_linears(monkeypatch):
+    from zoo.kernels.cpu import linear
+
+    monkeypatch.setattr(linear, "_choice", "aten")
+
+
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter random (1-D weights, the norms', around 1), so a swapped tensor shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            base = 1.0 if p.dim() == 1 and name.endswith("weight") else 0.0
+            p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def tokens(batch: int = 3, length: int = 11, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def left_padding(batch: int = 3, length: int = 11) -> torch.Tensor:
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    mask[1, : length // 2], mask[2, : length - 2] = False, False  # row 2: two real tokens
+    return mask
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, real: torch.Tensor | None = None) -> float:
+    assert a.shape == b.shape
+    d = (a - b).abs()
+    return (d[real] if real is not None else d).max().item()
+
+
+# (HF class, config fields). Sizes: odd widths, head counts and FFN widths no preset has.
+CASES = {
+    "mistral: GQA 6/2, window 4": ("Mistral", {
+        "hidden_size": 36, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 44, "sliding_window": 4}),
+    "mistral: MQA, head_dim 10, window 7, tied": ("Mistral", {
+        "hidden_size": 24, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 10, "intermediate_size": 40,
+        "sliding_window": 7, "tie_word_embeddings": True}),
+    "mistral: no window": ("Mistral", {
+        "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 40, "sliding_window": None}),
+    "qwen2: q/k/v biases, GQA 5/1": ("Qwen2", {
+        "hidden_size": 40, "num_attention_heads": 5, "num_key_value_heads": 1, "intermediate_size": 52}),
+    "qwen2: every layer sliding, window 3": ("Qwen2", {
+        "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 36,
+        "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 0, "tie_word_embeddings": True}),
+    "neox: parallel, rotary 0.25": ("GPTNeoX", {
+        "hidden_size": 48, "num_attention_heads": 3, "intermediate_size": 72, "rotary_pct": 0.25}),
+    "neox: sequential, rotary 0.5, relu, no attention bias, tied": ("GPTNeoX", {
+        "hidden_size": 40, "num_attention_heads": 2, "intermediate_size": 56, "rotary_pct": 0.5, "use_parallel_residual": False,
+        "hidden_act": "relu", "attention_bias": False, "tie_word_embeddings": True, "layer_norm_eps": 1e-6}),
+    "neox: full rotary, gelu-tanh": ("GPTNeoX", {
+        "hidden_size": 24, "num_attention_heads": 4, "intermediate_size": 40, "rotary_pct": 1.0, "hidden_act": "gelu_new"}),
+    "olmo2: MHA, head 10": ("Olmo2", {
+        "hidden_size": 40, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 52}),
+    "olmo2: GQA 6/3, biases, tied, eps 1e-6": ("Olmo2", {
+        "hidden_size": 36, "num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 44, "attention_bias": True,
+        "tie_word_embeddings": True, "rms_norm_eps": 1e-6}),
+    "gemma: MQA, head_dim 14": ("Gemma", {
+        "hidden_size": 36, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 14, "intermediate_size": 60}),
+    "gemma: GQA 4/2, biases, untied": ("Gemma", {
+        "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6, "intermediate_size": 44,
+        "attention_bias": True, "tie_word_embeddings": False}),
+}
+
+
+DEFAULT = {"mistral: no window": "LlamaForCausalLM"}  # to_hf's default where it is not the reference's class
+
+
+def reference(kind: str, **kw) -> nn.Module:
+    kw = {"vocab_size": V, "num_hidden_layers": 2, "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 0,
+          "pad_token_id": None, **kw}
+    config = getattr(transformers, f"{kind}Config")(**kw)
+    return randomize(getattr(transformers, f"{kind}ForCausalLM")(config))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_converts_both_ways_saves_and_decodes_as_hf(case, tmp_path):
+    kind, kw = CASES[case]
+    hf = reference(kind, **kw)
+    model = from_hf(hf)
+    x, mask = tokens(), left_padding()
+    with torch.no_grad():
+        assert max_diff(model(x), hf(x).logits) < ATOL
+        ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
+        assert max_diff(model(x, mask), ref, mask) < ATOL
+        back = to_hf(model).eval()  # by default, the first architecture that expresses the spec
+        assert type(back).__name__ == DEFAULT.get(case, type(hf).__name__)
+        back = to_hf(model, type(hf).__name__).eval()
+        assert max_diff(back(x).logits, model(x)) < ATOL
+    ref_state, back_state = hf.state_dict(), back.state_dict()
+    assert ref_state.keys() == back_state.keys()
+    assert all(torch.equal(t, back_state[name]) for name, t in ref_state.items())
+    assert (model.head.weight is model.tok_emb.weight) == hf.config.tie_word_embeddings
+
+    zoo.save(model, tmp_path / "m.safetensors")
+    loaded = zoo.load(tmp_path / "m.safetensors")
+    assert loaded.spec == model.spec and loaded.state_dict().keys() == model.state_dict().keys()
+    with torch.no_grad():
+        assert torch.equal(loaded(x, mask), model(x, mask))
+
+    # greedy decoding through zoo's KV cache equals HF's, past the window (prompt 5 + 12 new tokens),
+    # unpadded and left-padded
+    hf.generation_config.eos_token_id = None  # run the full length in both
+    prompt = tokens(3, 5, seed=3)
+    for prompt_mask in (torch.ones_like(prompt, dtype=torch.bool), left_padding(3, 5)):
+        ours = zoo.generate(model, prompt, padding_mask=prompt_mask, max_new_tokens=12).tokens
+        theirs = hf.generate(prompt, attention_mask=prompt_mask.long(), max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert torch.equal(ours, theirs[:, prompt.shape[1]:])
+
+
+def test_sliding_window_cache_holds_the_window_only():
+    """Mistral's cache keeps the last window - 1 keys between steps, however long the sequence grows."""
+    model = from_hf(reference("Mistral", **CASES["mistral: GQA 6/2, window 4"][1]))
+    cache = model.new_cache(40)
+    with torch.no_grad():
+        model(tokens(2, 9), cache=cache)
+        for t in range(6):
+            model(tokens(2, 1, seed=t), cache=cache)
+            assert len(cache) == 10 + t and cache.layers[0].k.shape[2] == 3 == cache.layers[1].v.shape[2]
+
+
+def test_gemma_embedding_scale_is_rounded_to_bfloat16_as_hf():
+    """HF Gemma casts sqrt(d_model) to the weights' dtype (sqrt(32) = 5.657 is 5.656 in bfloat16);
+    embedding.round_scale does the same, and without it the bfloat16 embeddings differ."""
+    hf = reference("Gemma", **CASES["gemma: GQA 4/2, biases, untied"][1]).to(torch.bfloat16)
+    model = from_hf(hf)
+    x = tokens()
+    with torch.no_grad():
+        assert torch.equal(model.tok_emb(x), hf.model.embed_tokens(x))
+        unrounded = zoo.build(zoo.load_spec(model.spec, ["embedding.round_scale=false"]), dtype=torch.bfloat16)
+        unrounded.load_state_dict(model.state_dict())
+        assert not torch.equal(unrounded.tok_emb(x), hf.model.embed_tokens(x))
+
+
+# ------------------------------------------------------------------------------------- presets
+PRESETS = {"mistral-tiny": "MistralForCausalLM", "qwen2-tiny": "Qwen2ForCausalLM", "pythia-tiny": "GPTNeoXForCausalLM",
+           "olmo2-tiny": "Olmo2ForCausalLM", "gemma-tiny": "GemmaForCausalLM"}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_are_their_reference_configs(name):
+    """Each preset converts to its reference's config (by default) and model, and back to itself."""
+    spec = zoo.load_spec(name)
+    config = hf_config(spec)
+    assert type(config).__name__ == PRESETS[name].replace("ForCausalLM", "Config")
+    with torch.device("meta"):
+        ref = getattr(transformers, PRESETS[name])(config)
+    assert zoo.count_parameters(zoo.build(spec, device="meta")) == sum(p.numel() for p in ref.parameters())
+    assert hf_spec(config).model_dump(exclude={"name"}) == spec.model_dump(exclude={"name"})
+
+
+# ------------------------------------------------------------------------------------ refusals
+FROM_REFUSED = {
+    "qwen2 sliding on some layers": (lambda: reference("Qwen2", hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
+                                                       intermediate_size=8, use_sliding_window=True, sliding_window=4,
+                                                       max_window_layers=1), "layer_types"),
+    "mistral rope scaling": (lambda: reference("Mistral", hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
+                                               intermediate_size=8, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                                     "rope_theta": 10000.0}),
+                             "rope_parameters.rope_type='linear'"),
+    "neox rope scaling": (lambda: reference("GPTNeoX", hidden_size=16, num_attention_heads=2, intermediate_size=8,
+                                            rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0,
+                                                             "partial_rotary_factor": 0.5}),
+                          "rope_parameters.rope_type='dynamic'"),
+    "neox quick_gelu": (lambda: reference("GPTNeoX", hidden_size=16, num_attention_heads=2, intermediate_size=8,
+                                          hidden_act="quick_gelu"), "hidden_act='quick_gelu'"),
+    "gemma bidirectional": (lambda: reference("Gemma", hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                              intermediate_size=8, use_bidirectional_attention=True),
+                            "use_bidirectional_attention"),
+}
+
+
+@pytest.mark.parametrize("case", FROM_REFUSED)
+def test_from_hf_refuses_what_zoo_cannot_express(case):
+    build, message = FROM_REFUSED[case]
+    with pytest.raises(ConversionError, match=message):
+        from_hf(build())
+
+
+TINY = ["d_model=32", "n_layers=1", "block.ffn.hidden=48", f"vocab_size={V}", "max_seq_len=32"]
+HEADS = {  # heads that divide d_model 32, as each preset's attention kind allows
+    "qwen2-tiny": ["block.attention.n_heads=4", "block.attention.n_kv_heads=2"],
+    "pythia-tiny": ["block.attention.n_heads=4"],
+    "olmo2-tiny": ["block.attention.n_heads=4"],
+    "llama-small": ["block.attention.n_heads=4", "block.attention.n_kv_heads=2"],
+    "gpt2-small": ["block.attention.n_heads=4"],
+    "transformer-base": ["block.attention.n_heads=4"],
+}
+TO_REFUSED = {
+    "window to llama": ("mistral-tiny", [], "LlamaForCausalLM", "block.attention.window=128"),
+    "window to gpt2": ("gpt2-small", ["block.attention.window=8"], "GPT2LMHeadModel", "block.attention.window=8"),
+    "q/k/v-only biases to llama": ("qwen2-tiny", [], "LlamaForCausalLM", "block.attention.out_bias=False"),
+    "output bias to qwen2": ("qwen2-tiny", ["block.attention.out_bias=true"], "Qwen2ForCausalLM", "block.attention.out_bias=True"),
+    "no biases to qwen2": ("llama-small", [], "Qwen2ForCausalLM", "block.attention.bias=False"),
+    "head_dim to qwen2": ("qwen2-tiny", ["block.attention.head_dim=16", "block.attention.v_head_dim=16"], "Qwen2ForCausalLM",
+                          "block.attention.head_dim=16"),
+    "biases to mistral": ("llama-small", ["block.attention.bias=true"], "MistralForCausalLM", "block.attention.bias=True"),
+    "partial rotary to llama": ("pythia-tiny", ["block.norm.kind=rmsnorm", "block.parallel=null", "block.ffn.kind=swiglu",
+                                                "block.ffn.bias=false", "block.attention.bias=false"],
+                                "LlamaForCausalLM", "position.fraction=0.25"),
+    "parallel to gpt2": ("gpt2-small", ["block.parallel.shared_norm=false"], "GPT2LMHeadModel", "block.parallel="),
+    "parallel to timm": ("vit-tiny-16", ["block.parallel.shared_norm=false"], "timm", "block.parallel="),
+    "shared-norm parallel to neox": ("pythia-tiny", ["block.parallel.shared_norm=true"], "GPTNeoXForCausalLM",
+                                     "block.parallel.shared_norm=True"),
+    "neox with gqa": ("pythia-tiny", ["block.attention.kind=gqa", "block.attention.n_kv_heads=2"], "GPTNeoXForCausalLM",
+                      "block.attention.n_kv_heads=2"),
+    "exact geglu to gemma": ("gemma-tiny", ["block.ffn.approximate=none"], "GemmaForCausalLM", "block.ffn.kind='geglu'"),
+    "gemma without the unit offset": ("gemma-tiny", ["block.norm.unit_offset=false"], "GemmaForCausalLM",
+                                      "block.norm.unit_offset=False"),
+    "unit offset to llama": ("gemma-tiny", ["embedding.scale=false", "embedding.round_scale=false"], "LlamaForCausalLM",
+                             "block.norm.unit_offset=True"),
+    "rounded scale to marian": ("transformer-base", ["embedding.round_scale=true"], "MarianMTModel", "embedding.round_scale=True"),
+    "post-sublayer norms to llama": ("llama-small", ["block.norm.placement=post_sublayer"], "LlamaForCausalLM",
+                                     "block.norm.placement='post_sublayer'"),
+    "qk-norm to llama": ("llama-small", ["block.attention.qk_norm={kind: rmsnorm, scope: all}"], "LlamaForCausalLM",
+                         "block.attention.qk_norm="),
+    "qk-norm per head to olmo2": ("olmo2-tiny", ["block.attention.qk_norm.scope=head"], "Olmo2ForCausalLM",
+                                  "block.attention.qk_norm="),
+    "olmo2 without qk-norm": ("olmo2-tiny", ["block.attention.qk_norm=null"], "Olmo2ForCausalLM", "block.attention.qk_norm=None"),
+    "olmo2 qk-norm eps apart": ("olmo2-tiny", ["block.attention.qk_norm.eps=1e-5"], "Olmo2ForCausalLM",
+                                "block.attention.qk_norm.eps=1e-05"),
+    "pre-norm to olmo2": ("olmo2-tiny", ["block.norm.placement=pre"], "Olmo2ForCausalLM", "block.norm.placement='pre'"),
+    "layer scale to llama": ("llama-small", ["block.layer_scale=0.1"], "LlamaForCausalLM", "block.layer_scale=0.1"),
+    "qk-norm to gpt2": ("gpt2-small", ["block.attention.qk_norm={kind: layernorm}"], "GPT2LMHeadModel", "block.attention.qk_norm="),
+    "no architecture fits": ("mistral-tiny", ["block.attention.out_bias=true"], None,
+                             "no HF architecture expresses this rotary decoder"),
+}
+
+
+@pytest.mark.parametrize("case", TO_REFUSED)
+def test_to_reference_refuses_what_it_cannot_express(case):
+    from zoo.interop import to_timm
+
+    preset, overrides, architecture, message = TO_REFUSED[case]
+    if preset.startswith("vit"):
+        tiny = ["d_model=24", "n_layers=1", "block.attention.n_heads=3", "image_size=32", "patch_size=8"]
+    else:
+        tiny = TINY + HEADS.get(preset, [])
+    model = zoo.build(preset, tiny + overrides, device="meta")
+    with pytest.raises(ConversionError, match=message):
+        to_timm(model) if architecture == "timm" else to_hf(model, architecture)

@@ -1,0 +1,48 @@
+"""OLMo 2: ``Olmo2ForCausalLM`` <-> a zoo decoder laid out as LLaMA, with RMSNorm on the whole q and k
+projections before the heads are split (``block.attention.qk_norm``, scope ``all``) and the norms on
+each sub-layer's output, before the residual add (``block.norm.placement: post_sublayer``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from zoo.interop.common import Rule, rule
+from zoo.interop.hf.base import require
+from zoo.interop.hf.llama import Llama
+from zoo.spec import FamilySpec
+
+__all__ = ["Olmo2"]
+
+
+class Olmo2(Llama):
+    name = "Olmo2ForCausalLM"
+    config_name = "Olmo2Config"
+    model_type = "olmo2"
+    head_dim_field: ClassVar[bool] = False
+    placement: ClassVar[str] = "post_sublayer"
+    norm_names: ClassVar[tuple[str, str]] = ("post_attention_layernorm", "post_feedforward_layernorm")
+    variants: ClassVar[tuple[str, ...]] = ("qk_norm",)
+    token_defaults: ClassVar[dict[str, int | None]] = {"eos_token_id": 50279, "pad_token_id": None}
+
+    @classmethod
+    def read(cls, c: Any, s: dict, where: str) -> None:
+        s["block"]["attention"].update(bias=c.attention_bias, qk_norm={"kind": "rmsnorm", "scope": "all", "eps": c.rms_norm_eps})
+
+    @classmethod
+    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
+        att, norm = s.block.attention, s.block.norm
+        qk = att.qk_norm
+        require(not s.embedding.scale, where, "embedding.scale", True, "OLMo 2 does not scale its embeddings")
+        require(qk is not None and (qk.kind, qk.scope) == ("rmsnorm", "all"), where, "block.attention.qk_norm",
+                qk.model_dump() if qk is not None else None,
+                "OLMo 2 applies RMSNorm to the whole q and k projections (qk_norm: {kind: rmsnorm, scope: all})")
+        require(qk.eps == norm.eps, where, "block.attention.qk_norm.eps", qk.eps,
+                f"OLMo 2 has one rms_norm_eps for every norm (block.norm.eps is {norm.eps})")
+        require(att.has_out_bias == att.bias, where, "block.attention.out_bias", att.out_bias,
+                "OLMo 2 has one bias setting (attention_bias) for every attention projection")
+        require(not s.block.ffn.bias, where, "block.ffn.bias", True, "OLMo 2's MLP has no biases")
+        c["attention_bias"] = att.bias
+
+    @classmethod
+    def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
+        return [rule(f"{z}.attn.{n}.weight", f"{h}.self_attn.{n}.weight") for n in ("q_norm", "k_norm")]
