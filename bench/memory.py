@@ -5,8 +5,12 @@
 Each configuration runs under ``torchrun`` (gloo on CPU, NCCL on GPU) for a few AdamW steps through
 zoo's own pieces (zoo.train.shard, set_activation_checkpointing, build_optimizer, DDP through Dist.wrap).
 Measured is each process's peak: on a GPU ``torch.cuda.max_memory_allocated``; on a CPU the peak
-resident set size less the process's size just before the model was built (glibc keeps freed memory
-with bench's malloc settings, so the peak is the high-water mark of the heap).
+resident set size less the process's size just before the model was built, with glibc's mmap
+threshold fixed at 64 KiB (every block from 64 KiB up is its own mapping and goes back to the system
+when freed, so the peak follows the live tensors; the default threshold rises as blocks are freed
+and the heap then keeps them).
+Dropout is off: the plan assumes fused attention, and attention dropout on a CPU takes zoo's own
+kernel, which keeps the T x T weights (docs/scale.md).
 """
 
 from __future__ import annotations
@@ -54,10 +58,13 @@ def worker(args: argparse.Namespace) -> None:
         tokens = torch.randint(0, spec.vocab_size, (args.batch, args.seq + 1), device=dist.device)
         if dist.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        for _ in range(args.steps):
+        def step_loss() -> torch.Tensor:  # the logits die with this frame, as in a Task's loss
             with T.autocast(dist.device, args.precision):
                 logits = train_model(tokens[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+                return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+        for _ in range(args.steps):
+            loss = step_loss()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -85,6 +92,7 @@ def measure(preset: str, *, strategy: str, checkpointing: bool, processes: int =
                "--out", str(out), *(["--checkpointing"] if checkpointing else []),
                *[a for o in overrides for a in ("--set", o)]]
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+        env["GLIBC_TUNABLES"] = "glibc.malloc.mmap_threshold=65536"  # blocks of 64 KiB and more go back when freed
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise RuntimeError(f"memory run {strategy} checkpointing={checkpointing} failed:\n{done.stderr[-3000:]}")
@@ -95,10 +103,15 @@ def measure(preset: str, *, strategy: str, checkpointing: bool, processes: int =
             "precision": precision, "measured": max(got["peaks"]), "peaks": got["peaks"], "plan": plan.to_dict()}
 
 
+NO_DROPOUT = ("dropout.embedding=0", "dropout.residual=0", "dropout.attention=0", "dropout.ffn=0")
+
+
 def run_all(preset: str = "gpt2-small", *, tiny: bool = False, **kw) -> list[dict]:
+    kw.setdefault("overrides", NO_DROPOUT)
     if tiny:
-        kw = {"seq": 32, "steps": 2, "overrides": ("d_model=32", "n_layers=2", "block.attention.n_heads=2",
-                                                    "vocab_size=256", "max_seq_len=64"), **kw}
+        kw = {**kw, "seq": 32, "steps": 2, "overrides": kw["overrides"] + ("d_model=32", "n_layers=2",
+                                                                         "block.attention.n_heads=2", "vocab_size=256",
+                                                                         "max_seq_len=64")}
     rows = []
     for strategy, ckpt in CONFIGS:
         row = measure(preset, strategy=strategy, checkpointing=ckpt, **kw)
@@ -112,7 +125,7 @@ def markdown(rows: list[dict], preset: str, env: dict) -> str:
     gib = 2**30
     r0 = rows[0]
     lines = [f"## Training memory per process: {preset}, {r0['processes']} processes, sequence {r0['seq']}, "
-             f"batch {r0['batch']}, {r0['precision']}", "",
+             f"batch {r0['batch']}, {r0['precision']}, dropout 0", "",
              f"Measured {env['date']} on {env['cpu']} (torch {env['torch']}): the peak of each process "
              "(the larger of the two) against `zoo summary --shard` (zoo.summary.training_memory). "
              "Made with `python -m bench --only memory`.", "",
