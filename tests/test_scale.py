@@ -245,3 +245,20 @@ def test_cpu_kernels_are_never_chosen_for_cuda_tensors():
     # and the same shapes on the CPU do take them (so the test can fail)
     x = torch.empty(64, 512, dtype=torch.float32)
     assert cpu.dropout.applies(x, 0.1)
+
+
+def test_gpu_check_skips_its_cuda_parts_in_one_line_without_a_gpu(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: tools/gpu-check runs for real there")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["bash", str(root / "tools" / "gpu-check"), str(tmp_path / "report.md")], cwd=root,
+                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        "gpu-check: CUDA is not available here; skipping the GPU tests and the GPU benchmark rows "
+        "(run it on a machine with a GPU)"]
