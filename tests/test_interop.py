@@ -360,13 +360,15 @@ VIT_PRESETS = {
     "deit3-small-16": "deit3_small_patch16_224",  # layer scale 1e-6, positions on the patches only
     "vit-medium-16-reg4-gap-256": "vit_medium_patch16_reg4_gap_256",  # 4 registers, no class token, mean + fc_norm
     "vit-so150m-16-reg4-map-256": "vit_so150m_patch16_reg4_map_256",  # 4 registers with positions, attention pooling
+    "vit-small-16-reg4": ("vit_small_patch16_224", {"reg_tokens": 4, "no_embed_class": True}),  # the paper's registers
 }
 
 
 @pytest.mark.parametrize("name", VIT_PRESETS)
 def test_vit_presets_are_timm_models(name):
+    model, kwargs = VIT_PRESETS[name] if isinstance(VIT_PRESETS[name], tuple) else (VIT_PRESETS[name], {})
     with torch.device("meta"):
-        ref = timm.create_model(VIT_PRESETS[name], pretrained=False)
+        ref = timm.create_model(model, pretrained=False, **kwargs)
     assert zoo_count(name) == n_params(ref)
     assert same_architecture(timm_spec(ref), zoo.load_spec(name))
 

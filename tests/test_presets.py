@@ -20,6 +20,7 @@ EXACT = {
     "deit3-small-16": 22_059_496,
     "vit-medium-16-reg4-gap-256": 38_881_768,
     "vit-so150m-16-reg4-map-256": 141_481_064,
+    "vit-small-16-reg4": 22_051_816,  # timm vit_small_patch16_224 with reg_tokens=4, no_embed_class=True
 }
 
 
