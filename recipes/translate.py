@@ -15,7 +15,6 @@ docs/recipes/translate.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -25,54 +24,24 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 import zoo
 from zoo.atomic import atomic_write_text
-from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.train import (CheckpointError, Config, ListTask, OptimConfig, RunConfig, ScheduleConfig,
                        average_checkpoints, checkpoint_name, distributed, fit, list_checkpoints, parse_args, read_metrics,
                        resolve_precision, resolve_resume, seed_everything, tune_malloc)
 from zoo.train.loop import perplexity
-from zoo.train.seq2seq import (PAD_ID, DecodeConfig, attention_picture, decode_settings, describe_corpus,
-                               export_model_dir, score_models, shared_bpe, translate_split, valid_loss, word_dropout)
-from zoo.train.translation import Translator, score_domains
+from zoo.train.seq2seq import (PAD_ID, DecodeConfig, TranslationDataConfig, attention_picture, decode_settings,
+                               describe_corpus, export_model_dir, load_splits, score_models, shared_bpe, translate_split,
+                               valid_loss, word_dropout)
+from zoo.train.translation import score_domains, translate_stdin
 
 DEFAULT_CONFIG = Path(__file__).with_name("translate.yaml")
 
 
 # ------------------------------------------------------------------------------------------ config
-class DataConfig(Config):
-    path: Path | None = Field(None, description="folder with train/valid/test.{src,tgt} or *.tsv; null: the embedded corpus")
-    corpus: str = Field("both", description=(
-        "without data.path, the embedded EN-DE domains to use: ding (Ding dictionary sentences), messages (software "
-        "messages from German gettext catalogs), stories (game dialogue and narrative), both (ding+messages), all, "
-        "or domains joined by '+'; training uses their union, valid and test are scored per domain"))
-    catalogs: Path | None = Field(None, description="folder of the German catalogs (default: where tools/install-data puts them)")
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    vocab_size: PositiveInt = Field(6000, description="shared source-target BPE vocabulary")
-    min_frequency: PositiveInt = 2
-    tokenizer: Path | None = Field(None, description="an existing tokenizer.json to use instead of training BPE")
-    max_len: PositiveInt = Field(128, description="tokens per sentence (longer ones are truncated)")
-    oversample: dict[str, PositiveInt] = Field(default_factory=dict, description=(
-        "embedded corpus: copies of a domain's training pairs in the union, e.g. {ding: 2}, to give a smaller "
-        "domain more of the updates"))
-    valid: PositiveInt = Field(500, description="embedded corpus: held-out validation pairs per domain")
-    test: PositiveInt = Field(1000, description="embedded corpus: held-out test pairs per domain")
-    split_seed: int = 1234
-    train_limit: PositiveInt | None = Field(None, description="use only the first N training pairs")
-    valid_limit: PositiveInt | None = Field(None, description="use only the first N validation pairs (per domain)")
-    test_limit: PositiveInt | None = Field(None, description="use only the first N test pairs (per domain)")
-
-    @field_validator("corpus")
-    @classmethod
-    def _known_domains(cls, v: str) -> str:
-        C.parse_corpus(v)  # raises with the choices
-        return v
-
-
 class TrainConfig(Config):
     steps: PositiveInt = Field(1000, description="optimizer steps")
     minutes: PositiveFloat | None = Field(None, description="stop training after this many minutes (a safety net)")
@@ -89,7 +58,7 @@ class TrainConfig(Config):
 class TranslateConfig(Config):
     model: str = Field("transformer-tiny-ding", description="a zoo preset or spec YAML")
     model_overrides: list[str] = Field(default_factory=list, description="spec overrides, e.g. dropout.residual=0.1")
-    data: DataConfig = DataConfig()
+    data: TranslationDataConfig = TranslationDataConfig()
     train: TrainConfig = TrainConfig()
     decode: DecodeConfig = DecodeConfig()
     optim: OptimConfig = OptimConfig(name="adam", lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, clip_grad=None)
@@ -99,43 +68,6 @@ class TranslateConfig(Config):
 
 class RecipeError(RuntimeError):
     """A run that cannot go on; printed as one line."""
-
-
-# -------------------------------------------------------------------------------------------- data
-def load_splits(cfg: DataConfig) -> tuple[dict[str, T.Pairs], dict[str, list[str]], C.Corpus | None]:
-    """train / valid / test pairs as the config says (test may be empty for user data), the domain
-    of each valid and test pair, and the embedded corpus by domain (None for user data)."""
-    if cfg.path is None:
-        if {cfg.src_lang, cfg.tgt_lang} != {"en", "de"}:
-            raise T.DataError(f"the embedded corpus is English-German; got data.src_lang={cfg.src_lang} "
-                              f"data.tgt_lang={cfg.tgt_lang} (use en/de or de/en, or your own data.path)")
-        corpus = C.build_corpus(cfg.corpus, direction=f"{cfg.src_lang}-{cfg.tgt_lang}", valid=cfg.valid, test=cfg.test,
-                                seed=cfg.split_seed, catalogs=cfg.catalogs)
-        limits = {"valid": cfg.valid_limit, "test": cfg.test_limit}
-        try:
-            splits, labels = {"train": corpus.union("train", cfg.oversample)}, {}
-        except T.DataError as e:
-            raise T.DataError(f"data.oversample: {e} (data.corpus={cfg.corpus})") from None
-        for name in ("valid", "test"):
-            splits[name], labels[name] = T.Pairs(), []
-            for domain, parts in corpus.splits.items():
-                p = parts[name]
-                n = min(len(p), limits[name] or len(p))
-                splits[name].src += p.src[:n]
-                splits[name].tgt += p.tgt[:n]
-                labels[name] += [domain] * n
-    else:
-        splits = T.read_folder(cfg.path, cfg.src_lang, cfg.tgt_lang)
-        for name, limit in (("valid", cfg.valid_limit), ("test", cfg.test_limit)):
-            if limit is not None:
-                p = splits[name]
-                splits[name] = T.Pairs(p.src[:limit], p.tgt[:limit], p.dropped)
-        labels = {name: ["data"] * len(splits[name]) for name in ("valid", "test")}
-        corpus = None
-    if cfg.train_limit is not None:
-        p = splits["train"]
-        splits["train"] = T.Pairs(p.src[: cfg.train_limit], p.tgt[: cfg.train_limit], p.dropped)
-    return splits, labels, corpus
 
 
 # -------------------------------------------------------------------------------------------- task
@@ -329,36 +261,10 @@ def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corp
     return results
 
 
-# ------------------------------------------------------------------------------------- translate
-def translate_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="translate.py translate",
-                                     description="translate stdin line by line with an exported model")
-    parser.add_argument("--model", required=True, metavar="DIR", help="the exported folder (run.out_dir/model)")
-    parser.add_argument("--beams", type=int, default=None, help="beam size (default: the model's)")
-    parser.add_argument("--batch", type=int, default=1, metavar="N", help="lines translated together (default 1)")
-    args = parser.parse_args(argv)
-    try:
-        tr = Translator(args.model)
-    except (OSError, ValueError) as e:
-        print(f"{parser.prog}: error: {zoo.io.one_line(e)}", file=sys.stderr)
-        return 2
-    if args.beams:
-        tr.decode["beams"] = args.beams
-    buf: list[str] = []
-    for line in sys.stdin:
-        buf.append(line.rstrip("\n"))
-        if len(buf) >= args.batch:
-            print("\n".join(tr(buf)), flush=True)
-            buf = []
-    if buf:
-        print("\n".join(tr(buf)), flush=True)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "translate":
-        return translate_main(argv[1:])
+        return translate_stdin(argv[1:], prog="translate.py translate")
     cfg, args = parse_args(TranslateConfig, argv, default=DEFAULT_CONFIG, description=__doc__)
     tune_malloc()
     try:

@@ -1,5 +1,5 @@
-"""Sequence-to-sequence pieces of the translation recipe beyond its data, task and command line: the
-decoding settings, word dropout, the shared BPE, teacher-forced validation loss per domain, decoding a
+"""Sequence-to-sequence pieces of the translation recipe beyond its task and command line: its data
+config and splits (embedded corpus or a folder, with each valid/test pair's domain), the decoding settings, word dropout, the shared BPE, teacher-forced validation loss per domain, decoding a
 split across processes, the final scoring of the last and averaged models, the exported model folder
 and the corpus report."""
 
@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, NonNegativeFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveInt, field_validator
 
 from zoo.atomic import atomic_path, atomic_write_text
 from zoo.data import corpus as C
@@ -26,11 +26,79 @@ from zoo.train.metrics import MetricsLog
 from zoo.train.optim import autocast
 from zoo.train.translation import DECODE_KEYS, cross_attention_weights, decode_batches, plot_attention, score_domains
 
-__all__ = ["PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "DecodeConfig", "decode_settings", "word_dropout",
+__all__ = ["PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "TranslationDataConfig", "load_splits", "DecodeConfig", "decode_settings", "word_dropout",
            "export_model_dir", "shared_bpe", "describe_corpus", "valid_loss", "translate_split",
            "attention_picture", "score_models"]
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = (T.SPECIALS.index(s) for s in (T.PAD, T.BOS, T.EOS, T.UNK))
+
+
+class TranslationDataConfig(Config):
+    """Where the translation recipe's pairs come from (its ``data``), and how they are tokenized."""
+
+    path: Path | None = Field(None, description="folder with train/valid/test.{src,tgt} or *.tsv; null: the embedded corpus")
+    corpus: str = Field("both", description=(
+        "without data.path, the embedded EN-DE domains to use: ding (Ding dictionary sentences), messages (software "
+        "messages from German gettext catalogs), stories (game dialogue and narrative), both (ding+messages), all, "
+        "or domains joined by '+'; training uses their union, valid and test are scored per domain"))
+    catalogs: Path | None = Field(None, description="folder of the German catalogs (default: where tools/install-data puts them)")
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    vocab_size: PositiveInt = Field(6000, description="shared source-target BPE vocabulary")
+    min_frequency: PositiveInt = 2
+    tokenizer: Path | None = Field(None, description="an existing tokenizer.json to use instead of training BPE")
+    max_len: PositiveInt = Field(128, description="tokens per sentence (longer ones are truncated)")
+    oversample: dict[str, PositiveInt] = Field(default_factory=dict, description=(
+        "embedded corpus: copies of a domain's training pairs in the union, e.g. {ding: 2}, to give a smaller "
+        "domain more of the updates"))
+    valid: PositiveInt = Field(500, description="embedded corpus: held-out validation pairs per domain")
+    test: PositiveInt = Field(1000, description="embedded corpus: held-out test pairs per domain")
+    split_seed: int = 1234
+    train_limit: PositiveInt | None = Field(None, description="use only the first N training pairs")
+    valid_limit: PositiveInt | None = Field(None, description="use only the first N validation pairs (per domain)")
+    test_limit: PositiveInt | None = Field(None, description="use only the first N test pairs (per domain)")
+
+    @field_validator("corpus")
+    @classmethod
+    def _known_domains(cls, v: str) -> str:
+        C.parse_corpus(v)  # raises with the choices
+        return v
+
+
+def load_splits(cfg: TranslationDataConfig) -> tuple[dict[str, T.Pairs], dict[str, list[str]], C.Corpus | None]:
+    """train / valid / test pairs as the config says (test may be empty for user data), the domain
+    of each valid and test pair, and the embedded corpus by domain (None for user data)."""
+    if cfg.path is None:
+        if {cfg.src_lang, cfg.tgt_lang} != {"en", "de"}:
+            raise T.DataError(f"the embedded corpus is English-German; got data.src_lang={cfg.src_lang} "
+                              f"data.tgt_lang={cfg.tgt_lang} (use en/de or de/en, or your own data.path)")
+        corpus = C.build_corpus(cfg.corpus, direction=f"{cfg.src_lang}-{cfg.tgt_lang}", valid=cfg.valid, test=cfg.test,
+                                seed=cfg.split_seed, catalogs=cfg.catalogs)
+        limits = {"valid": cfg.valid_limit, "test": cfg.test_limit}
+        try:
+            splits, labels = {"train": corpus.union("train", cfg.oversample)}, {}
+        except T.DataError as e:
+            raise T.DataError(f"data.oversample: {e} (data.corpus={cfg.corpus})") from None
+        for name in ("valid", "test"):
+            splits[name], labels[name] = T.Pairs(), []
+            for domain, parts in corpus.splits.items():
+                p = parts[name]
+                n = min(len(p), limits[name] or len(p))
+                splits[name].src += p.src[:n]
+                splits[name].tgt += p.tgt[:n]
+                labels[name] += [domain] * n
+    else:
+        splits = T.read_folder(cfg.path, cfg.src_lang, cfg.tgt_lang)
+        for name, limit in (("valid", cfg.valid_limit), ("test", cfg.test_limit)):
+            if limit is not None:
+                p = splits[name]
+                splits[name] = T.Pairs(p.src[:limit], p.tgt[:limit], p.dropped)
+        labels = {name: ["data"] * len(splits[name]) for name in ("valid", "test")}
+        corpus = None
+    if cfg.train_limit is not None:
+        p = splits["train"]
+        splits["train"] = T.Pairs(p.src[: cfg.train_limit], p.tgt[: cfg.train_limit], p.dropped)
+    return splits, labels, corpus
 
 
 class DecodeConfig(Config):

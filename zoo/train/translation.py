@@ -3,8 +3,10 @@ and a picture of the decoder's cross-attention."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -13,10 +15,11 @@ import torch
 from zoo.data.translation import decode, encode, load_bpe, token_batches
 from zoo.generate import generate
 from zoo.io import load as load_model
+from zoo.io import one_line
 from zoo.train.optim import autocast
 
 __all__ = ["DECODE_KEYS", "Translator", "cross_attention_weights", "decode_batches", "plot_attention", "score",
-           "score_domains"]
+           "score_domains", "translate_stdin"]
 
 DECODE_KEYS = ("length_penalty", "alpha", "max_len_a", "max_len_b", "batch_tokens")
 
@@ -152,3 +155,29 @@ def plot_attention(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: lis
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def translate_stdin(argv: list[str], prog: str = "translate") -> int:
+    """The command that translates stdin line by line with an exported model folder."""
+    parser = argparse.ArgumentParser(prog=prog,
+                                     description="translate stdin line by line with an exported model")
+    parser.add_argument("--model", required=True, metavar="DIR", help="the exported folder (run.out_dir/model)")
+    parser.add_argument("--beams", type=int, default=None, help="beam size (default: the model's)")
+    parser.add_argument("--batch", type=int, default=1, metavar="N", help="lines translated together (default 1)")
+    args = parser.parse_args(argv)
+    try:
+        tr = Translator(args.model)
+    except (OSError, ValueError) as e:
+        print(f"{parser.prog}: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    if args.beams:
+        tr.decode["beams"] = args.beams
+    buf: list[str] = []
+    for line in sys.stdin:
+        buf.append(line.rstrip("\n"))
+        if len(buf) >= args.batch:
+            print("\n".join(tr(buf)), flush=True)
+            buf = []
+    if buf:
+        print("\n".join(tr(buf)), flush=True)
+    return 0
