@@ -305,6 +305,10 @@ class Classifying(torch.nn.Module):
     def forward(self, tokens, padding_mask=None):
         return self.encoder.classify(tokens, padding_mask)
 
+    def rebuild(self) -> Classifying:
+        """A fresh copy of the same structure (how a sharded run hands back a whole model)."""
+        return Classifying(zoo.build(self.encoder.spec))
+
 
 def train(cfg: MLMConfig, resume: str | None, dist) -> dict:
     t0 = time.perf_counter()

@@ -175,3 +175,17 @@ def test_imagenet_fsdp_resumes_exactly_and_matches_ddp(tmp_path):
     ddp = tmp_path / "ddp"
     run("imagenet", image_args(ddp, "train.max_steps=3"))
     check_fsdp_matches_ddp(whole, ddp, 3)
+
+
+# ------------------------------------------------------------------------------------ mlm
+def test_mlm_fsdp_pretrains_and_finetunes_a_wrapped_encoder(wordnet, tmp_path):
+    from test_lm_recipes import mlm_args
+
+    import zoo
+
+    fsdp, ddp = tmp_path / "fsdp", tmp_path / "ddp"
+    run("mlm", mlm_args(wordnet, fsdp, "run.threads=1", *FSDP))
+    run("mlm", mlm_args(wordnet, ddp, "run.threads=1", "train.steps=3", "finetune.steps=3"))
+    check_fsdp_matches_ddp(fsdp, ddp, 3)
+    check_fsdp_matches_ddp(fsdp / "finetune", ddp / "finetune", 3)  # the classifier, rebuilt whole after sharding
+    assert zoo.load(next(fsdp.rglob("*.safetensors"))).spec.family == "encoder"

@@ -118,18 +118,20 @@ def full_parameters(*models: nn.Module | None) -> Iterator[None]:
 
 
 def gathered(model: nn.Module, device: torch.device | None = None) -> nn.Module:
-    """An unsharded copy of a sharded zoo model (built from ``model.spec``), with every process's
-    whole weights: what a recipe evaluates, decodes and exports after training. Collective."""
+    """An unsharded copy of a sharded zoo model (built from ``model.spec``, or by the model's own
+    ``rebuild()`` for a wrapper around one), with the whole weights on every process: what a recipe
+    evaluates, decodes and exports after training. Collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from zoo.build import build
 
     spec = getattr(model, "spec", None)
-    if spec is None:
-        raise ValueError(f"gathered: {type(model).__name__} has no spec to rebuild it from; read its weights with "
-                         "torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True)")
+    if spec is None and not callable(getattr(model, "rebuild", None)):
+        raise ValueError(f"gathered: {type(model).__name__} has no spec to rebuild it from (nor a rebuild() method that "
+                         "makes a fresh copy); read its weights with torch.distributed.checkpoint.state_dict."
+                         "get_model_state_dict(full_state_dict=True)")
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    plain = build(spec).to(device or next(iter(state.values())).device)
+    plain = (build(spec) if spec is not None else model.rebuild()).to(device or next(iter(state.values())).device)
     plain.load_state_dict(state)
     plain.train(model.training)
     return plain
