@@ -151,6 +151,17 @@ def test_sliding_window_cache_holds_the_window_only():
             assert len(cache) == 10 + t and cache.layers[0].k.shape[2] == 3 == cache.layers[1].v.shape[2]
 
 
+def test_summary_counts_the_window_in_the_kv_cache():
+    from zoo.summary import summarize
+
+    spec = zoo.load_spec("mistral-tiny")  # window 128
+    long, short = summarize(spec, seq=512), summarize(spec, seq=64)
+    assert (long.kv_cache_tokens, short.kv_cache_tokens) == (128, 64)
+    assert long.kv_cache_bytes_per_token == summarize(zoo.load_spec("mistral-tiny", ["block.attention.window=null"]),
+                                                      seq=512).kv_cache_bytes_per_token
+    assert summarize(zoo.load_spec("llama-tiny"), seq=512).kv_cache_tokens == 512
+
+
 def test_gemma_embedding_scale_is_rounded_to_bfloat16_as_hf():
     """HF Gemma casts sqrt(d_model) to the weights' dtype (sqrt(32) = 5.657 is 5.656 in bfloat16);
     embedding.round_scale does the same, and without it the bfloat16 embeddings differ."""

@@ -115,8 +115,10 @@ def summary_table(s, spec) -> Table:
         table.add_row("activation memory", f"{s.activation_bytes:,} B",
                       f"{human_bytes(s.activation_bytes)}: a training step, batch {shape}, {s.dtype}, fused attention")
     if s.kv_cache_bytes_per_token is not None:
+        held = s.kv_cache_tokens or s.seq
+        window = f" (a sliding window keeps the last {held})" if held < s.seq else ""
         table.add_row("KV cache per token", f"{s.kv_cache_bytes_per_token:,} B",
-                      f"{human_bytes(s.kv_cache_bytes_per_token * s.seq * s.batch)} for batch {s.batch} x {s.seq} tokens")
+                      f"{human_bytes(s.kv_cache_bytes_per_token * held * s.batch)} for batch {s.batch} x {s.seq} tokens{window}")
     else:
         table.add_row("KV cache per token", "-", "not autoregressive")
     if s.cross_kv_bytes_per_source_token is not None:

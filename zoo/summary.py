@@ -68,6 +68,7 @@ class Summary:
     activation_bytes: int | None  # a training step at batch x seq
     kv_cache_bytes_per_token: int | None  # decoders only
     cross_kv_bytes_per_source_token: int | None  # encoder-decoders only
+    kv_cache_tokens: int | None = None  # tokens a sequence's cache holds at seq: all, or a sliding window's
 
     @property
     def weight_bytes(self) -> int:
@@ -346,6 +347,7 @@ def summarize(
         activation_bytes=activation_bytes(model, batch=batch, seq=seq, bytes_per_element=p),
         kv_cache_bytes_per_token=kv,
         cross_kv_bytes_per_source_token=cross,
+        kv_cache_tokens=None if kv is None else min(seq, getattr(spec.block.attention, "window", None) or seq),
     )
 
 
