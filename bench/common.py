@@ -56,13 +56,18 @@ class Row:
         return self.flops / self.seconds[side] / peak
 
 
-def sync(device: torch.device | str = "cpu") -> None:
-    if torch.device(device).type == "cuda":
+def here() -> torch.device:
+    """Where the workloads run: torch's default device (``python -m bench --device cuda`` sets it)."""
+    return torch.get_default_device()
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    if torch.device(device or here()).type == "cuda":
         torch.cuda.synchronize()
 
 
 def compare(sides: list[Side], *, warmup: int = 2, repeats: int = 5, inner: int = 1,
-            device: str = "cpu") -> tuple[dict[str, float], dict[str, float]]:
+            device: str | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Median seconds per step of each side, timed alternately (the order rotates each repeat)."""
     for side in sides:
         for _ in range(warmup):
@@ -95,9 +100,10 @@ def count_flops(fn: Callable[[], object]) -> float:
     return float(counter.get_total_flops())
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 4096, repeats: int = 5, device: str = "cpu") -> float:
+def matmul_peak(dtype: torch.dtype, n: int = 4096, repeats: int = 5, device: str | None = None) -> float:
     """Best-of-``repeats`` FLOP/s of an n x n x n matmul: the machine's ceiling for MFU. On CPU the best
     of torch's matmul (MKL for fp32) and oneDNN's, since either may be the faster GEMM there."""
+    device = str(torch.device(device or here()).type)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     kernels = [lambda: a @ b]
@@ -115,10 +121,11 @@ def matmul_peak(dtype: torch.dtype, n: int = 4096, repeats: int = 5, device: str
     return 2 * n**3 / best
 
 
-def autocast(precision: str, device: str = "cpu"):
+def autocast(precision: str, device: str | None = None):
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=torch.device(device or here()).type, dtype=torch.bfloat16)
+
 
 
 def machine() -> dict[str, object]:

@@ -139,14 +139,14 @@ def write_docs(rows: list[Row], peaks: dict[str, float], env: dict, out_md: Path
     plot(rows, out_md.with_suffix(".png"))
 
 
-def usable_precisions(requested: list[str], tiny: bool) -> list[str]:
+def usable_precisions(requested: list[str], tiny: bool, device: str = "cpu") -> list[str]:
     """The requested precisions, less bf16 on a CPU without native bf16 matmuls: an AVX2-only CPU runs
     them in a scalar fallback (~1 GFLOP/s), so the bf16 rows would take hours and measure no one's real
     setting. ``--tiny`` keeps bf16, since it only checks that the scripts run."""
     out = list(requested)
-    if "bf16" in out and not tiny and not bf16_is_fast("cpu"):
+    if "bf16" in out and not tiny and not bf16_is_fast(device):
         out.remove("bf16")
-        print("bf16 skipped: this CPU has no native bf16 matmul (it needs AVX-512 BF16 or AMX)", flush=True)
+        print(f"bf16 skipped: this {device} has no native bf16 matmul (a CPU needs AVX-512 BF16 or AMX)", flush=True)
     return out
 
 
@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--tiny", action="store_true", help="toy sizes: checks the scripts, measures nothing")
+    parser.add_argument("--device", default="cpu", help="where the workloads run: cpu (default) or cuda (GPU rows)")
     parser.add_argument("--out", type=Path, default=None, help="markdown table (default: docs/benchmarks.md unless --tiny)")
     parser.add_argument("--json", type=Path, default=None, help="results JSON (default: bench/results/<time>.json)")
     parser.add_argument("--from-json", type=Path, default=None, metavar="JSON",
@@ -179,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available here")
+    if torch.device(args.device).type != "cpu":
+        torch.set_default_device(args.device)  # every workload builds and draws there (bench.common.here)
     env = machine()
     env["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.only and QUALITY in args.only:
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         return memory_main(args, env)
     timing = dict(warmup=1 if args.tiny else args.warmup, repeats=2 if args.tiny else args.repeats)
     chosen = args.only or WORKLOADS
-    precisions = usable_precisions(args.precision, args.tiny)
+    precisions = usable_precisions(args.precision, args.tiny, args.device)
     peaks: dict[str, float] = {}
     if "peak" in chosen or not args.tiny:
         n = 256 if args.tiny else 4096

@@ -16,7 +16,7 @@ from torch import nn
 
 import zoo
 import zoo.train as T
-from bench.common import Row, Side, autocast, compare, count_flops
+from bench.common import Row, Side, autocast, compare, count_flops, here
 
 Timing = dict  # warmup / repeats / inner for compare()
 
@@ -168,9 +168,9 @@ def bert(precision: str, timing: Timing, tiny: bool = False) -> Row:
     peer = BertForMaskedLM(cfg).train()
     ours = from_hf(peer).train()
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g, device="cpu").to(here())
     mask = torch.ones(batch, seq, dtype=torch.bool)
-    labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, tokens, torch.full_like(tokens, -100))
+    labels = torch.where(torch.rand(batch, seq, generator=g, device="cpu").to(here()) < 0.15, tokens, torch.full_like(tokens, -100))
 
     def ours_loss():
         logits = ours(tokens, mask)
@@ -240,8 +240,8 @@ def transformer_base(precision: str, timing: Timing, tiny: bool = False) -> Row:
     c = peer.config
     plain = TorchTransformer(vocab, c.d_model, c.encoder_attention_heads, c.encoder_layers, c.encoder_ffn_dim).train()
     g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, vocab, (batch, length), generator=g)
-    tgt = torch.randint(4, vocab, (batch, length + 1), generator=g)
+    src = torch.randint(4, vocab, (batch, length), generator=g, device="cpu").to(here())
+    tgt = torch.randint(4, vocab, (batch, length + 1), generator=g, device="cpu").to(here())
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     mask = torch.ones(batch, length, dtype=torch.bool)
 
@@ -271,7 +271,7 @@ def greedy(precision: str, timing: Timing, batch: int, new_tokens: int = 128, ti
     new_tokens = 8 if tiny else new_tokens
     peer = GPT2LMHeadModel(cfg).eval()
     ours = from_hf(peer).eval()
-    prompt = torch.randint(0, cfg.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(0, cfg.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(0), device="cpu").to(here())
 
     def zoo_step():
         with autocast(precision):
@@ -299,7 +299,7 @@ def beam(precision: str, timing: Timing, batch: int = 8, new_tokens: int = 64, t
     new_tokens = 6 if tiny else new_tokens
     peer = MarianMTModel(_marian_config(vocab, tiny)).eval()
     ours = from_hf(peer).eval()
-    src = torch.randint(4, vocab, (batch, 32), generator=torch.Generator().manual_seed(0))
+    src = torch.randint(4, vocab, (batch, 32), generator=torch.Generator().manual_seed(0), device="cpu").to(here())
     mask = torch.ones_like(src, dtype=torch.bool)
 
     def zoo_step():

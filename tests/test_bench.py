@@ -74,3 +74,11 @@ def test_bf16_rows_are_skipped_only_where_bf16_matmuls_are_not_native(monkeypatc
     assert usable_precisions(["fp32", "bf16"], tiny=True) == ["fp32", "bf16"]  # toy sizes only check the scripts
     monkeypatch.setattr(bench.run, "bf16_is_fast", lambda device: True)
     assert usable_precisions(["fp32", "bf16"], tiny=False) == ["fp32", "bf16"]
+
+
+def test_gpu_rows_need_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: tools/gpu-check runs the GPU rows")
+    with pytest.raises(SystemExit) as e:
+        main(["--tiny", "--only", "gpt2", "--device", "cuda"])
+    assert e.value.code == 2 and "--device cuda: CUDA is not available here" in capsys.readouterr().err
