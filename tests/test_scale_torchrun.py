@@ -47,8 +47,8 @@ def losses(out: Path) -> list[tuple[int, float]]:
 def cut_at(run_dir: Path, step: int, into: Path) -> Path:
     """A copy of ``run_dir`` as it was when its checkpoint at ``step`` had just been written."""
     into.mkdir()
-    ckpt = next(p for p in list_checkpoints(run_dir) if p.name == f"ckpt-{step:07d}.dcp")
-    shutil.copytree(ckpt, into / ckpt.name)
+    ckpt = next(p for p in list_checkpoints(run_dir) if p.stem == f"ckpt-{step:07d}")
+    (shutil.copytree if ckpt.is_dir() else shutil.copy)(ckpt, into / ckpt.name)
     for name in os.listdir(run_dir):
         if name.endswith(".json") and name != "results.json" or name in ("tokenizer.json", "data"):
             src = run_dir / name
@@ -102,8 +102,16 @@ def test_lm_fsdp_killed_and_resumed_equals_uninterrupted_and_reshards(wordnet, t
 
     # the first losses of DDP on the same data
     ddp = tmp_path / "ddp"
-    run("lm", lm_args(wordnet, ddp, "train.steps=3"))
+    run("lm", lm_args(wordnet, ddp, "train.steps=8"))
     check_fsdp_matches_ddp(whole, ddp, 3)
+
+    # a ddp run's one-file checkpoint resumes sharded: its losses go on as ddp's do
+    from_file = tmp_path / "from_file"
+    ckpt = cut_at(ddp, 4, from_file)
+    run("lm", lm_args(wordnet, from_file, "train.steps=8", *FSDP) + ["--resume", str(ckpt)])
+    assert [s for s, _ in losses(from_file)] == [s for s, _ in losses(ddp)]
+    for (_, x), (_, y) in zip(losses(from_file)[4:], losses(ddp)[4:]):
+        assert abs(x - y) < 1e-3, (losses(from_file), losses(ddp))
 
     # the two-process sharded checkpoint resumes on one process
     one = tmp_path / "one"
