@@ -17,13 +17,14 @@ data order continue exactly where they stopped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +34,8 @@ from zoo.atomic import atomic_write
 __all__ = [
     "CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
     "prune_checkpoints", "average_checkpoints", "average_state_dicts", "rng_state", "restore_rng",
-    "unwrap", "checkpoint_name", "check_compatible", "read_sharded_tensors", "TRAIN_STATE",
+    "unwrap", "checkpoint_name", "check_compatible", "read_sharded_tensors", "saved_shapes", "saved_tensors",
+    "single_process_dcp", "TRAIN_STATE",
 ]
 
 _NAME = re.compile(r"^ckpt-(\d+)\.(pt|dcp)$")
@@ -213,35 +215,45 @@ def average_checkpoints(paths: Iterable[str | os.PathLike], key: str = "model") 
     return average_state_dicts(states)
 
 
-def read_sharded_tensors(path: str | os.PathLike, key: str = "model") -> dict[str, Tensor]:
-    """The whole ``key`` tensors of a sharded checkpoint folder, read in this process alone."""
+@contextlib.contextmanager
+def single_process_dcp(alone: bool = True) -> Iterator[None]:
+    """Silence DCP's warning that it reads or writes in one process when there is no process group
+    (``alone``): that is what is meant, not a missing ``init_process_group``."""
+    with warnings.catch_warnings():
+        if alone:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def saved_tensors(path: str | os.PathLike, key: str = "model") -> dict[str, Any]:
+    """A sharded checkpoint's ``key`` tensors by name -> their storage metadata (shape, dtype), from
+    its ``.metadata`` alone."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    path = Path(path)
-    if not _complete(path):
-        raise CheckpointError(f"{str(path)!r} is not a complete sharded checkpoint (no .metadata or {TRAIN_STATE})")
     found = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     prefix = key + "."
-    template = {k[len(prefix):]: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in found.items()
-                if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
-    if not template:
-        raise CheckpointError(f"{str(path)!r} holds no {key!r} tensors")
-    with warnings.catch_warnings():  # "torch.distributed is disabled": one process is what is meant
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({key: template}, checkpoint_id=str(path), no_dist=True)
-    return template
+    return {k[len(prefix):]: m for k, m in found.items() if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
 
 
 def saved_shapes(path: str | os.PathLike, key: str = "model") -> dict[str, tuple[int, ...]]:
     """Names and shapes of a sharded checkpoint's ``key`` tensors, from its metadata alone."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    return {k: tuple(m.size) for k, m in saved_tensors(path, key).items()}
 
-    found = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    prefix = key + "."
-    return {k[len(prefix):]: tuple(m.size) for k, m in found.items()
-            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+
+def read_sharded_tensors(path: str | os.PathLike, key: str = "model") -> dict[str, Tensor]:
+    """The whole ``key`` tensors of a sharded checkpoint folder, read in this process alone."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    if not _complete(path):
+        raise CheckpointError(f"{str(path)!r} is not a complete sharded checkpoint (no .metadata or {TRAIN_STATE})")
+    template = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in saved_tensors(path, key).items()}
+    if not template:
+        raise CheckpointError(f"{str(path)!r} holds no {key!r} tensors")
+    with single_process_dcp():
+        dcp.load({key: template}, checkpoint_id=str(path), no_dist=True)
+    return template
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -15,10 +15,8 @@ name, whatever the wrapping).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,19 +24,10 @@ import torch
 from torch import nn
 
 from zoo.atomic import atomic_write
-from zoo.train.checkpoint import TRAIN_STATE, CheckpointError, check_compatible, rng_state, saved_shapes
+from zoo.train.checkpoint import TRAIN_STATE, CheckpointError, check_compatible, rng_state, saved_shapes, single_process_dcp
 from zoo.train.distributed import Dist
 
 __all__ = ["save_sharded_checkpoint", "load_sharded_checkpoint", "read_train_state"]
-
-
-@contextlib.contextmanager
-def _alone(dist: Dist):
-    """DCP warns that it works in one process when there is no process group: that is intended here."""
-    with warnings.catch_warnings():
-        if not dist.enabled:
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
 
 
 def _states(model: nn.Module, optimizer: torch.optim.Optimizer | None, ema: nn.Module | None) -> dict[str, Any]:
@@ -75,7 +64,7 @@ def save_sharded_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    with _alone(dist):
+    with single_process_dcp(not dist.enabled):
         dcp.save(_states(model, optimizer, ema), checkpoint_id=str(tmp), no_dist=not dist.enabled)
     if dist.is_main:
         meta: dict[str, Any] = {"step": int(step), "rng": rng_state(), "state": dict(state), "world_size": dist.world_size}
@@ -128,7 +117,7 @@ def load_sharded_checkpoint(
     if ema is not None and not saved_shapes(path, "ema"):
         raise CheckpointError(f"{str(path)!r} has no EMA weights; resume with run.ema=null")
     tensors = _states(model, optimizer, ema)
-    with _alone(dist):
+    with single_process_dcp(not dist.enabled):
         dcp.load(tensors, checkpoint_id=str(path), no_dist=not dist.enabled)
     if optimizer is None:
         set_model_state_dict(model, tensors["model"])
