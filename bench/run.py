@@ -212,10 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.workload} [{row.precision}]: zoo {row.throughput(zoo_side):,.1f} {row.unit}/s"
                   f"{', ' + ratios if ratios else ''}", flush=True)
     table = markdown(rows, peaks, env)
-    out_json = args.json or ROOT / "bench" / "results" / (
-        ("tiny-" if args.tiny else "") + env["date"].replace(" ", "_").replace(":", "") + ".json")
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps({"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]}, indent=1))
+    _write_json(args, env, "", {"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]})
     out_md = args.out or (None if args.tiny else ROOT / "docs" / "benchmarks.md")
     if out_md is not None:
         write_docs(rows, peaks, env, out_md)
@@ -229,10 +226,7 @@ def memory_main(args, env: dict) -> int:
     from bench import memory
 
     rows = memory.run_all("gpt2-small", tiny=args.tiny)
-    stamp = env["date"].replace(" ", "_").replace(":", "")
-    out_json = args.json or ROOT / "bench" / "results" / (("tiny-" if args.tiny else "") + f"memory-{stamp}.json")
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps({"machine": env, "rows": rows}, indent=1))
+    _write_json(args, env, "memory-", {"machine": env, "rows": rows})
     md = memory.markdown(rows, "gpt2-small", env)
     print(md)
     if args.tiny or args.out:  # a check, or a table of its own (tools/gpu-check): the docs keep theirs
@@ -242,6 +236,17 @@ def memory_main(args, env: dict) -> int:
     MEMORY_MD.write_text(md)
     _rebuild_docs(args)
     return 0
+
+
+def _stamp(env: dict) -> str:
+    return env["date"].replace(" ", "_").replace(":", "")
+
+
+def _write_json(args, env: dict, prefix: str, data: dict) -> None:
+    """A run's results at ``--json``, or bench/results/[tiny-]<prefix><time>.json."""
+    out_json = args.json or ROOT / "bench" / "results" / (("tiny-" if args.tiny else "") + f"{prefix}{_stamp(env)}.json")
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(data, indent=1))
 
 
 def _rebuild_docs(args) -> None:
@@ -256,8 +261,7 @@ def translation_quality_main(args, env: dict) -> int:
     rebuilds docs/benchmarks.md with the newest speed run (unless --tiny)."""
     from bench import quality
 
-    stamp = env["date"].replace(" ", "_").replace(":", "")
-    out = (args.json.parent if args.json else ROOT / "runs") / f"{QUALITY}-{stamp}"
+    out = (args.json.parent if args.json else ROOT / "runs") / f"{QUALITY}-{_stamp(env)}"
     tiny = ["data.valid=10", "data.test=10", "data.train_limit=300", "train.steps=6", "run.eval_every=3",
             "run.checkpoint_every=3", "train.average_last=2", "data.vocab_size=300", "decode.max_len_b=5",
             "decode.eval_sentences=4", "model_overrides=[d_model=32,n_layers=1,block.attention.n_heads=2,block.ffn.hidden=64]"]
@@ -265,9 +269,7 @@ def translation_quality_main(args, env: dict) -> int:
                                          peer_lrs=(1e-3,) if args.tiny else (5e-4, 1e-3),
                                          zoo_overrides=tiny if args.tiny else [])
     report["machine"] = env
-    out_json = args.json or ROOT / "bench" / "results" / (("tiny-" if args.tiny else "") + f"{QUALITY}-{stamp}.json")
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(report, indent=1))
+    _write_json(args, env, f"{QUALITY}-", report)
     md = "## Translation quality: zoo's recipe against HF Marian\n\n" + quality.markdown(report, env)
     print(md)
     if args.tiny:

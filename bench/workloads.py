@@ -96,14 +96,21 @@ def gpt2(precision: str, timing: Timing, *, layers: int = 12, width: int = 768, 
     """zoo vs HF GPT2LMHeadModel (sdpa attention), same weights: a causal-LM training step."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from zoo.interop.hf import from_hf
 
     if tiny:
         layers, width, heads, batch, seq = 2, 64, 4, 2, 16
     cfg = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, attn_implementation="sdpa")
-    peer = GPT2LMHeadModel(cfg).train()
+    name = "GPT-2 small" if (layers, width) == (12, 768) else f"GPT {layers}L/{width}"
+    return _causal_lm_row(name, GPT2LMHeadModel(cfg), precision, timing, batch=batch, seq=seq)
+
+
+def _causal_lm_row(name: str, peer: nn.Module, precision: str, timing: Timing, *, batch: int, seq: int) -> Row:
+    """A causal-LM training step of an HF model against zoo's conversion of it (the same weights)."""
+    from zoo.interop.hf import from_hf
+
+    peer.train()
     ours = from_hf(peer).train()
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq))
+    tokens = torch.randint(0, peer.config.vocab_size, (batch, seq))
 
     def ours_loss():
         logits = ours(tokens)
@@ -112,7 +119,6 @@ def gpt2(precision: str, timing: Timing, *, layers: int = 12, width: int = 768, 
     def peer_loss():
         return peer(input_ids=tokens, labels=tokens).loss
 
-    name = "GPT-2 small" if (layers, width) == (12, 768) else f"GPT {layers}L/{width}"
     row = Row(workload=f"{name} train", precision=precision, unit="tokens", work=batch * seq)
     sides = [Side("zoo", _train_step(ours, ours_loss, _zoo_opt(ours), precision)),
              Side("HF", _train_step(peer, peer_loss, _torch_adamw(peer), precision))]
@@ -128,31 +134,14 @@ def mistral(precision: str, timing: Timing, *, layers: int = 6, width: int = 512
     Mistral-style decoder with GQA and a sliding window shorter than the sequence."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    from zoo.interop.hf import from_hf
 
     if tiny:
         layers, width, heads, kv_heads, window, batch, seq = 2, 64, 4, 2, 8, 2, 16
     cfg = MistralConfig(vocab_size=32000, hidden_size=width, intermediate_size=width * 8 // 3 // 64 * 64 + 64,
                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                         sliding_window=window, max_position_embeddings=max(seq, 2 * window), attn_implementation="sdpa")
-    peer = MistralForCausalLM(cfg).train()
-    ours = from_hf(peer).train()
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq))
-
-    def ours_loss():
-        logits = ours(tokens)
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
-
-    def peer_loss():
-        return peer(input_ids=tokens, labels=tokens).loss
-
     name = f"Mistral-style {layers}L/{width} GQA {heads}/{kv_heads}, window {window}"
-    row = Row(workload=f"{name} train", precision=precision, unit="tokens", work=batch * seq)
-    sides = [Side("zoo", _train_step(ours, ours_loss, _zoo_opt(ours), precision)),
-             Side("HF", _train_step(peer, peer_loss, _torch_adamw(peer), precision))]
-    row.flops = _flops_of_train(ours_loss)
-    row.seconds, row.spread = compare(sides, **timing)
-    return row
+    return _causal_lm_row(name, MistralForCausalLM(cfg), precision, timing, batch=batch, seq=seq)
 
 
 # ----------------------------------------------------------------------------------------- BERT
