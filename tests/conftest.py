@@ -46,6 +46,43 @@ def _seed():
     torch.manual_seed(0)
 
 
+# ------------------------------------------------------------------- against reference models
+@pytest.fixture
+def aten_linears(monkeypatch):
+    """fp32 linears on ATen, as the reference models' are, so a comparison is not off by oneDNN's
+    summation order (``pytestmark = pytest.mark.usefixtures("aten_linears")``)."""
+    from zoo.kernels.cpu import linear
+
+    monkeypatch.setattr(linear, "_choice", "aten")
+
+
+def randomize(model: torch.nn.Module, seed: int = 0, *, buffers: tuple[str, ...] = ()) -> torch.nn.Module:
+    """Every parameter random, 1-D weights (norms, layer scales) around 1, so a swapped or dropped
+    tensor shows; Marian's fixed sinusoids kept; ``buffers`` named here randomized too. In eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:
+                base = 1.0 if p.dim() == 1 and name.endswith(("weight", "gamma")) else 0.0
+                p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():
+            if name in buffers:
+                b.copy_(0.2 * torch.randn(b.shape, generator=g))
+    return model.eval()
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, real: torch.Tensor | None = None) -> float:
+    """The largest absolute difference, over the ``real`` positions only where given."""
+    assert a.shape == b.shape
+    d = (a - b).abs()
+    return (d[real] if real is not None else d).max().item()
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch, as zoo computes them (HF takes them as an argument)."""
+    return (mask.long().cumsum(1) - 1).clamp(min=0)
+
+
 # ------------------------------------------------------------------------- message catalogs
 def write_catalog(path: Path, entries, *, charset: str = "utf-8") -> Path:
     """A compiled catalog of ``entries``: (msgid, msgstr) or (msgid, msgstr, context)."""

@@ -12,8 +12,8 @@ import json
 
 import pytest
 import torch
+from conftest import randomize
 from safetensors.torch import save_file
-from torch import nn
 
 import zoo
 import zoo.io
@@ -27,17 +27,6 @@ ATOL = 1e-5
 V = 61
 TINY_VIT = ["d_model=24", "n_layers=2", "block.attention.n_heads=3", "block.ffn.hidden=48", "image_size=32", "patch_size=8",
             "num_classes=7"]
-
-
-def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Every parameter random (norm weights around 1); Marian's fixed sinusoids kept."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "embed_positions" not in name:
-                base = 1.0 if p.dim() == 1 and name.endswith("weight") else 0.0
-                p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
 
 
 def tokens(batch: int = 2, length: int = 9, seed: int = 1, vocab: int = V) -> torch.Tensor:

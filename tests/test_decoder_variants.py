@@ -13,32 +13,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import max_diff, positions, randomize
 from torch import nn
 
 import zoo
 from zoo.interop import ConversionError, from_hf, hf_config, hf_spec, to_hf
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 ATOL = 1e-4
 V = 67  # a small vocabulary
-
-
-@pytest.fixture(autouse=True)
-def _aten_linears(monkeypatch):
-    from zoo.kernels.cpu import linear
-
-    monkeypatch.setattr(linear, "_choice", "aten")
-
-
-def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Every parameter random (1-D weights, the norms', around 1), so a swapped tensor shows."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            base = 1.0 if p.dim() == 1 and name.endswith("weight") else 0.0
-            p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
 
 
 def tokens(batch: int = 3, length: int = 11, seed: int = 1) -> torch.Tensor:
@@ -49,16 +33,6 @@ def left_padding(batch: int = 3, length: int = 11) -> torch.Tensor:
     mask = torch.ones(batch, length, dtype=torch.bool)
     mask[1, : length // 2], mask[2, : length - 2] = False, False  # row 2: two real tokens
     return mask
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.long().cumsum(1) - 1).clamp(min=0)
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor, real: torch.Tensor | None = None) -> float:
-    assert a.shape == b.shape
-    d = (a - b).abs()
-    return (d[real] if real is not None else d).max().item()
 
 
 # (HF class, config fields). Sizes: odd widths, head counts and FFN widths no preset has.

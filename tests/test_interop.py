@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from conftest import max_diff, positions, randomize
 from torch import nn
 
 import zoo
@@ -25,36 +26,11 @@ transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _aten_linears(monkeypatch):
-    from zoo.kernels.cpu import linear
-
-    monkeypatch.setattr(linear, "_choice", "aten")
 V = 61  # a small vocabulary
-
-
-def randomize(model: nn.Module, seed: int = 0, *, buffers: tuple[str, ...] = ()) -> nn.Module:
-    """Every parameter random (1-D weights, the norms', around 1); Marian's fixed sinusoids kept."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "embed_positions" not in name:
-                base = 1.0 if p.dim() == 1 and name.endswith("weight") else 0.0
-                p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
-        for name, b in model.named_buffers():
-            if name in buffers:
-                b.copy_(0.2 * torch.randn(b.shape, generator=g))
-    return model.eval()
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor, real: torch.Tensor | None = None) -> float:
-    assert a.shape == b.shape
-    d = (a - b).abs()
-    return (d[real] if real is not None else d).max().item()
 
 
 def assert_same_state(a: nn.Module, b: nn.Module, unread: tuple[str, ...] = ()) -> None:
@@ -79,11 +55,6 @@ def right_padding(batch: int = 3, length: int = 9) -> torch.Tensor:
 
 def left_padding(batch: int = 3, length: int = 9) -> torch.Tensor:
     return right_padding(batch, length).flip(1)
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of a left-padded batch, as zoo computes them (HF takes them as an argument)."""
-    return (mask.long().cumsum(1) - 1).clamp(min=0)
 
 
 # --------------------------------------------------------------------------------------- GPT-2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from conftest import max_diff, randomize
 
 import zoo
 from zoo.interop import ConversionError, from_timm, timm_spec, to_timm
@@ -20,35 +20,13 @@ from zoo.spec import SpecError
 timm = pytest.importorskip("timm")
 VisionTransformer = pytest.importorskip("timm.models.vision_transformer").VisionTransformer
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 ATOL = 1e-4
 BASE = {"img_size": 40, "patch_size": 8, "embed_dim": 20, "depth": 2, "num_heads": 2, "num_classes": 5}  # 5 x 5 patches, heads of 10
 
 
-@pytest.fixture(autouse=True)
-def _aten_linears(monkeypatch):
-    from zoo.kernels.cpu import linear
-
-    monkeypatch.setattr(linear, "_choice", "aten")
-
-
-def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Every parameter random; 1-D weights (norms, layer scales) around 1, so a dropped one shows."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            base = 1.0 if p.dim() == 1 and name.endswith(("weight", "gamma")) else 0.0
-            p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
 def images(h: int = 40, w: int = 40, batch: int = 2, seed: int = 5) -> torch.Tensor:
     return torch.randn(batch, 3, h, w, generator=torch.Generator().manual_seed(seed))
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape
-    return (a - b).abs().max().item()
 
 
 VARIANTS = {
