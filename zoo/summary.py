@@ -303,7 +303,11 @@ def summarize(
 ) -> Summary:
     """Costs of ``spec`` at ``batch`` sequences of ``seq`` tokens (default: ``max_seq_len``; a ViT's
     length is fixed by its image and patch sizes) with tensors in ``dtype``."""
-    model = build(spec, device="meta")
+    return _summarize(spec, build(spec, device="meta"), batch=batch, seq=seq, dtype=dtype)
+
+
+def _summarize(spec: FamilySpec, model: nn.Module, *, batch: int, seq: int | None, dtype: torch.dtype) -> Summary:
+    """:func:`summarize` of ``model``, built from ``spec`` on the meta device."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
     if spec.family == "vit":
@@ -394,8 +398,8 @@ def training_memory(spec: FamilySpec, *, processes: int = 1, strategy: str = "dd
         raise ValueError(f"--strategy: ddp or fsdp, got {strategy!r}")
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision: fp32 or bf16, got {precision!r}")
-    summary = summarize(spec, batch=batch, seq=seq)
     model = build(spec, device="meta")
+    summary = _summarize(spec, model, batch=batch, seq=seq, dtype=torch.float32)
     compute = 2 if precision == "bf16" else 4
     n = summary.parameters
     blocks = [count_parameters(b) for stack, _, _ in _stacks(model, summary.seq) for b in stack.blocks]
