@@ -122,20 +122,11 @@ def test_lm_fsdp_killed_and_resumed_equals_uninterrupted_and_reshards(wordnet, t
 
 
 # -------------------------------------------------------------------------------- translate
-@pytest.fixture(scope="module")
-def ding(tmp_path_factory) -> Path:
-    from zoo.data import translation as T
-
-    root = tmp_path_factory.mktemp("ding")
-    splits, _ = T.ding_splits(direction="en-de")
-    for name, n in (("train", 300), ("valid", 12), ("test", 12)):
-        p = splits[name]
-        (root / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(p.src[:n], p.tgt[:n])), encoding="utf-8")
-    return root
+from test_translate_recipe import data  # noqa: E402,F401 (its fixture: a slice of the Ding default as TSV files)
 
 
-def translate_args(data: Path, out: Path, *extra: str) -> list[str]:
-    return [f"data.path={data}", "data.vocab_size=300", f"run.out_dir={out}",
+def translate_args(pairs: Path, out: Path, *extra: str) -> list[str]:
+    return [f"data.path={pairs}", "data.vocab_size=300", f"run.out_dir={out}",
             "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=4,block.ffn.hidden=64]",
             "train.max_tokens=400", "train.minutes=null", "train.average_last=2", "train.steps=8", "schedule.warmup=4",
             "run.log_every=1", "run.eval_every=4", "run.checkpoint_every=4", "run.keep_checkpoints=10",
@@ -143,20 +134,20 @@ def translate_args(data: Path, out: Path, *extra: str) -> list[str]:
             "decode.samples=1", "decode.final_splits=[test]", *extra]
 
 
-def test_translate_fsdp_resumes_exactly_and_matches_ddp(ding, tmp_path):
+def test_translate_fsdp_resumes_exactly_and_matches_ddp(data, tmp_path):  # noqa: F811 (the fixture)
     whole = tmp_path / "whole"
-    run("translate", translate_args(ding, whole, *FSDP))
+    run("translate", translate_args(data, whole, *FSDP))
     assert (whole / "model" / "model.safetensors").is_file()  # exported from the sharded run, averaged from shards
     cut = tmp_path / "cut"
     ckpt = cut_at(whole, 4, cut)
-    run("translate", translate_args(ding, cut, *FSDP) + ["--resume", str(ckpt)])
+    run("translate", translate_args(data, cut, *FSDP) + ["--resume", str(ckpt)])
     assert losses(cut) == losses(whole)
     ddp = tmp_path / "ddp"
-    run("translate", translate_args(ding, ddp, "train.steps=3"))
+    run("translate", translate_args(data, ddp, "train.steps=3"))
     check_fsdp_matches_ddp(whole, ddp, 3)
     one = tmp_path / "one"
     ckpt = cut_at(whole, 4, one)
-    assert "resuming a run of 2 process(es) on 1" in run("translate", translate_args(ding, one, *FSDP) + ["--resume", str(ckpt)], processes=1)
+    assert "resuming a run of 2 process(es) on 1" in run("translate", translate_args(data, one, *FSDP) + ["--resume", str(ckpt)], processes=1)
 
 
 # --------------------------------------------------------------------------------- imagenet

@@ -28,7 +28,7 @@ from zoo.train.distributed import Dist
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
-__all__ = ["stacks", "set_activation_checkpointing", "shard", "is_sharded", "full_parameters", "gathered"]
+__all__ = ["stacks", "set_activation_checkpointing", "shard", "full_parameters", "gathered"]
 
 
 def stacks(model: nn.Module) -> list[Stack]:
@@ -54,12 +54,6 @@ def _fsdp():
     return fully_shard, FSDPModule, MixedPrecisionPolicy, CPUOffloadPolicy
 
 
-def is_sharded(model: nn.Module) -> bool:
-    """Whether FSDP has been applied to ``model`` (or any module in it)."""
-    _, FSDPModule, _, _ = _fsdp()
-    return any(isinstance(m, FSDPModule) for m in model.modules())
-
-
 def shard(model: nn.Module, dist: Dist, *, precision: str = "fp32", offload: bool = False) -> nn.Module:
     """Apply FSDP2 to ``model`` in place over all of ``dist``'s processes: one unit per block, then the
     root. Build the optimizer afterwards (its parameters become sharded DTensors)."""
@@ -74,13 +68,12 @@ def shard(model: nn.Module, dist: Dist, *, precision: str = "fp32", offload: boo
 
     fully_shard, _, MixedPrecisionPolicy, CPUOffloadPolicy = _fsdp()
     kwargs: dict = {"mesh": init_device_mesh(dist.device.type, (dist.world_size,))}
-    if precision == "bf16":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    if precision == "bf16":  # BatchNorm (ViTC's stem) keeps fp32 weights beside its fp32 running statistics
+    if precision == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
-        for module in model.modules():
+        for module in model.modules():  # BatchNorm (ViTC's stem) keeps fp32 weights beside its fp32 statistics
             if isinstance(module, BATCH_NORMS):
                 fully_shard(module, **{**kwargs, "mp_policy": fp32})
     for stack in stacks(model):
