@@ -137,15 +137,15 @@ def seed_everything(seed: int) -> None:
 
 
 class EMA(nn.Module):
-    """An exponential moving average of a model's parameters and buffers (torch's AveragedModel).
+    """An exponential moving average of a model's parameters and buffers (kept in torch's AveragedModel).
 
     ``update(model)`` after each optimizer step; ``module`` is the averaged copy to evaluate/export."""
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         super().__init__()
-        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+        from torch.optim.swa_utils import AveragedModel
 
-        self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+        self.averaged = AveragedModel(model, use_buffers=True)  # the copy and its counter; update() averages
         self.decay = decay
         self.averaged.update_parameters(model)  # the first update only copies: let it be the start
 
