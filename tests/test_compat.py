@@ -1,0 +1,55 @@
+"""Files an earlier zoo wrote still load: the models of tests/fixtures/v0.1 (saved by zoo 0.1.0, one
+per family and norm placement, see make.py there) rebuild from their files alone and compute what
+0.1.0 computed; the spec YAML 0.1.0 read still reads, to the same model."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import zoo
+from zoo.io import read_spec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "v0.1"
+NAMES = sorted(p.stem for p in FIXTURES.glob("*.safetensors") if p.stem != "outputs")
+
+
+def _run(model, name: str, saved: dict) -> torch.Tensor:
+    args, i = [], 0
+    while f"{name}.input{i}" in saved:
+        args.append(saved[f"{name}.input{i}"])
+        i += 1
+    with torch.no_grad():
+        return model(*args)
+
+
+@pytest.fixture(scope="module")
+def saved() -> dict:
+    return load_file(str(FIXTURES / "outputs.safetensors"))
+
+
+def test_every_family_and_placement_has_a_fixture():
+    assert len(NAMES) >= 9
+    families = {read_spec(FIXTURES / f"{n}.safetensors").family for n in NAMES}
+    assert families == {"decoder", "encoder", "encoder_decoder", "vit"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_old_file_loads_and_computes_what_it_did(name, saved):
+    model = zoo.load(FIXTURES / f"{name}.safetensors").eval()
+    torch.testing.assert_close(_run(model, name, saved), saved[f"{name}.output"], rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_old_yaml_reads_to_the_model_in_the_file(name, saved):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = zoo.load_spec(FIXTURES / f"{name}.yaml")
+    assert spec == read_spec(FIXTURES / f"{name}.safetensors")
+    model = zoo.build(spec, seed=0).eval()
+    zoo.load_weights(model, FIXTURES / f"{name}.safetensors")
+    torch.testing.assert_close(_run(model, name, saved), saved[f"{name}.output"], rtol=0, atol=2e-6)
