@@ -152,8 +152,9 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         data: Any = TensorImages(cfg.data, dist, micro, cfg.run.seed)
     else:
         data = FolderImages(cfg.data, dist, micro, cfg.data.image_size or spec.image_size, cfg.run.seed)
-    fixes = [f"{k}={v}" for k, v in {"num_classes": data.num_classes, "in_channels": data.in_channels,
-                                     "image_size": data.image_size}.items() if getattr(spec, k) != v]
+    fixes = [f"{key}={v}" for key, k, v in (("head.num_classes", "num_classes", data.num_classes),
+                                            ("in_channels", "in_channels", data.in_channels),
+                                            ("image_size", "image_size", data.image_size)) if getattr(spec, k) != v]
     if fixes:
         spec = zoo.load_spec(cfg.model, list(cfg.model_overrides) + fixes)
     model = zoo.build(spec, seed=cfg.run.seed).to(dist.device)

@@ -13,7 +13,7 @@ import zoo
 TINY = ["d_model=32", "n_layers=2", "block.attention.n_heads=4", "block.ffn.hidden=48"]
 TEXT_TINY = TINY + ["vocab_size=61", "max_seq_len=32"]
 FAMILY_PRESET = {"decoder": "gpt2-small", "encoder": "bert-base", "encoder_decoder": "transformer-base", "vit": "vit-tiny-16"}
-VIT_TINY = TINY + ["image_size=16", "patch_size=4", "num_classes=7", "in_channels=3"]
+VIT_TINY = TINY + ["image_size=16", "patch_size=4", "head.num_classes=7", "in_channels=3"]
 
 
 def tiny_overrides(family: str) -> list[str]:

@@ -88,7 +88,7 @@ def _meta_inputs(model, seq: int) -> tuple:
 COUNTED = [
     ("decoder", []),
     ("decoder", ["position.kind=rope", "block.ffn.kind=swiglu", "block.attention.kind=gqa", "block.attention.n_kv_heads=2",
-                 "tie_embeddings=false"]),
+                 "head.tied=false"]),
     ("encoder", ["classifier.num_labels=3"]),
     ("encoder_decoder", ["block.attention.kind=mqa"]),
     ("vit", []),
@@ -184,7 +184,7 @@ def test_summary_of_a_user_yaml_with_overrides(tmp_path, capsys):
 
 def test_summary_errors(capsys):
     _fails(capsys, ["summary", "gpt2-small", "--seq", "2048"], "seq (2048) exceeds max_seq_len (1024)")
-    _fails(capsys, ["summary", "vit-tiny-16", "--seq", "100"], "a ViT's length is fixed")
+    _fails(capsys, ["summary", "vit-tiny-16", "--seq", "100"], "seq: a vit's length is fixed by its spec (197 tokens); leave it out")
     _fails(capsys, ["summary", "gpt2-small", "--batch", "0"], "batch must be at least 1")
     _fails(capsys, ["summary", "gpt2-small", "--dtype", "int4"], "invalid choice: 'int4'")
 

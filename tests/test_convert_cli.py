@@ -26,7 +26,7 @@ pytestmark = pytest.mark.reference
 ATOL = 1e-5
 V = 61
 TINY_VIT = ["d_model=24", "n_layers=2", "block.attention.n_heads=3", "block.ffn.hidden=48", "image_size=32", "patch_size=8",
-            "num_classes=7"]
+            "head.num_classes=7"]
 
 
 def tokens(batch: int = 2, length: int = 9, seed: int = 1, vocab: int = V) -> torch.Tensor:
@@ -169,7 +169,7 @@ def test_bad_inputs_are_one_line_with_exit_2(tmp_path, capsys):
     assert "no such file or directory" in refuse(capsys, tmp_path / "missing", "-o", tmp_path / "m.safetensors")
     assert "not a model directory (no config.json)" in refuse(capsys, tmp_path, "-o", tmp_path / "m.safetensors")
     assert "family 'vit' has no HF counterpart" in refuse(capsys, vit, "-o", tmp_path / "out", "--to", "hf")
-    assert "family='decoder' is not supported: to_timm converts zoo ViTs" in refuse(capsys, gpt, "-o", tmp_path / "out", "--to", "timm")
+    assert "family='decoder' is not supported: timm's VisionTransformer is a 'vit' model" in refuse(capsys, gpt, "-o", tmp_path / "out", "--to", "timm")
     assert "position.kind='alibi' is not supported" in refuse(capsys, gpt, "-o", tmp_path / "out")
     assert "unknown architecture 'T5ForConditionalGeneration'" in refuse(
         capsys, gpt, "-o", tmp_path / "out", "--architecture", "T5ForConditionalGeneration")

@@ -49,6 +49,13 @@ CASES = {
     "qwen2: every layer sliding, window 3": ("Qwen2", {
         "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 36,
         "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 0, "tie_word_embeddings": True}),
+    "qwen2: layers 2-3 of 4 sliding (max_window_layers 2), window 3": ("Qwen2", {
+        "hidden_size": 24, "num_attention_heads": 3, "num_key_value_heads": 1, "intermediate_size": 28, "num_hidden_layers": 4,
+        "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 2}),
+    "qwen2: layers 0 and 2 sliding (layer_types), window 4": ("Qwen2", {
+        "hidden_size": 24, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 20, "num_hidden_layers": 3,
+        "use_sliding_window": True, "sliding_window": 4,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
     "neox: parallel, rotary 0.25": ("GPTNeoX", {
         "hidden_size": 48, "num_attention_heads": 3, "intermediate_size": 72, "rotary_pct": 0.25}),
     "neox: sequential, rotary 0.5, relu, no attention bias, tied": ("GPTNeoX", {
@@ -130,7 +137,7 @@ def test_summary_counts_the_window_in_the_kv_cache():
 
     spec = zoo.load_spec("mistral-tiny")  # window 128
     long, short = summarize(spec, seq=512), summarize(spec, seq=64)
-    assert (long.kv_cache_tokens, short.kv_cache_tokens) == (128, 64)
+    assert (long.kv_cache_tokens, short.kv_cache_tokens) == (127, 64)  # a token sees itself and the 127 before it
     assert long.kv_cache_bytes_per_token == summarize(zoo.load_spec("mistral-tiny", ["block.attention.window=null"]),
                                                       seq=512).kv_cache_bytes_per_token
     assert summarize(zoo.load_spec("llama-tiny"), seq=512).kv_cache_tokens == 512
@@ -168,9 +175,6 @@ def test_presets_are_their_reference_configs(name):
 
 # ------------------------------------------------------------------------------------ refusals
 FROM_REFUSED = {
-    "qwen2 sliding on some layers": (lambda: reference("Qwen2", hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
-                                                       intermediate_size=8, use_sliding_window=True, sliding_window=4,
-                                                       max_window_layers=1), "layer_types"),
     "mistral rope scaling": (lambda: reference("Mistral", hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
                                                intermediate_size=8, rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                                                      "rope_theta": 10000.0}),
@@ -212,13 +216,13 @@ TO_REFUSED = {
     "head_dim to qwen2": ("qwen2-tiny", ["block.attention.head_dim=16", "block.attention.v_head_dim=16"], "Qwen2ForCausalLM",
                           "block.attention.head_dim=16"),
     "biases to mistral": ("llama-small", ["block.attention.bias=true"], "MistralForCausalLM", "block.attention.bias=True"),
-    "partial rotary to llama": ("pythia-tiny", ["block.norm.kind=rmsnorm", "block.parallel=null", "block.ffn.kind=swiglu",
+    "partial rotary to llama": ("pythia-tiny", ["block.norm.kind=rmsnorm", "block.kind=pre", "block.ffn.kind=swiglu",
                                                 "block.ffn.bias=false", "block.attention.bias=false"],
                                 "LlamaForCausalLM", "position.fraction=0.25"),
-    "parallel to gpt2": ("gpt2-small", ["block.parallel.shared_norm=false"], "GPT2LMHeadModel", "block.parallel="),
-    "parallel to timm": ("vit-tiny-16", ["block.parallel.shared_norm=false"], "timm", "block.parallel="),
-    "shared-norm parallel to neox": ("pythia-tiny", ["block.parallel.shared_norm=true"], "GPTNeoXForCausalLM",
-                                     "block.parallel.shared_norm=True"),
+    "parallel to gpt2": ("gpt2-small", ["block.kind=parallel"], "GPT2LMHeadModel", "block.kind='parallel'"),
+    "parallel to timm": ("vit-tiny-16", ["block.kind=parallel"], "timm", "block.kind='parallel'"),
+    "shared-norm parallel to neox": ("pythia-tiny", ["block.shared_norm=true"], "GPTNeoXForCausalLM",
+                                     "block.shared_norm=True"),
     "neox with gqa": ("pythia-tiny", ["block.attention.kind=gqa", "block.attention.n_kv_heads=2"], "GPTNeoXForCausalLM",
                       "block.attention.n_kv_heads=2"),
     "exact geglu to gemma": ("gemma-tiny", ["block.ffn.approximate=none"], "GemmaForCausalLM", "block.ffn.kind='geglu'"),
@@ -227,8 +231,8 @@ TO_REFUSED = {
     "unit offset to llama": ("gemma-tiny", ["embedding.scale=false", "embedding.round_scale=false"], "LlamaForCausalLM",
                              "block.norm.unit_offset=True"),
     "rounded scale to marian": ("transformer-base", ["embedding.round_scale=true"], "MarianMTModel", "embedding.round_scale=True"),
-    "post-sublayer norms to llama": ("llama-small", ["block.norm.placement=post_sublayer"], "LlamaForCausalLM",
-                                     "block.norm.placement='post_sublayer'"),
+    "post-sublayer norms to llama": ("llama-small", ["block.kind=post_sublayer"], "LlamaForCausalLM",
+                                     "block.kind='post_sublayer'"),
     "qk-norm to llama": ("llama-small", ["block.attention.qk_norm={kind: rmsnorm, scope: all}"], "LlamaForCausalLM",
                          "block.attention.qk_norm="),
     "qk-norm per head to olmo2": ("olmo2-tiny", ["block.attention.qk_norm.scope=head"], "Olmo2ForCausalLM",
@@ -236,11 +240,17 @@ TO_REFUSED = {
     "olmo2 without qk-norm": ("olmo2-tiny", ["block.attention.qk_norm=null"], "Olmo2ForCausalLM", "block.attention.qk_norm=None"),
     "olmo2 qk-norm eps apart": ("olmo2-tiny", ["block.attention.qk_norm.eps=1e-5"], "Olmo2ForCausalLM",
                                 "block.attention.qk_norm.eps=1e-05"),
-    "pre-norm to olmo2": ("olmo2-tiny", ["block.norm.placement=pre"], "Olmo2ForCausalLM", "block.norm.placement='pre'"),
+    "pre-norm to olmo2": ("olmo2-tiny", ["block.kind=pre"], "Olmo2ForCausalLM", "block.kind='pre'"),
     "layer scale to llama": ("llama-small", ["block.layer_scale=0.1"], "LlamaForCausalLM", "block.layer_scale=0.1"),
     "qk-norm to gpt2": ("gpt2-small", ["block.attention.qk_norm={kind: layernorm}"], "GPT2LMHeadModel", "block.attention.qk_norm="),
+    "two window sizes to qwen2": ("qwen2-tiny", ["n_layers=2", "block.attention.window=3", "layers=[{at: 0, block: {attention: {window: 5}}}]"],
+                                  "Qwen2ForCausalLM", r"block.attention.window=\[3, 5\]"),
+    "a layer's own position to qwen2": ("qwen2-tiny", ["layers=[{at: 0, position: {kind: none}}]"], "Qwen2ForCausalLM",
+                                        "layers=\"layer 0's position\""),
+    "a layer pattern to llama": ("llama-small", ["layers=[{at: 0, block: {attention: {window: 5}}}]"], "LlamaForCausalLM",
+                                 "layers="),
     "no architecture fits": ("mistral-tiny", ["block.attention.out_bias=true"], None,
-                             "no HF architecture expresses this rotary decoder"),
+                             "no HF architecture expresses this decoder"),
 }
 
 

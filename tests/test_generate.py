@@ -81,8 +81,8 @@ VARIANTS = {
     "window 3": ["block.attention.window=3"],
     "window 1": ["block.attention.window=1"],
     "qkv bias only, partial rope": ["block.attention.out_bias=false", "position.fraction=0.5"],
-    "parallel": ["block.parallel.shared_norm=false"],
-    "post-sublayer norms, gemma norms": ["block.norm.placement=post_sublayer", "block.norm.kind=rmsnorm",
+    "parallel": ["block.kind=parallel"],
+    "post-sublayer norms, gemma norms": ["block.kind=post_sublayer", "block.norm.kind=rmsnorm",
                                          "block.norm.unit_offset=true", "embedding.scale=true", "embedding.round_scale=true"],
 }
 
@@ -248,7 +248,7 @@ def test_large_beam_finds_the_exhaustive_best(kind, alpha):
         model = zoo.build(
             "gpt2-small",
             ["d_model=16", "n_layers=1", "block.attention.n_heads=2", f"vocab_size={V}", "max_seq_len=16",
-             "head_bias=true", "tie_embeddings=false"],
+             "head.bias=true", "head.tied=false"],
             seed=seed,
         ).eval()
         with torch.no_grad():  # peaked distributions and a less likely EOS, so the best length varies

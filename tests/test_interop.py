@@ -179,7 +179,7 @@ def marian_logits(hf, src, src_mask, tgt, tgt_mask):
 def test_marian_both_ways(name):
     hf = marian(logits_bias="bias" in name, **MARIAN[name])
     model = from_hf(hf)
-    assert model.spec.head_bias == ("bias" in name)
+    assert model.spec.head.bias == ("bias" in name)
     tgt_vocab = hf.config.decoder_vocab_size
     src, src_mask = tokens(3, 11, seed=4), right_padding(3, 11)
     tgt, tgt_mask = tokens(3, 9, vocab=tgt_vocab), right_padding()
@@ -419,21 +419,21 @@ TO_REFUSED = {
     "gpt2 with gqa": ("gpt2-small", ["block.attention.kind=gqa", "block.attention.n_kv_heads=2"], "GPT2LMHeadModel",
                       "block.attention.n_kv_heads=2"),
     "gpt2 with rmsnorm": ("gpt2-small", ["block.norm.kind=rmsnorm"], "GPT2LMHeadModel", "block.norm.kind='rmsnorm'"),
-    "gpt2 post-norm": ("gpt2-small", ["block.norm.placement=post"], "GPT2LMHeadModel", "block.norm.placement='post'"),
+    "gpt2 post-norm": ("gpt2-small", ["block.kind=post"], "GPT2LMHeadModel", "block.kind='post'"),
     "llama with layernorm": ("llama-small", ["block.norm.kind=layernorm"], None, "block.norm.kind='layernorm'"),
     "llama with a relu FFN": ("llama-small", ["block.ffn.kind=relu"], None, "block.ffn.kind='relu'"),
     "llama with embedding dropout": ("llama-small", ["dropout.embedding=0.1"], None, "dropout.embedding=0.1"),
-    "bert pre-norm": ("bert-base", ["block.norm.placement=pre"], None, "block.norm.placement='pre'"),
+    "bert pre-norm": ("bert-base", ["block.kind=pre"], None, "block.kind='pre'"),
     "bert with a classifier": ("bert-base", ["classifier.num_labels=3"], None, "classifier="),
     "bert gelu-tanh": ("bert-base", ["block.ffn.approximate=tanh"], None, "block.ffn.kind='gelu'"),
-    "marian pre-norm": ("transformer-base", ["block.norm.placement=pre"], None, "block.norm.placement='pre'"),
-    "marian learned positions": ("transformer-base", ["position.kind=learned"], None, "position="),
-    "marian shared but untied": ("transformer-base", ["tie_embeddings=false"], None, "tie_embeddings=False"),
+    "marian pre-norm": ("transformer-base", ["block.kind=pre"], None, "block.kind='pre'"),
+    "marian learned positions": ("transformer-base", ["position.kind=learned"], None, "position.kind='learned'"),
+    "marian shared but untied": ("transformer-base", ["head.tied=false"], None, "head.tied=False"),
     "marian with an embedding norm": ("transformer-base", ["embedding.norm=true"], None, "embedding.norm=True"),
     "vit sincos2d": ("vit-tiny-16", ["position.kind=sincos2d"], "timm", "position.kind='sincos2d'"),
-    "vit post-norm": ("vit-tiny-16", ["block.norm.placement=post"], "timm", "block.norm.placement='post'"),
+    "vit post-norm": ("vit-tiny-16", ["block.kind=post"], "timm", "block.kind='post'"),
     "vit swiglu": ("vit-tiny-16", ["block.ffn.kind=swiglu"], "timm", "block.ffn.kind='swiglu'"),
-    "vit conv stem": ("vit-tiny-16", ["stem.channels=[8]"], "timm", "stem=ConvStemSpec.* timm's VisionTransformer embeds patches without"),
+    "vit conv stem": ("vit-tiny-16", ["stem.channels=[8]"], "timm", "stem=.* timm's VisionTransformer does not express it"),
 }
 
 

@@ -28,13 +28,13 @@ ROUND_TRIPS = [
     ("decoder", ["position.kind=sinusoidal"]),
     ("decoder", ["position.kind=none"]),
     ("decoder", ["position.kind=rope", "block.ffn.kind=swiglu", "block.norm.kind=rmsnorm", "block.attention.kind=gqa",
-                 "block.attention.n_kv_heads=2", "block.attention.bias=false", "tie_embeddings=false"]),
+                 "block.attention.n_kv_heads=2", "block.attention.bias=false", "head.tied=false"]),
     ("encoder", []),  # BERT layout: post-norm, embedding norm, segments, MLM transform, tied
     ("encoder", ["position.kind=sinusoidal", "classifier.num_labels=3"]),
-    ("encoder", ["position.kind=rope", "block.norm.placement=pre", "mlm_head.transform=false"]),
+    ("encoder", ["position.kind=rope", "block.kind=pre", "head.transform=false"]),
     ("encoder_decoder", []),  # the paper: sinusoidal, post-norm, one matrix for src, tgt and output
-    ("encoder_decoder", ["position.kind=rope", "block.norm.placement=pre"]),
-    ("encoder_decoder", ["position.kind=learned", "share_embeddings=false", "src_vocab_size=50", "tie_embeddings=false"]),
+    ("encoder_decoder", ["position.kind=rope", "block.kind=pre"]),
+    ("encoder_decoder", ["position.kind=learned", "share_embeddings=false", "src_vocab_size=50", "head.tied=false"]),
     ("encoder_decoder", ["position.kind=alibi", "block.attention.kind=mqa"]),
     ("vit", []),  # learned positions, class token
     ("vit", ["position.kind=sincos2d"]),
@@ -236,7 +236,7 @@ def test_load_on_cpu_needs_the_model_memory_once(tmp_path):
     import sys
 
     spec = tiny_spec("decoder", ["d_model=512", "n_layers=6", "block.ffn.hidden=2048", "vocab_size=16000",
-                                 "position.kind=rope", "tie_embeddings=false", "block.attention.n_heads=8"])
+                                 "position.kind=rope", "head.tied=false", "block.attention.n_heads=8"])
     model = zoo.build(spec, seed=0)
     path = save(model, tmp_path / "big.safetensors")
     weight_bytes = 4 * zoo.count_parameters(model)
@@ -250,7 +250,7 @@ def test_load_on_cpu_needs_the_model_memory_once(tmp_path):
 
 def _cuda_load_needs_the_model_memory_once(tmp_path, device="cuda"):
     spec = tiny_spec("decoder", ["d_model=256", "n_layers=4", "block.ffn.hidden=1024", "vocab_size=8000",
-                                 "position.kind=rope", "tie_embeddings=false"])
+                                 "position.kind=rope", "head.tied=false"])
     model = zoo.build(spec, seed=0).eval()
     path = save(model, tmp_path / "big.safetensors")
     weight_bytes = 4 * zoo.count_parameters(model)
@@ -362,7 +362,7 @@ def test_spec_from_a_newer_zoo(tmp_path, saved):
 
 
 def test_load_weights_is_strict(tmp_path, saved):
-    other = tiny_model("decoder", ["vocab_size=100", "tie_embeddings=false"])
+    other = tiny_model("decoder", ["vocab_size=100", "head.tied=false"])
     with pytest.raises(LoadError, match=r"does not fit the DecoderLM: missing tensor head.weight; wrong shape: tok_emb.weight is \[61, 32\], the model needs \[100, 32\]"):
         load_weights(other, saved)
     with pytest.raises(LoadError, match="on the meta device"):

@@ -62,7 +62,7 @@ BLOCK_VARIANTS = {
     "qk-norm per head": ["block.attention.qk_norm={kind: layernorm}"],
     "qk-norm whole, rope, gqa": ["block.attention.qk_norm={kind: rmsnorm, scope: all}", "position.kind=rope",
                                 "block.attention.kind=gqa", "block.attention.n_kv_heads=2"],
-    "post-norm, layer scale, qk-norm": ["block.norm.placement=post", "block.layer_scale=0.1",
+    "post-norm, layer scale, qk-norm": ["block.kind=post", "block.layer_scale=0.1",
                                         "block.attention.qk_norm={kind: rmsnorm}"],
 }
 
@@ -89,15 +89,15 @@ VARIANTS = {
     "window 3": ["block.attention.window=3"],
     "qkv bias only": ["block.attention.out_bias=false"],
     "partial rope": ["position.kind=rope", "position.fraction=0.5"],
-    "parallel": ["block.parallel.shared_norm=false", "block.norm.placement=pre"],
-    "parallel shared norm": ["block.parallel.shared_norm=true", "block.norm.kind=rmsnorm", "block.norm.placement=pre"],
-    "post-sublayer norms": ["block.norm.placement=post_sublayer"],
+    "parallel": ["block.kind=parallel", "block.shared_norm=false"],
+    "parallel shared norm": ["block.kind=parallel", "block.shared_norm=true", "block.norm.kind=rmsnorm"],
+    "post-sublayer norms": ["block.kind=post_sublayer"],
     "gemma norms": ["block.norm.kind=rmsnorm", "block.norm.unit_offset=true", "embedding.scale=true", "embedding.round_scale=true"],
-    "olmo 2": ["block.norm.placement=post_sublayer", "block.norm.kind=rmsnorm", "block.attention.qk_norm={kind: rmsnorm, scope: all}"],
-    "layer scale, parallel, qk-norm": ["block.layer_scale=0.1", "block.parallel.shared_norm=false", "block.norm.placement=pre",
+    "olmo 2": ["block.kind=post_sublayer", "block.norm.kind=rmsnorm", "block.attention.qk_norm={kind: rmsnorm, scope: all}"],
+    "layer scale, parallel, qk-norm": ["block.layer_scale=0.1", "block.kind=parallel", "block.shared_norm=false",
                                        "block.attention.qk_norm={kind: layernorm}"],
     "all at once": ["block.attention.window=4", "block.attention.out_bias=false", "position.kind=rope", "position.fraction=0.75",
-                    "block.parallel.shared_norm=false", "block.norm.kind=rmsnorm", "block.norm.unit_offset=true",
+                    "block.kind=parallel", "block.norm.kind=rmsnorm", "block.norm.unit_offset=true",
                     "block.attention.qk_norm={kind: rmsnorm, scope: all}", "block.layer_scale=0.5"],
 }
 VARIANT_POSITIONS = ["rope", "alibi", "learned"]
@@ -155,7 +155,7 @@ VIT_VARIANTS = {
     "map pooling, no class token, registers": ["pool=map", "class_token=false", "reg_tokens=2"],
     "map pooling, fc_norm, sincos2d, dynamic size": ["pool={kind: map, n_heads: 2, hidden: 20}", "fc_norm=true",
                                                      "position.kind=sincos2d", "dynamic_size=true"],
-    "mean pooling, registers, post-norm, layer scale": ["pool=mean", "reg_tokens=1", "block.norm.placement=post",
+    "mean pooling, registers, post-norm, layer scale": ["pool=mean", "reg_tokens=1", "block.kind=post",
                                                         "block.layer_scale=0.1"],
 }
 
@@ -276,13 +276,13 @@ def test_weight_tying():
     assert dec.head.weight is dec.tok_emb.weight
     ed = tiny_model("encoder_decoder")
     assert ed.src_emb.weight is ed.tgt_emb.weight is ed.head.weight
-    untied = tiny_model("encoder_decoder", ["share_embeddings=false", "tie_embeddings=false", "src_vocab_size=40"])
+    untied = tiny_model("encoder_decoder", ["share_embeddings=false", "head.tied=false", "src_vocab_size=40"])
     assert untied.src_emb.weight is not untied.tgt_emb.weight and untied.head.weight is not untied.tgt_emb.weight
     assert untied.src_emb.weight.shape[0] == 40
     enc = tiny_model("encoder")
     assert enc.head.proj.weight is enc.tok_emb.weight
     # counts: a tied matrix counts once
-    n_tied, n_untied = zoo.count_parameters(dec), zoo.count_parameters(tiny_model("decoder", ["tie_embeddings=false"]))
+    n_tied, n_untied = zoo.count_parameters(dec), zoo.count_parameters(tiny_model("decoder", ["head.tied=false"]))
     assert n_untied - n_tied == dec.spec.vocab_size * dec.spec.d_model
 
 

@@ -28,7 +28,7 @@ TINY = {
     "encoder": ["d_model=32", "n_layers=2", "block.attention.n_heads=2", "vocab_size=61", "max_seq_len=16"],
     "encoder_decoder": ["d_model=32", "n_layers=2", "block.attention.n_heads=2", "block.ffn.hidden=48",
                         "vocab_size=61", "max_seq_len=16"],
-    "vit": ["d_model=32", "n_layers=2", "block.attention.n_heads=2", "image_size=16", "patch_size=4", "num_classes=5"],
+    "vit": ["d_model=32", "n_layers=2", "block.attention.n_heads=2", "image_size=16", "patch_size=4", "head.num_classes=5"],
 }
 PRESET = {"decoder": "gpt2-small", "encoder": "bert-mini", "encoder_decoder": "transformer-base", "vit": "vit-tiny-16"}
 

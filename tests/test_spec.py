@@ -29,11 +29,23 @@ from zoo.spec import SpecError, apply_overrides, load_spec, to_yaml
         (["block.ffn.kind=swigluu"], r"block.ffn: unknown ffn kind 'swigluu'; did you mean 'swiglu'\? \(known: geglu, gelu, relu, silu, swiglu\)"),
         (["position.kind=rotary"], "position: unknown position kind 'rotary'.*known: alibi, learned, none, rope"),
         (["block.norm.kind=rms_norm"], "did you mean 'rmsnorm'"),
-        (["block.norm.placement=middle"], "block.norm.placement: Input should be 'pre', 'post' or 'post_sublayer'"),
+        (["block.kind=middle"], r"block: unknown block kind 'middle' \(known: parallel, post, post_sublayer, pre"),
+        (["block.shared_norm=true"], "block.shared_norm: unknown key"),
         (["block.attention.window=0"], r"block.attention.window: a sliding window covers at least the token itself, so window >= 1, got 0"),
-        (["block.parallel.shared_norm=false", "block.norm.placement=post"],
-         ("block.parallel: a parallel block normalises the input of attention and FFN .* block.norm.placement is post; "
-          "set block.norm.placement: pre or block.parallel: null")),
+        (["layers=[{at: 12, block: {attention: {window: 4}}}]"], r"layers.0.at: layer 12 is not among the 12 layers \(0 to 11"),
+        (["layers=[{at: '1:2:0'}]"], "layers.0.at: '1:2:0': a slice step cannot be zero"),
+        (["layers=[{at: '20:'}]"], "layers.0.at: '20:' selects no layer of 12"),
+        (["layers=[{at: 'every 2'}]"], "layers.0.at: .*'every 2' is no slice; write start:stop:step"),
+        (["layers=[{at: []}]"], "layers.0.at: .*an empty list selects no layer"),
+        (["layers=[{at: 0, block: {ffn: {hidden: 0}}}]"], "layers.0.block.ffn.hidden: Input should be greater than 0"),
+        (["layers=[{at: 0, block: {attention: {n_head: 4}}}]"], "layers.0.block.attention.n_head: unknown key"),
+        (["layers=[{at: 0, block: {attention: {n_heads: 7}}}]"], r"layers.0.block.attention.n_heads: d_model \(768\) must be divisible by n_heads \(7\)"),
+        (["layers=[{at: 0, block: {kind: postt}}]"], "layers.0.block.kind: unknown block kind 'postt'; did you mean 'post'"),
+        (["layers=[{at: 0, position: {kind: learned}}]"], "layers.0.position: 'learned' is added to the embeddings once, not per layer"),
+        (["layers=[{at: 0, stack: decoder}]"], "layers.0.stack: decoder has the stacks stack, not 'decoder'"),
+        (["layers=[{at: -1, block: {kind: post}}]"], "layers: the last layer's block kind .* disagree on the final norm"),
+        (["position.kind=rope", "layers=[{at: 0, block: {attention: {head_dim: 63, v_head_dim: 63}}}]"],
+         "position.kind: rope rotates pairs of dimensions, so the query/key head size must be even, got 63"),
         (["position.kind=rope", "position.fraction=0.3"], r"position.fraction: .* int\(64 \* 0.3\) = 19"),
         (["position.kind=rope", "position.fraction=0"], "position.fraction: Input should be greater than 0"),
         (["embedding.round_scale=true"], r"embedding: round_scale: rounds the sqrt\(d_model\) scale, so it needs scale: true"),
@@ -69,8 +81,12 @@ def test_rules_name_the_field_and_fix(overrides, message):
         ("gpt2-small", ["init.scheme=xavier"], "init.scaled_residual: applies to scheme normal or trunc_normal"),
         ("bert-base", ["block.attention.window=8"],
          "block.attention.window: sliding-window attention is causal self-attention, which family encoder does not have"),
-        ("transformer-base", ["block.parallel.shared_norm=false", "block.norm.placement=pre"],
-         "block.parallel: a parallel block has self-attention and FFN only"),
+        ("transformer-base", ["block.kind=parallel", "block.shared_norm=false"],
+         "block.kind: a parallel block has no cross-attention, which family encoder_decoder's decoder needs"),
+        ("bert-base", ["layers=[{at: '::2', block: {attention: {window: 8}}}]"],
+         "layers.0.block.attention.window: sliding-window attention is causal self-attention, which family encoder"),
+        ("transformer-base", ["layers=[{at: 0, stack: decoder, block: {attention: {window: 2}}}]"],
+         "layers.0.block.attention.window: sliding-window attention is causal self-attention, which family encoder_decoder"),
         ("transformer-base", ["src_vocab_size=100"], r"share_embeddings: .* src_vocab_size \(100\) != vocab_size \(37000\)"),
     ],
 )
@@ -125,12 +141,12 @@ def test_overrides_parse_yaml_values_and_changing_kind_drops_foreign_keys():
     spec = load_spec(
         "gpt2-small",
         ["block.attention.kind=gqa", "block.attention.n_kv_heads=4", "position.kind=rope", "block.ffn.kind=swiglu",
-         "block.norm.eps=1e-6", "tie_embeddings=false"],
+         "block.norm.eps=1e-6", "head.tied=false"],
     )
     assert spec.block.attention.kind == "gqa" and spec.block.attention.kv_heads == 4
     assert spec.position.kind == "rope" and spec.block.ffn.kind == "swiglu"
     assert spec.block.ffn.hidden == 3072 and spec.block.ffn.bias is True  # kept: swiglu knows them
-    assert spec.block.norm.eps == 1e-6 and spec.tie_embeddings is False
+    assert spec.block.norm.eps == 1e-6 and spec.head.tied is False
     data = apply_overrides({"family": "encoder_decoder", "position": {"kind": "sinusoidal", "layout": "concat"}},
                            ["position.kind=rope"])
     assert data["position"] == {"kind": "rope"}

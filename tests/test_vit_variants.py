@@ -135,7 +135,7 @@ def test_features_at_another_size_and_bad_layers():
 
 # ----------------------------------------------------------------------------- inputs and specs
 TINY = ["d_model=24", "n_layers=1", "block.attention.n_heads=3", "block.ffn.hidden=32", "image_size=32", "patch_size=8",
-        "num_classes=5"]
+        "head.num_classes=5"]
 
 
 def test_other_sizes_need_dynamic_size():
@@ -176,14 +176,15 @@ def test_bad_vit_specs_name_the_field(overrides, message):
 
 
 def test_dynamic_size_needs_positions_it_can_fit():
-    from typing import Literal
+    from typing import ClassVar, Literal
 
     from zoo.components.position import _learned
     from zoo.registry import REGISTRIES
     from zoo.spec import PositionSpec
 
-    class FixedSpec(PositionSpec):
+    class FixedSpec(PositionSpec):  # a table over the patch grid that cannot be resized
         kind: Literal["fixed_grid"] = "fixed_grid"
+        layouts: ClassVar[frozenset[str]] = frozenset({"grid"})
 
     registry = REGISTRIES["position"]
     saved = dict(registry._specs), dict(registry._builders)
@@ -234,7 +235,7 @@ TO_REFUSED = {
     "qk-norm eps": (["block.attention.qk_norm.eps=1e-5"], r"with the blocks' eps \(1e-06\)"),
     "map with its own heads": (["pool={kind: map, n_heads: 2}"], "pool.n_heads=2"),
     "map without biases": (["pool={kind: map, bias: false}"], "pool.bias=False"),
-    "post-norm layer scale": (["block.norm.placement=post", "block.layer_scale=0.1"], "block.norm.placement='post'"),
+    "post-norm layer scale": (["block.kind=post", "block.layer_scale=0.1"], "block.kind='post'"),
 }
 
 

@@ -55,7 +55,33 @@ def _components(spec) -> str:
     b = spec.block
     att = b.attention
     heads = f"{att.kind} {att.n_heads}h" + (f"/{att.kv_heads}kv" if att.kv_heads != att.n_heads else "")
-    return f"{spec.position.kind}, {heads}, {b.ffn.kind}, {b.norm.kind} {spec.norm_placement}"
+    return f"{spec.position.kind}, {heads}, {b.ffn.kind}, {b.norm.kind} {b.kind}" + (" + layer patterns" if spec.layers else "")
+
+
+def _layer_text(layer, model_position) -> str:
+    b, att = layer.block, layer.block.attention
+    heads = f"{att.kind} {att.n_heads}h" + (f"/{att.kv_heads}kv" if att.kv_heads != att.n_heads else "")
+    window = f" window {att.window}" if getattr(att, "window", None) is not None else ""
+    pos = layer.position or model_position
+    own = "" if layer.position is None else " (its own)"
+    base = f" base {pos.base:g}" if hasattr(pos, "base") else ""
+    hidden = getattr(b.ffn, "hidden", None)
+    return f"{b.kind} block, {heads}{window}, {b.ffn.kind}{f' {hidden}' if hidden else ''}, position {pos.kind}{base}{own}"
+
+
+def layer_lines(spec) -> list[str]:
+    """The resolved layers of each stack, consecutive equal layers on one line ("0-4: ...")."""
+    lines = []
+    for name in spec.stacks():
+        layers = spec.stack_layers(name)
+        prefix = f"{name} " if len(spec.stacks()) > 1 else ""
+        start = 0
+        for i in range(1, len(layers) + 1):
+            if i == len(layers) or layers[i] != layers[start]:
+                span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+                lines.append(f"{prefix}layer {span}: {_layer_text(layers[start], spec.position)}")
+                start = i
+    return lines
 
 
 def human_bytes(n: float) -> str:
@@ -74,7 +100,7 @@ def human_flops(n: float) -> str:
 
 
 def _layers(spec) -> str:
-    return f"{spec.encoder_layers}+{spec.decoder_layers}" if spec.family == "encoder_decoder" else str(spec.n_layers)
+    return "+".join(str(n) for n, _ in spec.stacks().values())
 
 
 def presets_table() -> Table:
@@ -115,14 +141,22 @@ def summary_table(s, spec) -> Table:
         table.add_row("activation memory", f"{s.activation_bytes:,} B",
                       f"{human_bytes(s.activation_bytes)}: a training step, batch {shape}, {s.dtype}, fused attention")
     if s.kv_cache_bytes_per_token is not None:
-        held = s.kv_cache_tokens or s.seq
-        window = f" (a sliding window keeps the last {held})" if held < s.seq else ""
+        windowed = [row for row in s.layers if row.get("kv_tokens", s.seq) < s.seq]
+        note = f" ({len(windowed)} of {len(s.layers)} layers slide a window and keep fewer)" if windowed else ""
         table.add_row("KV cache per token", f"{s.kv_cache_bytes_per_token:,} B",
-                      f"{human_bytes(s.kv_cache_bytes_per_token * held * s.batch)} for batch {s.batch} x {s.seq} tokens{window}")
+                      f"{human_bytes(s.kv_cache_bytes)} for batch {s.batch} x {s.seq} tokens{note}")
     else:
         table.add_row("KV cache per token", "-", "not autoregressive")
     if s.cross_kv_bytes_per_source_token is not None:
         table.add_row("  cross-attention, per source token", f"{s.cross_kv_bytes_per_source_token:,} B", "computed once per source")
+    if spec.layers:
+        table.add_row("layers", "", "")
+        for row in s.layers:
+            stack = f"{row['stack']} " if len(spec.stacks()) > 1 else ""
+            kv = f", KV cache {human_bytes(row['kv_cache_bytes'] * s.batch)} ({row['kv_tokens']} tokens)" if "kv_cache_bytes" in row else ""
+            window = f", window {row['window']}" if row["window"] is not None else ""
+            table.add_row(f"  {stack}{row['layer']}", f"{row['parameters']:,}",
+                          f"{human_flops(row['flops'] // (s.seq if s.unit == 'token' else 1))} per {s.unit}{window}{kv}")
     return table
 
 
@@ -425,7 +459,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "list":
             _list(console)
         elif args.command == "show":
-            sys.stdout.write(to_yaml(_spec(args.spec, args.overrides)))
+            spec = _spec(args.spec, args.overrides)
+            sys.stdout.write(to_yaml(spec))
+            if spec.layers:
+                sys.stdout.write("# the layers, resolved:\n" + "".join(f"#   {line}\n" for line in layer_lines(spec)))
         elif args.command == "summary":
             _summary(args, console)
         elif args.command == "export":

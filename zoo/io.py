@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from zoo._version import __version__
-from zoo.atomic import atomic_path, file_mode  # noqa: F401  (file_mode: zoo.io.file_mode, as before)
+from zoo.atomic import atomic_path
 from zoo.build import build
 from zoo.spec import FamilySpec, SpecError, parse_spec
 

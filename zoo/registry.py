@@ -1,7 +1,8 @@
 """Registries of interchangeable parts.
 
-One registry per kind of part (``attention``, ``position``, ``ffn``, ``norm``, and a ViT's
-``pool``) and one for model families (``family``). Each entry pairs a ``kind`` name with
+One registry per kind of part (``attention``, ``position``, ``ffn``, ``norm``, the ``block``
+arrangement of a layer, a model's ``head`` and a ViT's ``pool``) and one for model families
+(``family``). Each entry pairs a ``kind`` name with
 
 * a pydantic spec class (what a spec file may say about the part), and
 * a builder, ``builder(spec, **context) -> nn.Module`` (how the part is made).
@@ -117,12 +118,14 @@ REGISTRIES: dict[str, Registry] = {
     "ffn": Registry("ffn", context="dim, dropout"),
     "norm": Registry("norm", context="dim"),
     "pool": Registry("pool", context="dim, block"),
+    "block": Registry("block", context="dim, dropout, cross"),
+    "head": Registry("head", context="dim, vocab_size, norm, embedding"),
     "family": Registry("family", context=""),
 }
 
 
 def registry(part: str) -> Registry:
-    """The registry of one kind of part: attention, position, ffn, norm, pool or family."""
+    """The registry of one kind of part: attention, position, ffn, norm, pool, block, head or family."""
     try:
         return REGISTRIES[part]
     except KeyError:

@@ -14,7 +14,11 @@ against ``torch.utils.flop_counter`` and what autograd keeps):
   the given dtype, assuming fused attention (no T x T matrix is stored), plus the logits the loss
   reads and one byte per element of each dropout mask. (On CPU, zoo's own attention kernel,
   ``zoo.kernels.cpu.attention``, keeps the H x T x S weights too for the short sequences it takes.)
-* The KV cache is the keys and values a decoder keeps per generated token.
+* The KV cache is the keys and values a decoder keeps per generated token; a layer with a sliding
+  window holds the window - 1 tokens before the next one, a global layer every token.
+* Everything comes from what the family declares (:class:`zoo.models.family.Family`: its stacks,
+  FLOPs, saved activations, KV cache, the part of each parameter), so a registered family counts
+  like a built-in one.
 * :func:`training_memory` plans one process's training memory (fp32 master weights, their gradients,
   AdamW's two moments, the activations) for ``ddp`` (every process holds everything) or ``fsdp``
   (weights, gradients and optimizer state divided over the processes, plus the units FSDP gathers
@@ -38,10 +42,7 @@ from torch import nn
 
 from zoo.build import build, count_parameters
 from zoo.components import parts
-from zoo.components.block import Block, LayerScale, Stack
-from zoo.components.embedding import PatchEmbedding
-from zoo.components.norm import RMSNorm
-from zoo.components.position import Position
+from zoo.models.family import Family
 from zoo.spec import FamilySpec
 
 __all__ = ["PARTS", "Summary", "summarize", "parameter_parts", "forward_flops", "activation_bytes", "kv_cache_bytes",
@@ -66,53 +67,52 @@ class Summary:
     flops_forward: int | None  # per unit
     flops_training: int | None
     activation_bytes: int | None  # a training step at batch x seq
-    kv_cache_bytes_per_token: int | None  # decoders only
+    kv_cache_bytes_per_token: int | None  # decoders only: every layer's keys and values of one token
     cross_kv_bytes_per_source_token: int | None  # encoder-decoders only
     kv_cache_tokens: int | None = None  # tokens a sequence's cache holds at seq: all, or a sliding window's
+    layers: tuple[dict, ...] = ()  # per layer of each stack: parameters, FLOPs per unit, window, KV cache
 
     @property
     def weight_bytes(self) -> int:
         return self.parameters * self.bytes_per_element
 
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """The self-attention cache of ``batch`` sequences of ``seq`` tokens: each layer's keys and
+        values of the tokens it holds (a windowed layer the window - 1 before the next token)."""
+        held = [layer["kv_cache_bytes"] for layer in self.layers if layer.get("kv_cache_bytes") is not None]
+        return sum(held) * self.batch if held else None
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "weight_bytes": self.weight_bytes}
+        return {**asdict(self), "weight_bytes": self.weight_bytes, "kv_cache_bytes": self.kv_cache_bytes}
+
+
+def _family(model: nn.Module):
+    """The model's declarations: its own where it is a :class:`Family`, else Family's defaults."""
+    return model if isinstance(model, Family) else _Undeclared(model)
+
+
+class _Undeclared:
+    """Family's default declarations for a model that does not subclass it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __getattr__(self, name: str):
+        own = getattr(self.model, name, None)
+        if own is not None:
+            return own
+        attr = getattr(Family, name)
+        return attr.__get__(self.model) if callable(attr) else attr
 
 
 # ------------------------------------------------------------------------------------- parameters
-def _norm_like(name: str, module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, RMSNorm, nn.RMSNorm)) or name.endswith("norm")
-
-
-def _part_in_block(attr: str) -> str:
-    if attr in ("attn", "cross_attn"):
-        return "attention"
-    return "ffn" if attr == "ffn" else "norms"
-
-
-def _part(model: nn.Module, name: str) -> str:
-    """Which part a parameter belongs to, by where it sits: inside a block its slot decides
-    (attention, FFN, norms); outside, embeddings and positions, norms, and the rest is head."""
-    path = name.split(".")[:-1]
-    if not path:
-        return "embeddings"  # a bare parameter of the model: the class token
-    top = getattr(model, path[0])
-    if isinstance(top, Stack):
-        node: nn.Module = top
-        for attr in path[1:]:
-            if isinstance(node, Block):
-                return _part_in_block(attr)
-            node = getattr(node, attr)
-        return "norms"  # the stack's final norm
-    if isinstance(top, (nn.Embedding, Position, PatchEmbedding)):
-        return "embeddings"
-    return "norms" if _norm_like(path[0], top) else "head"
-
-
 def parameter_parts(model: nn.Module) -> dict[str, int]:
     """Distinct parameters per part; the parts sum to ``count_parameters(model)``."""
     parts = dict.fromkeys(PARTS, 0)
+    fam = _family(model)
     for name, p in model.named_parameters():  # a tied parameter once, under its first name
-        parts[_part(model, name)] += p.numel()
+        parts[fam.parameter_part(name)] += p.numel()
     return parts
 
 
@@ -128,169 +128,64 @@ def _tied(model: nn.Module) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------ FLOPs
-def _stack_flops(stack: Stack, tokens: int, memory: int | None = None) -> int:
-    """Every block's parts: self-attention and FFN over the ``tokens``; cross-attention's queries
-    from them and keys/values from the ``memory`` sources."""
-    total = 0
-    for block in stack.blocks:
-        total += parts.flops(block.attn, tokens) + parts.flops(block.ffn, tokens)
-        total += parts.flops(block.cross_attn, tokens, memory)
-    return total
-
-
-def forward_flops(model: nn.Module, seq: int) -> int | None:
+def forward_flops(model: nn.Module, seq: int) -> int:
     """FLOPs of one forward pass of one sample: a sequence of ``seq`` tokens (an encoder-decoder:
-    source and target both ``seq`` long), or one image. None for a family this does not know."""
-    family = model.spec.family
-    if family in ("decoder", "encoder"):  # an encoder's forward is its masked-LM head, not the classifier
-        return _stack_flops(model.stack, seq) + parts.linear_flops(model.head, seq)
-    if family == "encoder_decoder":
-        stacks = _stack_flops(model.encoder, seq) + _stack_flops(model.decoder, seq, seq)
-        return stacks + parts.linear_flops(model.head, seq)
-    if family == "vit":
-        patches = model.spec.grid[0] * model.spec.grid[1]
-        pool = parts.flops(model.pool, patches)  # attention pooling: keys and values of every patch
-        return _patch_flops(model) + _stack_flops(model.stack, model.spec.n_tokens) + pool + parts.linear_flops(model.head, 1)
-    return None
-
-
-def _patch_flops(model: nn.Module) -> int:
-    """A ViT's patch embedding: each convolution's multiply-adds at its output resolution."""
-    side, total = model.spec.image_size, 0
-    for conv in [m for m in model.patch_embed.modules() if isinstance(m, nn.Conv2d)]:
-        side //= conv.stride[0]
-        total += 2 * conv.weight.numel() * side * side
-    return total
+    source and target both ``seq`` long), or one image; what the family declares."""
+    return _family(model).flops(seq)
 
 
 # ------------------------------------------------------------------------------ activation memory
-def _norm_extra(norm: nn.Module, d: int) -> int:
-    return d if isinstance(norm, RMSNorm) else 0  # RMSNorm keeps its normalised input for the weight's grad
-
-
-def _qk_norm_copies(attention: nn.Module) -> int:
-    """Copies of q and k a qk-norm keeps: its output, and LayerNorm a contiguous copy of its input
-    (q and k are strided views of the fused projection), RMSNorm the normalised input its weight's
-    gradient needs."""
-    return 2 if isinstance(getattr(attention, "q_norm", None), nn.Module) else 0
-
-
-def _rotates(position: Position | None) -> bool:
-    return position is not None and type(position).rotate is not Position.rotate
-
-
-def _stack_activations(
-    stack: Stack, spec: FamilySpec, tokens: int, memory: int | None = None, *, rotates: bool = False,
-    final_norm: bool = True,
-) -> tuple[int, int]:
-    """(elements, dropout-mask bytes) one sample keeps in a stack: per sub-layer the norm's input,
-    the projection's input and outputs (q, k, v, attention output), the FFN's hidden activations.
-    A rotating position (RoPE) and a qk-norm keep copies of q and k beside the projection's output;
-    a layer scale keeps the sub-layer's output."""
-    d, drop = spec.d_model, spec.dropout
-    elements = masks = 0
-    for block in stack.blocks:
-        extra = _norm_extra(block.attn_norm, d)
-        ls = d if isinstance(getattr(block, "ls_attn", None), LayerScale) else 0  # a layer scale keeps its input
-        H, G, K, V = parts.head_sizes(block.attn, d)
-        qk = (H + G) * K * (rotates + _qk_norm_copies(block.attn))
-        elements += tokens * (2 * d + extra + ls + H * K + G * (K + V) + H * V + qk)
-        elements += tokens * (2 * d + extra + ls + parts.saved_per_token(block.ffn))
-        sublayers = 2
-        if block.cross_attn is not None:
-            H, G, K, V = parts.head_sizes(block.cross_attn, d)
-            qk = _qk_norm_copies(block.cross_attn)
-            elements += tokens * (2 * d + extra + ls + H * K * (1 + qk) + H * V) + memory * G * (K * (1 + qk) + V)
-            sublayers = 3
-        if drop.residual:
-            masks += tokens * sublayers * d
-        if drop.ffn:
-            masks += tokens * parts.saved_per_token(block.ffn) // 2
-    if final_norm and not isinstance(stack.norm, nn.Identity):
-        elements += tokens * (d + _norm_extra(stack.norm, d))
-    return elements, masks
-
-
-def _stacks(model: nn.Module, seq: int) -> list[tuple[Stack, int, int | None]]:
-    """(stack, its tokens, its memory tokens) of each block stack of a zoo model."""
-    spec = model.spec
-    if spec.family == "encoder_decoder":
-        return [(model.encoder, seq, None), (model.decoder, seq, seq)]
-    return [(model.stack, spec.n_tokens if spec.family == "vit" else seq, None)]
-
-
 def activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_element: int,
-                     checkpointing: bool = False) -> int | None:
+                     checkpointing: bool = False) -> int:
     """An estimate of the activations a training step keeps for the backward pass (see the module
-    docstring); None for a family this does not know. ``checkpointing``: each block keeps only its
-    input, and the backward pass recomputes one block's activations at a time."""
-    full = _activation_bytes(model, batch=batch, seq=seq, bytes_per_element=bytes_per_element)
-    if full is None or not checkpointing:
+    docstring). ``checkpointing``: each block keeps only its input, and the backward pass recomputes
+    one block's activations at a time."""
+    fam = _family(model)
+    elements, masks = fam.saved(seq)
+    full = batch * (elements * bytes_per_element + masks)
+    if not checkpointing:
         return full
-    spec, kept, largest = model.spec, 0, 0
-    for stack, tokens, memory in _stacks(model, seq):
-        elements, masks = _stack_activations(stack, spec, tokens, memory, rotates=_rotates(getattr(model, "position", None)),
-                                             final_norm=False)
-        blocks = batch * (elements * bytes_per_element + masks)
+    rotates = getattr(getattr(model, "position", None), "rotates", False)
+    kept = largest = 0
+    for stack, tokens, memory in fam.stacks(seq):
+        e, m = stack.saved(tokens, memory, rotates=rotates, final_norm=False)
+        blocks = batch * (e * bytes_per_element + m)
         full -= blocks
-        kept += batch * len(stack.blocks) * tokens * spec.d_model * bytes_per_element
+        kept += batch * len(stack.blocks) * tokens * model.spec.d_model * bytes_per_element
         largest = max(largest, blocks // len(stack.blocks))
     return full + kept + largest
 
 
-def _activation_bytes(model: nn.Module, *, batch: int, seq: int, bytes_per_element: int) -> int | None:
-    spec, family = model.spec, model.spec.family
-    d = spec.d_model
-    emb_mask = d if spec.dropout.embedding else 0
-    if family in ("decoder", "encoder"):
-        elements, masks = _stack_activations(model.stack, spec, seq, rotates=_rotates(model.position))
-        if not isinstance(getattr(model, "emb_norm", nn.Identity()), nn.Identity):
-            elements += seq * (d + _norm_extra(model.emb_norm, d))
-        head = d if family == "decoder" or not spec.mlm_head.transform else 4 * d + _norm_extra(model.head.transform[-1], d)
-        elements += seq * (head + spec.vocab_size)  # the head's input and the logits the loss reads
-        masks += seq * emb_mask
-    elif family == "encoder_decoder":
-        rotates = _rotates(model.position)
-        enc, enc_masks = _stack_activations(model.encoder, spec, seq, rotates=rotates)
-        dec, dec_masks = _stack_activations(model.decoder, spec, seq, memory=seq, rotates=rotates)
-        elements = enc + seq * d + dec + seq * (d + spec.vocab_size)  # + the memory, the head's input, logits
-        masks = enc_masks + dec_masks + 2 * seq * emb_mask
-    elif family == "vit":
-        n = spec.n_tokens
-        elements, masks = _stack_activations(model.stack, spec, n)
-        elements += spec.in_channels * spec.image_size**2 + 2 * d + spec.num_classes  # images, pooled, logits
-        pool_saved = getattr(model.pool, "saved_per_token", None)  # attention pooling keeps its keys and values
-        if callable(pool_saved):
-            elements += spec.grid[0] * spec.grid[1] * pool_saved()
-        if spec.stem is not None:  # each stem layer keeps its conv output (BatchNorm's input) and its ReLU output
-            side = spec.image_size
-            for channels, stride in zip(spec.stem.channels, spec.stem.layer_strides):
-                side //= stride
-                elements += 2 * channels * side * side
-        masks += n * emb_mask
-    else:
-        return None
-    return batch * (elements * bytes_per_element + masks)
-
-
 # --------------------------------------------------------------------------------------- KV cache
-def _kv_bytes(stack: Stack, bytes_per_element: int, *, cross: bool = False) -> int:
-    total = 0
-    for block in stack.blocks:
-        att = block.cross_attn if cross else block.attn
-        _, G, K, V = parts.head_sizes(att, 0)
-        total += G * (K + V) * bytes_per_element
-    return total
-
-
 def kv_cache_bytes(model: nn.Module, bytes_per_element: int) -> tuple[int | None, int | None]:
     """(self-attention cache per generated token, cross-attention cache per source token)."""
-    family = model.spec.family
-    if family == "decoder":
-        return _kv_bytes(model.stack, bytes_per_element), None
-    if family == "encoder_decoder":
-        return _kv_bytes(model.decoder, bytes_per_element), _kv_bytes(model.decoder, bytes_per_element, cross=True)
-    return None, None
+    found = _family(model).kv_cache()
+    if found is None:
+        return None, None
+    stack, cross = found
+    return (stack.kv_elements() * bytes_per_element,
+            stack.kv_elements(cross=True) * bytes_per_element if cross else None)
+
+
+def _layers(model: nn.Module, seq: int, bytes_per_element: int) -> tuple[dict, ...]:
+    """A row per layer of each stack: its parameters, forward FLOPs per sample, window and, where the
+    model decodes, the bytes of keys and values it holds for one sequence of ``seq`` tokens."""
+    fam = _family(model)
+    cached = fam.kv_cache()
+    rows = []
+    names = {id(m): n for n, m in model.named_children()}
+    for stack, tokens, memory in fam.stacks(seq):
+        for i, block in enumerate(stack.blocks):
+            window = stack.windows[i]
+            row = {"stack": names.get(id(stack), "stack"), "layer": i, "kind": type(block).__name__,
+                   "parameters": sum(p.numel() for p in block.parameters()),
+                   "flops": parts.flops(block, tokens, memory), "window": window}
+            if cached is not None and cached[0] is stack:
+                _, G, K, V = parts.head_sizes(block.attn, 0)
+                held = tokens if window is None else min(tokens, window - 1)
+                row.update(kv_tokens=held, kv_cache_bytes=G * (K + V) * held * bytes_per_element)
+            rows.append(row)
+    return tuple(rows)
 
 
 # ---------------------------------------------------------------------------------------- summary
@@ -310,12 +205,13 @@ def _summarize(spec: FamilySpec, model: nn.Module, *, batch: int, seq: int | Non
     """:func:`summarize` of ``model``, built from ``spec`` on the meta device."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
-    if spec.family == "vit":
-        if seq is not None and seq != spec.n_tokens:
-            raise ValueError(
-                f"seq: a ViT's length is fixed by image_size/patch_size ({spec.n_tokens} tokens); leave it out"
-            )
-        seq, unit = spec.n_tokens, "image"
+    fam = _family(model)
+    unit = fam.unit
+    if unit != "token":
+        fixed = fam.sequence(1)
+        if seq is not None and seq != fixed:
+            raise ValueError(f"seq: a {spec.family}'s length is fixed by its spec ({fixed} tokens); leave it out")
+        seq = fixed
     else:
         longest = getattr(getattr(model, "position", None), "max_len", None)
         if seq is None:
@@ -327,13 +223,14 @@ def _summarize(spec: FamilySpec, model: nn.Module, *, batch: int, seq: int | Non
                 f"seq ({seq}) exceeds max_seq_len ({longest}) of the {spec.position.kind} position table; "
                 f"choose a shorter seq or set max_seq_len"
             )
-        unit = "token"
     p = dtype.itemsize
     flops = forward_flops(model, seq)
-    if flops is not None and unit == "token":
+    if unit == "token":
         flops //= seq
     kv, cross = kv_cache_bytes(model, p)
     tied = _tied(model)
+    layers = _layers(model, seq, p)
+    held = [row["kv_tokens"] for row in layers if "kv_tokens" in row]
     return Summary(
         name=spec.name or spec.family,
         family=spec.family,
@@ -342,16 +239,17 @@ def _summarize(spec: FamilySpec, model: nn.Module, *, batch: int, seq: int | Non
         parameters=count_parameters(model),
         parts=parameter_parts(model),
         tied=tied,
-        tied_parts={alias: _part(model, alias) for alias in tied},
+        tied_parts={alias: fam.parameter_part(alias) for alias in tied},
         unit=unit,
         batch=batch,
         seq=seq,
         flops_forward=flops,
-        flops_training=None if flops is None else 3 * flops,
+        flops_training=3 * flops,
         activation_bytes=activation_bytes(model, batch=batch, seq=seq, bytes_per_element=p),
         kv_cache_bytes_per_token=kv,
         cross_kv_bytes_per_source_token=cross,
-        kv_cache_tokens=None if kv is None else min(seq, getattr(spec.block.attention, "window", None) or seq),
+        kv_cache_tokens=max(held) if held else None,
+        layers=layers,
     )
 
 
@@ -402,7 +300,7 @@ def training_memory(spec: FamilySpec, *, processes: int = 1, strategy: str = "dd
     summary = _summarize(spec, model, batch=batch, seq=seq, dtype=torch.float32)
     compute = 2 if precision == "bf16" else 4
     n = summary.parameters
-    blocks = [count_parameters(b) for stack, _, _ in _stacks(model, summary.seq) for b in stack.blocks]
+    blocks = [count_parameters(b) for stack, _, _ in _family(model).stacks(summary.seq) for b in stack.blocks]
     block = max(blocks, default=0)
     root = n - sum(blocks)
     if strategy == "fsdp" and processes > 1:
@@ -414,7 +312,7 @@ def training_memory(spec: FamilySpec, *, processes: int = 1, strategy: str = "dd
         grads = 4 * n * (2 if processes > 1 else 1)
         gathered = 2 * n if precision == "bf16" else 0
     activations = activation_bytes(model, batch=batch, seq=summary.seq, bytes_per_element=compute,
-                                   checkpointing=checkpointing) or 0
+                                   checkpointing=checkpointing)
     return MemoryPlan(processes=processes, strategy=strategy, checkpointing=checkpointing, precision=precision,
                       batch=batch, seq=summary.seq, parameters=params, gradients=grads, optimizer=optim,
                       gathered=gathered, activations=activations)

@@ -1,6 +1,6 @@
 """Interchangeable parts; importing this package registers the built-in builders."""
 
-from zoo.components import attention, block, dropout, embedding, ffn, linear, norm, pool, position  # noqa: F401
+from zoo.components import attention, block, dropout, embedding, ffn, head, linear, norm, pool, position, stack  # noqa: F401
 from zoo.components.attention import Attention, attention_mask
 from zoo.components.block import (
     Block,
@@ -10,11 +10,11 @@ from zoo.components.block import (
     PostNormBlock,
     PostSublayerNormBlock,
     PreNormBlock,
-    Stack,
 )
-from zoo.components.embedding import PatchEmbedding, TokenEmbedding
 from zoo.components.dropout import Dropout
+from zoo.components.embedding import PatchEmbedding, TokenEmbedding
 from zoo.components.ffn import MLP, GatedMLP
+from zoo.components.head import ClassifierHead, LMHead, MLMHead
 from zoo.components.linear import Linear
 from zoo.components.norm import RMSNorm
 from zoo.components.pool import AttentionPool, ClsPool, MeanPool
@@ -27,10 +27,12 @@ from zoo.components.position import (
     SinCos2dPosition,
     SinusoidalPosition,
 )
+from zoo.components.stack import Stack, StackContext
 
 __all__ = [
     "Attention", "attention_mask", "Block", "BlockContext", "LayerScale", "PreNormBlock", "PostNormBlock",
-    "PostSublayerNormBlock", "ParallelBlock", "Stack", "TokenEmbedding", "PatchEmbedding", "MLP", "GatedMLP", "Linear",
-    "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition",
-    "SinusoidalPosition", "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool",
+    "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
+    "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
+    "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
+    "MLMHead", "ClassifierHead",
 ]

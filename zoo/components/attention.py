@@ -22,7 +22,6 @@ from zoo.components.linear import Linear
 from zoo.components.norm import RMSNorm
 from zoo.components.parts import linear_flops
 from zoo.components.position import Position
-from zoo.kernels import sdpa_only  # noqa: F401 (kept importable from here)
 from zoo.registry import register
 
 
@@ -49,6 +48,7 @@ class Attention(nn.Module):
     """
 
     residual_out = ("out",)  # writes into the residual stream (zoo.components.parts)
+    summary_part = "attention"
 
     def __init__(
         self,
@@ -144,6 +144,18 @@ class Attention(nn.Module):
             projections = linear_flops(self.qkv, tokens)
         scores = 2 * tokens * keys * self.n_heads * (self.head_dim + self.v_head_dim)
         return projections + linear_flops(self.out, tokens) + scores
+
+    def saved(self, tokens: int, memory: int | None = None, *, rotates: bool = False) -> int:
+        """Elements kept for the backward pass besides the input, assuming fused attention (no T x S
+        weights): the projections' outputs q, k, v and the attention output (the out projection's
+        input). A qk-norm keeps two more copies of q and k (its output, and LayerNorm a contiguous
+        copy of its input or RMSNorm its normalised input); rotation (``rotates``) one more."""
+        H, G, K, V = self.n_heads, self.n_kv_heads, self.head_dim, self.v_head_dim
+        qk = 2 if self.q_norm is not None else 0
+        if self.cross:
+            keys = memory if memory is not None else tokens
+            return tokens * (H * K * (1 + qk) + H * V) + keys * G * (K * (1 + qk) + V)
+        return tokens * (H * K + G * (K + V) + H * V + (H + G) * K * (int(rotates) + qk))
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention's keys and values of ``memory`` [B, S, Dm]: k (B, G, S, K), v (B, G, S, V)."""

@@ -1,16 +1,23 @@
-"""Transformer blocks and stacks: self-attention [+ cross-attention] + FFN, with residuals.
+"""Transformer blocks: self-attention [+ cross-attention] + FFN with residuals, arranged as the
+block's ``kind`` says. Each kind is one small class registered in the ``block`` registry::
 
-Post-Norm (the paper)::            Pre-Norm (GPT-2, LLaMA, ViT)::
+    pre (GPT-2, LLaMA, ViT)           post (the paper, BERT)          post_sublayer (OLMo 2)
+    x = x + drop(attn(norm(x)))       x = norm(x + drop(attn(x)))     x = x + drop(norm(attn(x)))
+    x = x + drop(ffn(norm(x)))        x = norm(x + drop(ffn(x)))      x = x + drop(norm(ffn(x)))
 
-    x = norm(x + drop(attn(x)))        x = x + drop(attn(norm(x)))
-    x = norm(x + drop(ffn(x)))         x = x + drop(ffn(norm(x)))
-                                       ... and the stack ends with a final norm
+    parallel (GPT-J, GPT-NeoX, PaLM)
+    x = x + drop(attn(norm1(x))) + drop(ffn(norm2(x)))     (one shared norm with shared_norm)
 
 With layer scale (CaiT, DeiT III) each sub-layer's output is multiplied by a learned per-channel
-vector before the add: ``x + ls(drop(attn(...)))``, in both placements.
+vector before the add: ``x + ls(drop(attn(...)))``.
 
-Every block of a stack receives the same :class:`BlockContext` (masks, positions, the encoder's
-memory) and its own layer's KV cache.
+A block declares what summaries and initialisation need, so nothing outside it branches on its
+class: :meth:`Block.sublayers` (its attention, cross-attention and FFN), :meth:`Block.branches`
+(each sub-layer with the norms on its path), and from them its FLOPs and the activations a training
+step keeps. Whether a stack of these blocks ends with a final norm is its spec's ``final_norm``.
+
+Every block receives its layer's :class:`BlockContext` (masks, positions, the encoder's memory) and
+its own layer's KV cache.
 
 Shapes: B batch, T tokens, S memory tokens, D model width.
 """
@@ -21,19 +28,20 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
+from zoo.components import parts
 from zoo.components.attention import Attention
-from zoo.components.cache import KVCache, LayerCache
+from zoo.components.cache import LayerCache
 from zoo.components.dropout import Dropout
 from zoo.components.position import Position
+from zoo.registry import register, registry
 
 
 @dataclass(frozen=True)
 class BlockContext:
-    """What every block of a stack reads besides its input.
+    """What a block reads besides its input.
 
-    ``pos``, ``positions``: the model's position module and the tokens' positions ([T], or [B, T]
+    ``pos``, ``positions``: the layer's position module and the tokens' positions ([T], or [B, T]
     with padding), for self-attention's ``pos.rotate``; ``mask``, ``is_causal``: self-attention's mask
     and causal flag (see ``attention_mask``); ``memory`` [B, S, D], ``memory_mask`` (broadcastable to
     [B, H, T, S], True = may attend): cross-attention's keys/values source and its padding.
@@ -51,6 +59,8 @@ class LayerScale(nn.Module):
     """x [..., D] -> x * gamma, a learned per-channel scale initialised to ``init`` (Touvron et al.
     2021, CaiT; timm's ``LayerScale``)."""
 
+    summary_part = "norms"
+
     def __init__(self, dim: int, init: float) -> None:
         super().__init__()
         self.init = init
@@ -65,16 +75,20 @@ class LayerScale(nn.Module):
 
 class Block(nn.Module):
     """The parts of one layer. ``cross_attn`` (with ``cross_norm``) only in encoder-decoder decoders.
-    ``ls_attn``, ``ls_cross``, ``ls_ffn``: layer scales on the sub-layers' outputs (identities when None)."""
+    ``ls_attn``, ``ls_cross``, ``ls_ffn``: layer scales on the sub-layers' outputs (identities when None).
+    Subclasses define ``forward`` and, where their norms sit otherwise, ``branches``."""
+
+    # parameters by slot, for zoo.summary: attention and FFN; every other slot is a norm or a scale
+    summary_parts = {"attn": "attention", "cross_attn": "attention", "ffn": "ffn", "*": "norms"}
 
     def __init__(
         self,
         *,
-        attn: Attention,
+        attn: nn.Module,
         ffn: nn.Module,
         attn_norm: nn.Module,
-        ffn_norm: nn.Module,
-        cross_attn: Attention | None = None,
+        ffn_norm: nn.Module | None,
+        cross_attn: nn.Module | None = None,
         cross_norm: nn.Module | None = None,
         dropout: float = 0.0,
         ls_attn: nn.Module | None = None,
@@ -90,96 +104,151 @@ class Block(nn.Module):
         self.ffn_norm, self.ffn, self.ls_ffn = ffn_norm, ffn, ls_ffn or nn.Identity()
         self.drop = Dropout(dropout)
 
-    def parts(self) -> list[nn.Module]:
+    def sublayers(self) -> list[nn.Module]:
         """The sub-layers: self-attention, cross-attention (if any), FFN."""
         return [p for p in (self.attn, self.cross_attn, self.ffn) if p is not None]
 
-    def _self(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
-        return self.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos, positions=ctx.positions, cache=cache)
+    def branches(self) -> list[tuple[str, nn.Module, list[nn.Module], nn.Module]]:
+        """Each sub-layer's residual branch: (its name, the sub-layer, the norms on the branch whose
+        inputs the backward pass keeps, its layer scale)."""
+        out = [("attn", self.attn, [self.attn_norm], self.ls_attn)]
+        if self.cross_attn is not None:
+            out.append(("cross", self.cross_attn, [self.cross_norm], self.ls_cross))
+        return out + [("ffn", self.ffn, [self.ffn_norm], self.ls_ffn)]
 
-    def _cross(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
-        return self.cross_attn(x, ctx.memory, mask=ctx.memory_mask, cache=cache)
+    def flops(self, tokens: int, memory: int | None = None) -> int:
+        """Forward FLOPs over ``tokens`` tokens (cross-attention: keys and values from ``memory``)."""
+        return sum(parts.flops(part, tokens, memory if name == "cross" else None) for name, part, _, _ in self.branches())
+
+    def saved(self, tokens: int, memory: int | None = None, *, rotates: bool = False) -> tuple[int, int]:
+        """(elements, dropout-mask bytes) one sample keeps for the backward pass: per branch its
+        input, each norm's input (and what the norm itself keeps), a layer scale's input, and what
+        the sub-layer keeps (``zoo.components.parts.saved``)."""
+        dim = _width(self)
+        elements = masks = 0
+        for name, part, norms, scale in self.branches():
+            kept = dim + sum(dim + parts.norm_saved(n) for n in norms if n is not None)
+            kept += dim if parts.has_parameters(scale) else 0
+            elements += tokens * kept + parts.saved(part, tokens, memory if name == "cross" else None,
+                                                    rotates=rotates and name == "attn")
+            if self.drop.p:
+                masks += tokens * dim
+            masks += tokens * parts.mask_per_token(part)
+        return elements, masks
+
+
+def _width(block: Block) -> int:
+    """The model width: the input features of the FFN's first linear (or of any linear in it)."""
+    linear = next((m for m in block.ffn.modules() if isinstance(m, nn.Linear)), None)
+    return linear.in_features if linear is not None else 0
 
 
 class PreNormBlock(Block):
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
-        x = x + self.ls_attn(self.drop(self._self(self.attn_norm(x), ctx, cache)))
+        x = x + self.ls_attn(self.drop(_self(self, self.attn_norm(x), ctx, cache)))
         if self.cross_attn is not None:
-            x = x + self.ls_cross(self.drop(self._cross(self.cross_norm(x), ctx, cache)))
+            x = x + self.ls_cross(self.drop(_cross(self, self.cross_norm(x), ctx, cache)))
         return x + self.ls_ffn(self.drop(self.ffn(self.ffn_norm(x))))
 
 
 class PostNormBlock(Block):
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
-        x = self.attn_norm(x + self.ls_attn(self.drop(self._self(x, ctx, cache))))
+        x = self.attn_norm(x + self.ls_attn(self.drop(_self(self, x, ctx, cache))))
         if self.cross_attn is not None:
-            x = self.cross_norm(x + self.ls_cross(self.drop(self._cross(x, ctx, cache))))
+            x = self.cross_norm(x + self.ls_cross(self.drop(_cross(self, x, ctx, cache))))
         return self.ffn_norm(x + self.ls_ffn(self.drop(self.ffn(x))))
 
 
 class PostSublayerNormBlock(Block):
-    """The norm on each sub-layer's output, inside the residual branch (OLMo 2; Swin V2's
-    res-post-norm)::
-
-        x = x + drop(norm(attn(x)))
-        x = x + drop(norm(ffn(x)))      ... and the stack ends with a final norm
-
-    (with layer scale: ``x + ls(drop(norm(...)))``)
-    """
+    """The norm on each sub-layer's output, inside the residual branch (OLMo 2; Swin V2)."""
 
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
-        x = x + self.ls_attn(self.drop(self.attn_norm(self._self(x, ctx, cache))))
+        x = x + self.ls_attn(self.drop(self.attn_norm(_self(self, x, ctx, cache))))
         if self.cross_attn is not None:
-            x = x + self.ls_cross(self.drop(self.cross_norm(self._cross(x, ctx, cache))))
+            x = x + self.ls_cross(self.drop(self.cross_norm(_cross(self, x, ctx, cache))))
         return x + self.ls_ffn(self.drop(self.ffn_norm(self.ffn(x))))
 
 
 class ParallelBlock(Block):
-    """Attention and FFN side by side on the same input (GPT-J, GPT-NeoX, PaLM)::
-
-        x = x + drop(attn(attn_norm(x))) + drop(ffn(ffn_norm(x)))
-
-    With ``ffn_norm=None`` one norm feeds both (GPT-J, PaLM): ``x + drop(attn(h)) + drop(ffn(h))``,
-    ``h = attn_norm(x)``. Pre-norm only; no cross-attention. With layer scale each branch is scaled:
-    ``x + ls_attn(drop(attn(...))) + ls_ffn(drop(ffn(...)))``.
-    """
+    """Attention and FFN side by side on the same input (GPT-J, GPT-NeoX, PaLM). With
+    ``ffn_norm=None`` one norm feeds both (GPT-J, PaLM)."""
 
     def __init__(self, *, ffn_norm: nn.Module | None, cross_attn: Attention | None = None, **parts) -> None:
         if cross_attn is not None:
             raise ValueError("ParallelBlock: a parallel block has no cross-attention")
         super().__init__(ffn_norm=ffn_norm, **parts)
 
+    def branches(self) -> list[tuple[str, nn.Module, list[nn.Module], nn.Module]]:
+        return [("attn", self.attn, [self.attn_norm], self.ls_attn), ("ffn", self.ffn, [self.ffn_norm], self.ls_ffn)]
+
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
         h = self.attn_norm(x)
         ffn_in = h if self.ffn_norm is None else self.ffn_norm(x)
-        return x + self.ls_attn(self.drop(self._self(h, ctx, cache))) + self.ls_ffn(self.drop(self.ffn(ffn_in)))
+        return x + self.ls_attn(self.drop(_self(self, h, ctx, cache))) + self.ls_ffn(self.drop(self.ffn(ffn_in)))
 
 
-class Stack(nn.Module):
-    """Blocks in sequence, then the final norm (Pre-Norm) or nothing (Post-Norm).
+def _self(block: Block, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
+    return block.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos, positions=ctx.positions, cache=cache)
 
-    ``checkpointing``: in training, each block keeps only its input and recomputes the rest in the
-    backward pass (``torch.utils.checkpoint``, non-reentrant; random draws such as dropout masks are
-    replayed, so the gradients are the same). Set it with ``zoo.train.set_activation_checkpointing``.
-    """
 
-    def __init__(self, blocks: list[Block], norm: nn.Module | None) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-        self.norm = norm if norm is not None else nn.Identity()
-        self.checkpointing = False
+def _cross(block: Block, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
+    return block.cross_attn(x, ctx.memory, mask=ctx.memory_mask, cache=cache)
 
-    def forward(self, x: Tensor, ctx: BlockContext, cache: KVCache | None = None) -> Tensor:
-        """x [B, T, D] -> [B, T, D]; every block reads ``ctx``; ``cache`` holds earlier steps' keys
-        and values (incremental decoding), one layer's to each block."""
-        recompute = self.checkpointing and cache is None and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(self.blocks):
-            if recompute:
-                x = checkpoint(block, x, ctx, use_reentrant=False)
-            else:
-                x = block(x, ctx, cache=cache.layers[i] if cache is not None else None)
-        return self.norm(x)
 
-    def new_cache(self, capacity: int) -> KVCache:
-        """An empty cache for up to ``capacity`` positions."""
-        return KVCache(len(self.blocks), capacity)
+# ------------------------------------------------------------------------------------------ builders
+def build_sublayers(spec, *, dim: int, dropout, cross: bool, layer_scale: bool = True) -> dict[str, nn.Module | None]:
+    """The parts every block kind builds alike from a block ``spec``: ``attn``, ``ffn``,
+    ``cross_attn`` (with ``cross``), the layer scales, and the residual ``dropout`` rate
+    (``dropout`` is the model's DropoutSpec)."""
+
+    def attention(aspec, is_cross: bool) -> nn.Module:
+        return registry("attention").builder(aspec.kind)(
+            aspec, dim=dim, kv_dim=dim, d_model=dim, dropout=dropout.attention, cross=is_cross)
+
+    def scale() -> nn.Module | None:
+        return LayerScale(dim, spec.layer_scale) if spec.layer_scale is not None and layer_scale else None
+
+    return dict(
+        attn=attention(spec.attention, False),
+        ffn=registry("ffn").builder(spec.ffn.kind)(spec.ffn, dim=dim, dropout=dropout.ffn),
+        cross_attn=attention(spec.cross, True) if cross else None,
+        dropout=dropout.residual,
+        ls_attn=scale(),
+        ls_cross=scale() if cross else None,
+        ls_ffn=scale(),
+    )
+
+
+def build_norm(spec, dim: int) -> nn.Module:
+    """A norm of the block's kind (``spec.norm``)."""
+    return registry("norm").builder(spec.norm.kind)(spec.norm, dim=dim)
+
+
+def _norms(spec, dim: int, cross: bool) -> dict[str, nn.Module | None]:
+    return dict(attn_norm=build_norm(spec, dim), cross_norm=build_norm(spec, dim) if cross else None,
+                ffn_norm=build_norm(spec, dim))
+
+
+@register("block", "pre")
+def _pre(spec, *, dim: int, dropout, cross: bool = False, **_) -> Block:
+    subs = build_sublayers(spec, dim=dim, dropout=dropout, cross=cross)
+    return PreNormBlock(**subs, **_norms(spec, dim, cross))
+
+
+@register("block", "post")
+def _post(spec, *, dim: int, dropout, cross: bool = False, **_) -> Block:
+    subs = build_sublayers(spec, dim=dim, dropout=dropout, cross=cross)
+    return PostNormBlock(**subs, **_norms(spec, dim, cross))
+
+
+@register("block", "post_sublayer")
+def _post_sublayer(spec, *, dim: int, dropout, cross: bool = False, **_) -> Block:
+    subs = build_sublayers(spec, dim=dim, dropout=dropout, cross=cross)
+    return PostSublayerNormBlock(**subs, **_norms(spec, dim, cross))
+
+
+@register("block", "parallel")
+def _parallel(spec, *, dim: int, dropout, cross: bool = False, **_) -> Block:
+    subs = build_sublayers(spec, dim=dim, dropout=dropout, cross=False)
+    return ParallelBlock(**subs, attn_norm=build_norm(spec, dim),
+                         ffn_norm=None if spec.shared_norm else build_norm(spec, dim))

@@ -6,9 +6,10 @@ and its cross-attention keys/values (computed once per source). The cache also t
 keys are padding and each key's position, so left-padded batches and every position kind (added,
 rotated or biased) decode exactly as a full recomputation would.
 
-With a sliding ``window`` W (shorter than the capacity) a layer keeps only the last W - 1 keys and
+A layer with a sliding ``window`` W (shorter than the capacity) keeps only the last W - 1 keys and
 values between steps, all a later token can see: new tokens attend to those and to each other, and
-the cache's memory stays bounded by the window however long the sequence grows.
+that layer's memory stays bounded by the window however long the sequence grows. Windows are per
+layer (local and global layers in one stack: Gemma 2/3, Qwen2's ``max_window_layers``).
 
 Shapes: B batch (rows, beams included), G key/value heads, C capacity, K head size, T new tokens.
 """
@@ -20,18 +21,19 @@ from torch import Tensor
 
 
 class LayerCache:
-    def __init__(self, parent: KVCache) -> None:
+    def __init__(self, parent: KVCache, window: int | None = None) -> None:
         self.parent = parent
+        self.window = window  # a sliding window shorter than the capacity, else None
         self.k: Tensor | None = None  # (B, G, C, K)
         self.v: Tensor | None = None  # (B, G, C, V)
         self.memory_kv: tuple[Tensor, Tensor] | None = None  # cross-attention (B, G, S, K), (B, G, S, V)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys/values [B, G, T, *] at the current step; return all the new tokens may
-        see: every key so far, or with a window those from ``parent.offset`` on."""
+        see: every key so far, or with a window those from ``parent.offset(window)`` on."""
         p = self.parent
-        if p.window is not None:
-            return self._slide(k, v, p.window - 1)
+        if self.window is not None:
+            return self._slide(k, v, self.window - 1)
         if self.k is None:
             B, G, _, K = k.shape
             self.k = k.new_empty(B, G, p.capacity, K)
@@ -55,15 +57,18 @@ class LayerCache:
 
 
 class KVCache:
-    """Decoding state of a whole model: per-layer caches plus key padding and positions. ``window``:
-    the self-attention's sliding window, if any (see the module docstring)."""
+    """Decoding state of a whole stack: per-layer caches plus key padding and positions. ``windows``:
+    each layer's sliding window, or None (see the module docstring)."""
 
-    def __init__(self, n_layers: int, capacity: int, *, window: int | None = None) -> None:
-        if window is not None and window < 1:
-            raise ValueError(f"cache: a sliding window covers at least the token itself, got window={window}")
+    def __init__(self, n_layers: int, capacity: int, *, windows: list[int | None] | None = None) -> None:
+        windows = list(windows) if windows is not None else [None] * n_layers
+        if len(windows) != n_layers:
+            raise ValueError(f"cache: {len(windows)} windows for {n_layers} layers; give one per layer")
+        for w in windows:
+            if w is not None and w < 1:
+                raise ValueError(f"cache: a sliding window covers at least the token itself, got window={w}")
         self.capacity = capacity
-        self.window = window if window is not None and window < capacity else None  # else it never slides
-        self.layers = [LayerCache(self) for _ in range(n_layers)]
+        self.layers = [LayerCache(self, self.slides(w)) for w in windows]
         self.start = self.end = 0  # the new tokens occupy [start, end)
         self.key_mask: Tensor | None = None  # (B, C) True = real token; None: no padding seen
         self.key_positions: Tensor | None = None  # (B, C) with padding; else positions are 0..end-1
@@ -72,15 +77,19 @@ class KVCache:
     def __len__(self) -> int:
         return self.end
 
-    @property
-    def offset(self) -> int:
-        """The first key the new tokens may see: 0, or with a window the oldest key in the first new
-        token's window."""
-        return 0 if self.window is None else max(0, self.start - self.window + 1)
+    def slides(self, window: int | None) -> int | None:
+        """``window`` if it is shorter than the capacity (the cache then slides), else None."""
+        return window if window is not None and window < self.capacity else None
+
+    def offset(self, window: int | None) -> int:
+        """The first key the new tokens of a layer with ``window`` may see: 0, or with a window
+        shorter than the capacity the oldest key in the first new token's window."""
+        window = self.slides(window)
+        return 0 if window is None else max(0, self.start - window + 1)
 
     def extend(self, padding_mask: Tensor | None, length: int, batch: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Make room for ``length`` new tokens. Returns (their positions, the positions of the keys
-        they may see, those keys' mask): keys from ``offset`` to the end.
+        """Make room for ``length`` new tokens. Returns (their positions, the positions of every key
+        so far, those keys' mask); a layer with a window sees them from ``offset(window)`` on.
 
         Positions are [T] and [S] while no padding has been seen, [B, T] and [B, S] after.
         """
@@ -92,7 +101,7 @@ class KVCache:
         self.start, self.end = self.end, self.end + length
         if padding_mask is None and self.key_mask is None:
             positions = torch.arange(self.start, self.end, device=device)
-            return positions, torch.arange(self.offset, self.end, device=device), None
+            return positions, torch.arange(self.end, device=device), None
         if self.key_mask is None:  # first padding: earlier tokens were all real
             self.key_mask = torch.ones(batch, self.capacity, dtype=torch.bool, device=device)
             self.key_positions = torch.arange(self.capacity, device=device).expand(batch, -1).clone()
@@ -103,8 +112,7 @@ class KVCache:
         self.next_position = self.next_position + padding_mask.sum(dim=1)
         self.key_mask[:, self.start : self.end] = padding_mask
         self.key_positions[:, self.start : self.end] = positions
-        keys = slice(self.offset, self.end)
-        return positions, self.key_positions[:, keys], self.key_mask[:, keys]
+        return positions, self.key_positions[:, : self.end], self.key_mask[:, : self.end]
 
     def reorder(self, index: Tensor) -> None:
         """Select rows (beam search): row i becomes old row index[i]. Cross-attention keys are left as

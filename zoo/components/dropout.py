@@ -8,12 +8,7 @@ from torch import Tensor, nn
 
 from zoo import kernels
 
-# The CPU masks live with the kernel; these names are kept importable from here.
-from zoo.kernels.cpu.dropout import applies as cpu_dropout_applies
-from zoo.kernels.cpu.dropout import keep_mask, keep_scale, quantized_p
-from zoo.kernels.dispatch import dropout
-
-__all__ = ["Dropout", "cpu_dropout_applies", "dropout", "keep_mask", "keep_scale", "quantized_p"]
+__all__ = ["Dropout"]
 
 
 class Dropout(nn.Dropout):

@@ -19,6 +19,8 @@ class TokenEmbedding(nn.Embedding):
     ``round_scale``: sqrt(D) is first rounded to the weights' dtype, as HF Gemma casts its normalizer
     (in bfloat16, sqrt(3072) = 55.43 becomes 55.5); in float32 both ways give the same result."""
 
+    summary_part = "embeddings"
+
     def __init__(self, vocab_size: int, dim: int, *, scale: bool = False, round_scale: bool = False) -> None:
         super().__init__(vocab_size, dim)
         self.scale = math.sqrt(dim) if scale else 1.0
@@ -46,6 +48,8 @@ class PatchEmbedding(nn.Module):
     ``stem``: (channels, stride) per 3x3 conv + BatchNorm + ReLU layer (Xiao et al. 2021); the
     projection then covers ``patch_size / prod(strides)`` stem pixels, so N is unchanged."""
 
+    summary_part = "embeddings"
+
     def __init__(self, *, in_channels: int, dim: int, patch_size: int,
                  stem: Sequence[tuple[int, int]] = ()) -> None:
         super().__init__()
@@ -62,3 +66,20 @@ class PatchEmbedding(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         x = self.stem(images) if self.stem is not None else images
         return rearrange(self.proj(x), "b d h w -> b (h w) d")  # N = H/P * W/P patches, row by row
+
+    def flops(self, side: int) -> int:
+        """Forward FLOPs for one image of ``side`` x ``side`` pixels: each convolution's
+        multiply-adds at its output resolution."""
+        total = 0
+        for conv in [m for m in self.modules() if isinstance(m, nn.Conv2d)]:
+            side //= conv.stride[0]
+            total += 2 * conv.weight.numel() * side * side
+        return total
+
+    def saved(self, side: int) -> int:
+        """Elements one image keeps: each stem layer's conv output (BatchNorm's input) and ReLU output."""
+        total = 0
+        for conv in [m for m in (self.stem or []) if isinstance(m, nn.Conv2d)]:
+            side //= conv.stride[0]
+            total += 2 * conv.out_channels * side * side
+        return total

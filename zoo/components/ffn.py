@@ -19,6 +19,7 @@ from zoo.registry import register
 
 class MLP(nn.Module):
     residual_out = ("fc2",)  # writes into the residual stream (zoo.components.parts)
+    summary_part = "ffn"
 
     def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
         super().__init__()
@@ -38,9 +39,14 @@ class MLP(nn.Module):
         hidden = self.fc1.out_features
         return hidden if isinstance(self.act, nn.ReLU) and not self.drop.p else 2 * hidden
 
+    def mask_per_token(self) -> int:
+        """The dropout mask on the hidden activation, a byte per element."""
+        return self.fc1.out_features if self.drop.p else 0
+
 
 class GatedMLP(nn.Module):
     residual_out = ("fc2",)
+    summary_part = "ffn"
 
     def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
         super().__init__()
@@ -59,6 +65,10 @@ class GatedMLP(nn.Module):
     def saved_per_token(self) -> int:
         """[gate | up], act(gate) and their product (4F)."""
         return 4 * self.fc2.in_features
+
+    def mask_per_token(self) -> int:
+        """The dropout mask on the gated product, a byte per element."""
+        return self.fc2.in_features if self.drop.p else 0
 
 
 def _activation(kind: str, approximate: str = "none") -> nn.Module:

@@ -7,11 +7,7 @@ from torch import Tensor, nn
 
 from zoo import kernels
 
-# The backend controls live with the kernel; these names are kept importable from here.
-from zoo.kernels.cpu.linear import cpu_linear_backend, onednn_available, onednn_linear, set_cpu_linear
-from zoo.kernels.dispatch import linear
-
-__all__ = ["Linear", "cpu_linear_backend", "linear", "onednn_available", "onednn_linear", "set_cpu_linear"]
+__all__ = ["Linear"]
 
 
 class Linear(nn.Linear):

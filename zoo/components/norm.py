@@ -15,6 +15,8 @@ class RMSNorm(nn.Module):
     ``unit_offset``: the scale is (1 + weight) with the weight initialised to zero (Gemma), so weight
     decay pulls the scale towards one rather than zero."""
 
+    summary_part = "norms"
+
     def __init__(self, dim: int, *, eps: float = 1e-5, unit_offset: bool = False) -> None:
         super().__init__()
         self.eps, self.unit_offset = eps, unit_offset
@@ -24,6 +26,10 @@ class RMSNorm(nn.Module):
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         w = self.weight.float()
         return (y * (1.0 + w if self.unit_offset else w)).to(x.dtype)
+
+    def saved_per_token(self) -> int:
+        """The normalised input, which the weight's gradient needs (besides the input itself)."""
+        return self.weight.shape[0]
 
 
 @register("norm", "layernorm")

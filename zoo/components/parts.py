@@ -8,10 +8,13 @@ A part may declare:
 * ``flops(tokens, memory=None) -> int``: the FLOPs of its forward pass over one sequence of
   ``tokens`` tokens (cross-attention: keys and values from ``memory`` tokens), counting a
   multiply-add as two and only matrix products, as ``zoo.summary`` and ``torch.utils.flop_counter`` do.
-* ``saved_per_token() -> int`` (FFNs): the elements per token its forward pass keeps for the
-  backward pass besides its input, for ``zoo.summary``'s activation memory.
+* ``saved(tokens, memory=None, *, rotates=False) -> int``: the elements its forward pass over
+  ``tokens`` tokens keeps for the backward pass besides its input (``rotates``: a position rotates
+  its queries and keys, which keeps copies of them), for ``zoo.summary``'s activation memory; or
+  ``saved_per_token() -> int`` (FFNs, norms, heads) for the same per token.
+* ``mask_per_token() -> int``: the bytes of dropout masks it keeps per token.
 * ``n_heads``, ``n_kv_heads``, ``head_dim``, ``v_head_dim`` (attention): head counts and sizes, for
-  ``zoo.summary``'s activation memory and KV cache.
+  ``zoo.summary``'s KV cache.
 
 A registered part that declares nothing gets these fallbacks:
 
@@ -19,7 +22,8 @@ A registered part that declares nothing gets these fallbacks:
   has a linear ``out`` and a linear ``qkv`` or ``kv`` (an attention); else none;
 * FLOPs: every ``nn.Linear`` inside it applied once per token (an attention's score and weighted-sum
   products are not counted: declare ``flops`` to count them);
-* saved elements per token: twice the output width of each linear but the last;
+* saved elements per token: twice the output width of each linear but the last (a norm: none);
+* dropout masks: none;
 * head sizes: one head as wide as the model.
 """
 
@@ -27,7 +31,8 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["flops", "head_sizes", "linear_flops", "residual_linears", "residual_out", "saved_per_token"]
+__all__ = ["flops", "has_parameters", "head_sizes", "linear_flops", "mask_per_token", "norm_saved", "residual_linears",
+           "residual_out", "saved", "saved_per_token"]
 
 
 def _linear(part: nn.Module, name: str) -> bool:
@@ -77,6 +82,34 @@ def saved_per_token(part: nn.Module) -> int:
         return declared()
     linears = [m for m in part.modules() if isinstance(m, nn.Linear)]
     return 2 * sum(m.out_features for m in linears[:-1])
+
+
+def saved(part: nn.Module | None, tokens: int, memory: int | None = None, *, rotates: bool = False) -> int:
+    """Elements ``part`` keeps for the backward pass over ``tokens`` tokens (and ``memory`` memory
+    tokens): its ``saved`` declaration, else ``tokens * saved_per_token(part)``."""
+    if part is None:
+        return 0
+    declared = getattr(part, "saved", None)
+    if callable(declared):
+        return declared(tokens, memory, rotates=rotates)
+    return tokens * saved_per_token(part)
+
+
+def norm_saved(norm: nn.Module) -> int:
+    """Elements per token a norm keeps besides its input (RMSNorm: its normalised input); 0 if it
+    declares nothing."""
+    declared = getattr(norm, "saved_per_token", None)
+    return declared() if callable(declared) else 0
+
+
+def mask_per_token(part: nn.Module | None) -> int:
+    """Bytes of dropout masks ``part`` keeps per token, as it declares; 0 if it declares nothing."""
+    declared = getattr(part, "mask_per_token", None)
+    return declared() if callable(declared) else 0
+
+
+def has_parameters(module: nn.Module | None) -> bool:
+    return module is not None and any(True for _ in module.parameters())
 
 
 def head_sizes(part: nn.Module, dim: int) -> tuple[int, int, int, int]:

@@ -37,6 +37,8 @@ class AttentionPool(nn.Module):
     query ``latent`` [1, 1, D] attends over the patch tokens (cross-attention ``attn``: ``q`` on the
     latent, ``kv`` on the patches, ``out``), then ``y = y + ffn(norm(y))``."""
 
+    summary_part = "head"
+
     def __init__(self, dim: int, *, attn: Attention, norm: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.latent = nn.Parameter(torch.empty(1, 1, dim))

@@ -26,6 +26,18 @@ class Position(nn.Module):
     """Identity hooks; subclasses override the ones their mechanism uses."""
 
     max_len: int | None = None  # the longest sequence a table covers; None: any length
+    summary_part = "embeddings"
+
+    @property
+    def rotates(self) -> bool:
+        """Whether it rotates queries and keys (which keeps copies of them for the backward pass)."""
+        return type(self).rotate is not Position.rotate
+
+    def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
+        """What :meth:`add` adds for a ViT whose patch grid is ``grid`` instead of the ``trained``
+        grid (``prefix`` table rows before the patches' rows): a table [rows, D], or None when
+        nothing is added. A kind that cannot be fitted says so."""
+        raise ValueError(f"{type(self).__name__} cannot be fitted to another patch grid")
 
     def add(self, x: Tensor, positions: Tensor) -> Tensor:
         """x [B, T, D] -> x with absolute position information added."""
@@ -43,6 +55,9 @@ class Position(nn.Module):
 class NoPosition(Position):
     """No order information (a bag of tokens, or a model that learns it another way)."""
 
+    def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
+        return None
+
 
 class TablePosition(Position):
     """Adds row ``positions`` of a [max_len, D] table: learned (a parameter) or fixed (a buffer)."""
@@ -54,8 +69,14 @@ class TablePosition(Position):
     def add(self, x: Tensor, positions: Tensor) -> Tensor:
         return x + nn.functional.embedding(positions, self.weight).to(x.dtype)
 
+    def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
+        """The table's grid rows resampled bicubically to ``grid`` (timm's dynamic_img_size)."""
+        return resample_grid_table(self.weight, trained, grid, prefix=prefix)
+
 
 class LearnedPosition(TablePosition):
+    init_normal = ("weight",)  # drawn N(0, init.std) by the model's initialisation, as embeddings
+
     def __init__(self, dim: int, max_len: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(max_len, dim))
@@ -133,6 +154,11 @@ class SinCos2dPosition(TablePosition):
         """Recompute the table in place, on its device, keeping its dtype."""
         with torch.device(self.weight.device):
             self.weight.copy_(sincos_2d_table(self.grid, self.weight.shape[1], base=self.base, extra_tokens=self.extra_tokens))
+
+    def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
+        """The table computed for ``grid`` (the prefix rows stay zero)."""
+        table = sincos_2d_table(grid, self.weight.shape[1], base=self.base, extra_tokens=self.extra_tokens)
+        return table.to(self.weight.device)
 
 
 def rotate_half(x: Tensor) -> Tensor:

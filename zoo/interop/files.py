@@ -28,8 +28,10 @@ import torch
 from torch import nn
 
 from zoo.build import count_parameters
+from zoo.interop.claims import claims_family
 from zoo.interop.common import ConversionError
 from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf, to_hf
+from zoo.interop.timm import CLAIMS as TIMM_CLAIMS
 from zoo.interop.timm import from_timm, timm_kwargs, to_timm
 from zoo.io import load, read_header, save
 
@@ -200,7 +202,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
         if timm_model is not None:
             raise ConversionError(f"{src} is a zoo file; --timm-model names the model of a timm checkpoint being read")
         model = load(src).eval()
-        target = to or ("timm" if model.spec.family == "vit" else "hf")
+        target = to or ("timm" if claims_family(TIMM_CLAIMS, model.spec.family) else "hf")
         if target == "timm":
             if architecture is not None:
                 raise ConversionError("an HF architecture does not apply to a timm target")

@@ -5,7 +5,7 @@
 
 Covers ``vit_tiny/small/base_patch16_224``, DeiT III, register and MAP-pooled ViTs, and every
 VisionTransformer built from options zoo has: class-token, mean ('avg') or attention ('map')
-pooling, fc_norm, register tokens, positions on every token or on the patches only
+pooling, fc_norm, a linear head or none (``num_classes=0``: a backbone), register tokens, positions on every token or on the patches only
 (``no_embed_class``), learned or no positions, ``dynamic_img_size``, Pre-Norm LayerNorm blocks with
 layer scale (``init_values``) and qk-norm, a two-layer GELU / ReLU / SiLU MLP, biases on qkv and on
 the projections together. timm keeps few options as attributes, so the spec is read from the
@@ -21,13 +21,27 @@ import math
 from torch import nn
 
 from zoo.build import build
+from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
 from zoo.spec import FamilySpec, parse_spec
 
-__all__ = ["from_timm", "to_timm", "timm_spec", "timm_kwargs"]
+__all__ = ["CLAIMS", "from_timm", "to_timm", "timm_spec", "timm_kwargs"]
 
 FROM, TO = "timm VisionTransformer -> zoo", "zoo -> timm VisionTransformer"
 _POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm global_pool
+
+# The spec fields timm's VisionTransformer expresses (zoo.interop.claims); any other is refused.
+CLAIMS: Claims = {
+    "family": one_of("vit"), "image_size": ANY, "patch_size": ANY, "in_channels": ANY, "d_model": ANY, "n_layers": ANY,
+    "head.kind": one_of("linear", "none"), "head.num_classes": ANY, "class_token": ANY, "reg_tokens": ANY,
+    "prefix_positions": ANY, "pool": ANY, "fc_norm": ANY, "dynamic_size": ANY, "position.kind": one_of("learned", "none"),
+    "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
+    "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY,
+    "block.attention.bias": ANY, "block.attention.out_bias": ANY, "block.attention.qk_norm": ANY,
+    "block.ffn.kind": one_of("gelu", "relu", "silu"), "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
+    "block.ffn.approximate": ANY, "block.norm.kind": one_of("layernorm"), "block.norm.eps": ANY,
+    "block.norm.bias": one_of(True), "block.layer_scale": ANY, "dropout": ANY,
+}
 
 
 def _is(module: nn.Module | None, cls: type | tuple) -> bool:
@@ -67,7 +81,8 @@ def _check_model(m: nn.Module) -> None:
         ("pre_norm", True, isinstance(m.norm_pre, nn.Identity), "zoo's ViT has no norm before the blocks"),
         ("final_norm", False, not (isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity)),
          "zoo's Pre-Norm ViT ends with a norm (before or after pooling)"),
-        ("num_classes", 0, isinstance(m.head, nn.Linear), "zoo's ViT ends in a linear classifier"),
+        ("head", type(m.head).__name__, isinstance(m.head, (nn.Linear, nn.Identity)),
+         "zoo's ViT ends in a linear classifier or none (num_classes=0)"),
         ("drop_rate", m.head_drop.p, m.head_drop.p == 0, "zoo has no dropout before the classifier"),
         ("embed_layer", type(pe).__name__, type(pe) is PatchEmbed and isinstance(pe.norm, nn.Identity)
          and (pe.flatten or m.dynamic_img_size) and pe.strict_img_size != m.dynamic_img_size,
@@ -197,7 +212,8 @@ def timm_spec(m: nn.Module) -> FamilySpec:
         norms.append(m.attn_pool.norm)
     return parse_spec({
         "family": "vit", "image_size": ih, "patch_size": ph, "in_channels": pe.proj.in_channels,
-        "num_classes": m.head.out_features, "d_model": m.embed_dim, "n_layers": len(m.blocks),
+        "head": {"kind": "linear", "num_classes": m.head.out_features} if isinstance(m.head, nn.Linear) else {"kind": "none"},
+        "d_model": m.embed_dim, "n_layers": len(m.blocks),
         "class_token": m.cls_token is not None, "reg_tokens": m.num_reg_tokens,
         "prefix_positions": not m.no_embed_class or m.pos_embed is None,  # without positions the flag means nothing
         "pool": pool, "fc_norm": not isinstance(m.fc_norm, nn.Identity), "dynamic_size": m.dynamic_img_size,
@@ -205,7 +221,8 @@ def timm_spec(m: nn.Module) -> FamilySpec:
         "block": {
             "attention": {"kind": "mha", "n_heads": heads, "bias": qkv_bias, "qk_norm": _qk_norm(b0.attn)},
             "ffn": {**_activation(b0.mlp.act), "hidden": hidden, "bias": fc1_bias},
-            "norm": {"kind": "layernorm", "placement": "pre", "eps": _norm_eps(norms)},
+            "norm": {"kind": "layernorm", "eps": _norm_eps(norms)},
+            "kind": "pre",
             "layer_scale": scale,
         },
         "dropout": {"embedding": m.pos_drop.p, "residual": proj_drop, "attention": attn_drop, "ffn": proj_drop},
@@ -239,7 +256,9 @@ def _rules(s: FamilySpec) -> list:
             rules += [rule(f"pool.{z}.{p}", f"attn_pool.{t}.{p}") for p in ("weight", "bias")[: 1 + has_bias]]
     final = ("fc_norm", "fc_norm") if s.fc_norm else ("stack.norm", "norm")
     for p in ("weight", "bias"):
-        rules += [rule(f"{final[0]}.{p}", f"{final[1]}.{p}"), rule(f"head.{p}", f"head.{p}")]
+        rules.append(rule(f"{final[0]}.{p}", f"{final[1]}.{p}"))
+        if s.num_classes is not None:
+            rules.append(rule(f"head.{p}", f"head.{p}"))
     return rules
 
 
@@ -268,22 +287,16 @@ def _mlp_ratio(d: int, hidden: int) -> float:
 
 def timm_kwargs(s: FamilySpec) -> dict:
     """VisionTransformer arguments for ``s``, refusing what timm's ViT cannot express."""
-    att, ffn, norm, d, stem = s.block.attention, s.block.ffn, s.block.norm, s.d_model, getattr(s, "stem", None)
+    att, ffn, norm, d = s.block.attention, s.block.ffn, s.block.norm, s.d_model
     qk, pool = att.qk_norm, getattr(s, "pool", None)
+    check_claims(s, CLAIMS, TO, "timm's VisionTransformer")
     problems = [
-        ("family", s.family, s.family == "vit", "to_timm converts zoo ViTs"),
-        ("stem", stem, stem is None, "timm's VisionTransformer embeds patches without a conv stem"),
-        ("position.kind", s.position.kind, s.position.kind in ("learned", "none"), "timm's ViT has learned positions or none"),
-        ("block.norm.kind", norm.kind, norm.kind == "layernorm" and getattr(norm, "bias", False), "timm's ViT uses LayerNorm with bias"),
-        ("block.norm.placement", norm.placement, norm.placement == "pre", "timm's ViT is pre-norm"),
-        ("block.attention.kind", att.kind, att.kind in ("mha", "gqa", "mqa"), "only zoo's built-in attention converts"),
         ("block.attention.n_kv_heads", att.kv_heads, att.kv_heads == att.n_heads, "timm's ViT has multi-head attention only"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's ViT head size is d_model / n_heads"),
         ("block.ffn.kind", ffn.kind, ffn.kind in ("gelu", "relu", "silu"), "timm's ViT MLP is two-layer (gelu, relu or silu)"),
         ("block.ffn.bias", ffn.bias, ffn.bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
         ("block.attention.out_bias", att.out_bias, att.has_out_bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
-        ("block.parallel", s.block.parallel, s.block.parallel is None, "timm's ViT block runs attention and MLP one after the other"),
         ("dropout.ffn", s.dropout.ffn, s.dropout.ffn == s.dropout.residual, "timm's proj_drop_rate covers the MLP and the residuals"),
         ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and qk.scope == "head" and qk.eps == norm.eps),
          f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps})"),
@@ -300,7 +313,7 @@ def timm_kwargs(s: FamilySpec) -> dict:
             raise unsupported(TO, option, value, why)
     act = {"relu": "relu", "silu": "silu"}.get(ffn.kind) or ("gelu_tanh" if ffn.approximate == "tanh" else "gelu")
     return dict(
-        img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes,
+        img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes or 0,
         global_pool=_POOLS[pool.kind], embed_dim=d, depth=s.n_layers, num_heads=att.n_heads,
         mlp_ratio=_mlp_ratio(d, ffn.hidden_size(d)), qkv_bias=att.bias, proj_bias=att.bias, class_token=s.class_token,
         pos_embed="learn" if s.position.kind == "learned" else "none", fc_norm=s.fc_norm,

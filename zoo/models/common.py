@@ -1,4 +1,5 @@
-"""What every family builder shares: parts from specs, stacks, input checks, initialisation."""
+"""What every family builder shares: parts from specs, stacks of resolved layers, input checks,
+initialisation."""
 
 from __future__ import annotations
 
@@ -7,23 +8,13 @@ import math
 import torch
 from torch import Tensor, nn
 
-from zoo.components.attention import attention_mask
-from zoo.components.block import (
-    Block,
-    BlockContext,
-    LayerScale,
-    ParallelBlock,
-    PostNormBlock,
-    PostSublayerNormBlock,
-    PreNormBlock,
-    Stack,
-)
-from zoo.components.cache import KVCache
 from zoo.components.embedding import TokenEmbedding
 from zoo.components.parts import residual_linears
-from zoo.components.position import LearnedPosition, Position
+from zoo.components.position import Position
+from zoo.components.stack import Stack
 from zoo.registry import registry
 from zoo.spec import FamilySpec
+from zoo.spec.blocks import layer_key
 
 
 def build_part(part: str, spec, **context) -> nn.Module:
@@ -37,90 +28,39 @@ def token_embedding(spec: FamilySpec, vocab_size: int) -> TokenEmbedding:
     return TokenEmbedding(vocab_size, spec.d_model, scale=e.scale, round_scale=e.round_scale)
 
 
-def build_position(spec: FamilySpec, *, max_len: int, grid: tuple[int, int] | None = None) -> Position:
-    att = spec.block.attention
+def build_position(spec: FamilySpec, position=None, *, block=None, max_len: int,
+                   grid: tuple[int, int] | None = None) -> Position:
+    """The position module of ``position`` (default: the model's) for layers of ``block`` (default:
+    the model's)."""
+    att = (block or spec.block).attention
     return build_part(
-        "position", spec.position,
+        "position", position or spec.position,
         dim=spec.d_model, max_len=max_len, n_heads=att.n_heads, head_dim=att.qk_size(spec.d_model), grid=grid,
     )
 
 
-_PLACEMENTS = {"pre": PreNormBlock, "post": PostNormBlock, "post_sublayer": PostSublayerNormBlock}
-
-
-def build_stack(spec: FamilySpec, n_layers: int, *, cross: bool = False, final_norm: bool | None = None) -> Stack:
-    """``n_layers`` blocks as the spec says; ``cross`` adds cross-attention (decoders of encoder-decoders).
-    The block class follows ``block.parallel`` and the norm placement; ``final_norm`` defaults to the
-    placement's (``spec.has_final_norm``)."""
-    d, b, drop = spec.d_model, spec.block, spec.dropout
-    parallel = b.parallel
-
-    def norm() -> nn.Module:
-        return build_part("norm", b.norm, dim=d)
-
-    def attention(aspec, is_cross: bool) -> nn.Module:
-        return build_part("attention", aspec, dim=d, kv_dim=d, d_model=d, dropout=drop.attention, cross=is_cross)
-
-    def scale() -> nn.Module | None:
-        return LayerScale(d, b.layer_scale) if b.layer_scale is not None else None
-
-    block_cls = ParallelBlock if parallel is not None else _PLACEMENTS[spec.norm_placement]
-    blocks = [
-        block_cls(
-            attn=attention(b.attention, False),
-            ffn=build_part("ffn", b.ffn, dim=d, dropout=drop.ffn),
-            attn_norm=norm(),
-            ffn_norm=None if parallel is not None and parallel.shared_norm else norm(),
-            cross_attn=attention(b.cross, True) if cross else None,
-            cross_norm=norm() if cross else None,
-            dropout=drop.residual,
-            ls_attn=scale(),
-            ls_cross=scale() if cross else None,
-            ls_ffn=scale(),
-        )
-        for _ in range(n_layers)
-    ]
-    return Stack(blocks, norm() if (spec.has_final_norm if final_norm is None else final_norm) else None)
-
-
-def positions_for(mask: Tensor | None, length: int, device: torch.device) -> Tensor:
-    """Token positions: 0..T-1 ([T]), or with a padding mask the count of real tokens before each
-    one ([B, T]), so a left-padded row gets the positions it would have unpadded."""
-    if mask is None:
-        return torch.arange(length, device=device)
-    return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-
-
-def self_attention_inputs(
-    position: Position,
-    n_heads: int,
-    tokens: Tensor,
-    padding_mask: Tensor | None,
-    *,
-    causal: bool,
-    cache: KVCache | None = None,
-    window: int | None = None,
-    name: str = "tokens",
-) -> BlockContext:
-    """The blocks' context for self-attention over ``tokens`` (and the cache): the tokens' positions
-    (they feed ``position.add`` and ``rotate``) and the SDPA mask, which folds causality, key padding,
-    the position's score bias and a sliding ``window`` together (see ``attention_mask``)."""
-    B, T = tokens.shape
-    if cache is None:
-        positions = key_positions = positions_for(padding_mask, T, tokens.device)
-        key_mask, S = padding_mask, T
-    else:
-        positions, key_positions, key_mask = cache.extend(padding_mask, T, B, tokens.device)
-        S = cache.end
-    if position.max_len is not None and S > position.max_len:
-        raise ValueError(
-            f"{name}: length {S} exceeds max_seq_len ({position.max_len}) of the position table; "
-            f"truncate the input or build the model with a larger max_seq_len"
-        )
-    bias = position.bias(n_heads, positions, key_positions)
-    mask, is_causal = attention_mask(q_len=T, k_len=key_positions.shape[-1], causal=causal, key_padding=key_mask, bias=bias,
-                                     window=window, device=tokens.device)
-    return BlockContext(pos=position, positions=positions, mask=mask, is_causal=is_causal)
+def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_norm: bool | None = None) -> Stack:
+    """The blocks of ``stack`` (a name of ``spec.stacks()``) from its resolved layers: each layer's
+    block kind and parts, its window and its own position (built once per distinct one); then the
+    final norm where the block kind declares one (``final_norm`` overrides)."""
+    _, cross = spec.stacks()[stack]
+    layers = spec.stack_layers(stack)
+    own: dict[str, Position] = {}
+    blocks, windows, positions = [], [], []
+    for layer in layers:
+        b = layer.block
+        blocks.append(build_part("block", b, dim=spec.d_model, dropout=spec.dropout, cross=cross))
+        windows.append(getattr(b.attention, "window", None))
+        if layer.position is None:
+            positions.append(None)
+        else:
+            key = layer_key(layer)
+            if key not in own:
+                own[key] = build_position(spec, layer.position, block=b, max_len=max_len)
+            positions.append(own[key])
+    ends = type(layers[-1].block).final_norm if final_norm is None else final_norm
+    norm = build_part("norm", spec.block.norm, dim=spec.d_model) if ends else None
+    return Stack(blocks, norm, windows=windows, positions=positions)
 
 
 def check_tokens(tokens: object, name: str, *, vocab_size: int) -> None:
@@ -148,19 +88,25 @@ def check_mask(mask: object, tokens: Tensor, name: str) -> Tensor | None:
     return mask.to(torch.bool)
 
 
-def _parts(model: nn.Module) -> list[nn.Module]:
-    """The blocks' parts, and any other module that declares ``residual_out``."""
-    parts = {id(p): p for block in model.modules() if isinstance(block, Block) for p in block.parts()}
-    parts.update((id(m), m) for m in model.modules() if getattr(m, "residual_out", None) is not None)
-    return list(parts.values())
+def _residual_parts(model: nn.Module) -> list[nn.Module]:
+    """The blocks' sub-layers, and any other module that declares ``residual_out``."""
+    found = {}
+    for m in model.modules():
+        sublayers = getattr(m, "sublayers", None)
+        if callable(sublayers):
+            found.update((id(p), p) for p in sublayers())
+        if getattr(m, "residual_out", None) is not None:
+            found[id(m)] = m
+    return list(found.values())
 
 
 def init_weights(model: nn.Module, spec: FamilySpec) -> None:
     """Initialise linear, embedding and learned position weights as ``spec.init`` says; biases zero.
-    The residual output linears are those the parts name (``zoo.components.parts.residual_out``)."""
+    The residual output linears are those the parts name (``zoo.components.parts.residual_out``);
+    a module's ``init_normal`` names parameters drawn like embeddings (a learned position table)."""
     init, d = spec.init, spec.d_model
     residual_std = init.std / math.sqrt(2 * spec.n_layers) if init.scaled_residual else init.std
-    residual = {id(m.weight) for part in _parts(model) for m in residual_linears(part)}
+    residual = {id(m.weight) for part in _residual_parts(model) for m in residual_linears(part)}
 
     def normal(w: Tensor, std: float) -> None:
         if init.scheme == "trunc_normal":
@@ -181,5 +127,5 @@ def init_weights(model: nn.Module, spec: FamilySpec) -> None:
     for m in model.modules():
         if isinstance(m, nn.Embedding):
             normal(m.weight, d**-0.5 if init.scheme == "xavier" else init.std)
-        elif isinstance(m, LearnedPosition):
-            normal(m.weight, init.std)
+        for name in getattr(m, "init_normal", ()):
+            normal(getattr(m, name), init.std)

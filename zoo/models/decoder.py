@@ -1,6 +1,8 @@
 """GPT-style decoder-only language model (GPT-2, LLaMA-style presets).
 
-    tokens [B, T] -> embed (+ absolute positions) -> causal blocks -> final norm -> logits [B, T, V]
+    tokens [B, T] -> embed (+ absolute positions) -> causal blocks -> final norm -> head -> logits [B, T, V]
+
+Without a head (``head: none``) the model returns the hidden states [B, T, D] (HF's ``*Model``).
 """
 
 from __future__ import annotations
@@ -9,22 +11,13 @@ from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
 from zoo.components.dropout import Dropout
-from zoo.components.linear import Linear
-from zoo.models.common import (
-    build_part,
-    build_position,
-    build_stack,
-    check_mask,
-    check_tokens,
-    init_weights,
-    self_attention_inputs,
-    token_embedding,
-)
+from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, token_embedding
+from zoo.models.family import Family
 from zoo.registry import register
 from zoo.spec import DecoderSpec
 
 
-class DecoderLM(nn.Module):
+class DecoderLM(Family):
     """``model(tokens[B,T], padding_mask=None) -> logits[B,T,V]``; position t sees tokens <= t only.
 
     ``padding_mask`` ([B, T], True = real token) allows left-padded batches: each row's real tokens
@@ -38,15 +31,13 @@ class DecoderLM(nn.Module):
         self.spec = spec
         d = spec.d_model
         self.tok_emb = token_embedding(spec, spec.vocab_size)
-        self.window = getattr(spec.block.attention, "window", None)  # sliding-window attention
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
-        self.stack = build_stack(spec, spec.n_layers)
-        self.head = Linear(d, spec.vocab_size, bias=spec.head_bias)
+        self.stack = build_stack(spec, max_len=spec.max_seq_len)
+        self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
+                               embedding=self.tok_emb)
         init_weights(self, spec)
-        if spec.tie_embeddings:
-            self.head.weight = self.tok_emb.weight
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, cache: KVCache | None = None, *,
                 last_only: bool = False) -> Tensor:
@@ -56,17 +47,15 @@ class DecoderLM(nn.Module):
         prompt then skips its [B, T, V] vocabulary projection."""
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        ctx = self_attention_inputs(
-            self.position, self.spec.block.attention.n_heads, tokens, padding_mask, causal=True, cache=cache, window=self.window
-        )
+        ctx = self.stack.context(self.position, tokens, padding_mask, causal=True, cache=cache)
         x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), ctx.positions)))  # (B, T, D)
         x = self.stack(x, ctx, cache=cache)
         return self.head(x[:, -1:] if last_only else x)  # (B, T, V)
 
     def new_cache(self, capacity: int) -> KVCache:
-        """An empty KV cache for up to ``capacity`` positions (prompt + new tokens); with a sliding
-        window it holds at most the window's keys between steps."""
-        return KVCache(len(self.stack.blocks), capacity, window=self.window)
+        """An empty KV cache for up to ``capacity`` positions (prompt + new tokens); a layer with a
+        sliding window holds at most the window's keys between steps."""
+        return self.stack.new_cache(capacity)
 
 
 @register("family", "decoder")

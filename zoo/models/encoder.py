@@ -1,6 +1,9 @@
 """BERT-style bidirectional encoder with a masked-LM head and an optional classification head.
 
-    tokens [B, T] -> embed (+ positions, + segments) [-> norm] -> blocks -> MLM head -> logits [B, T, V]
+    tokens [B, T] -> embed (+ positions, + segments) [-> norm] -> blocks -> head -> logits [B, T, V]
+
+Without a head (``head: none``) the model returns the hidden states [B, T, D] (HF's ``BertModel``
+without its pooler).
 """
 
 from __future__ import annotations
@@ -9,37 +12,16 @@ from torch import Tensor, nn
 
 from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
-from zoo.models.common import (
-    build_part,
-    build_position,
-    build_stack,
-    check_mask,
-    check_tokens,
-    init_weights,
-    self_attention_inputs,
-    token_embedding,
-)
+from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, token_embedding
+from zoo.models.family import Family
 from zoo.registry import register
 from zoo.spec import EncoderSpec
 
 
-class MLMHead(nn.Module):
-    """[transform: linear -> GELU -> norm ->] projection to the vocabulary (+ bias)."""
-
-    def __init__(self, dim: int, vocab_size: int, *, transform: bool, norm: nn.Module | None, bias: bool) -> None:
-        super().__init__()
-        if transform:
-            self.transform = nn.Sequential(Linear(dim, dim), nn.GELU(), norm)
-        else:
-            self.transform = nn.Identity()
-        self.proj = Linear(dim, vocab_size, bias=bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(self.transform(x))
-
-
 class Classifier(nn.Module):
     """First token [-> linear -> tanh (BERT's pooler)] -> dropout -> linear to the labels."""
+
+    summary_part = "head"
 
     def __init__(self, dim: int, num_labels: int, *, pooler: bool, dropout: float) -> None:
         super().__init__()
@@ -51,7 +33,7 @@ class Classifier(nn.Module):
         return self.out(self.drop(self.pooler(x[:, 0])))
 
 
-class Encoder(nn.Module):
+class Encoder(Family):
     """``model(tokens[B,T], padding_mask=None, token_types=None) -> logits[B,T,V]`` (masked LM);
     ``model.classify(tokens, padding_mask=None, token_types=None) -> logits[B, num_labels]`` when the
     spec has a ``classifier``. ``padding_mask`` is True for real tokens."""
@@ -67,21 +49,18 @@ class Encoder(nn.Module):
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
-        self.stack = build_stack(spec, spec.n_layers)
-        head_norm = build_part("norm", spec.block.norm, dim=d) if spec.mlm_head.transform else None
-        self.head = MLMHead(d, spec.vocab_size, transform=spec.mlm_head.transform, norm=head_norm, bias=spec.head_bias)
+        self.stack = build_stack(spec, max_len=spec.max_seq_len)
+        self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
+                               embedding=self.tok_emb)
         c = spec.classifier
         self.classifier = Classifier(d, c.num_labels, pooler=c.pooler, dropout=c.dropout) if c else None
         init_weights(self, spec)
-        if spec.tie_embeddings:
-            self.head.proj.weight = self.tok_emb.weight
 
     def encode(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         """Hidden states [B, T, D] after the last block (and final norm)."""
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        n_heads = self.spec.block.attention.n_heads
-        ctx = self_attention_inputs(self.position, n_heads, tokens, padding_mask, causal=False)
+        ctx = self.stack.context(self.position, tokens, padding_mask, causal=False)
         x = self.position.add(self.tok_emb(tokens), ctx.positions)
         if self.type_emb is not None:
             if token_types is None:

@@ -10,28 +10,19 @@ projection (sec. 3.4), and multiplies embeddings by sqrt(d_model).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from torch import Tensor, nn
 
+from zoo.components import parts
 from zoo.components.cache import KVCache
 from zoo.components.dropout import Dropout
-from zoo.components.linear import Linear
-from zoo.models.common import (
-    build_part,
-    build_position,
-    build_stack,
-    check_mask,
-    check_tokens,
-    init_weights,
-    self_attention_inputs,
-    token_embedding,
-)
+from zoo.components.stack import Stack
+from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, token_embedding
+from zoo.models.family import Family
 from zoo.registry import register
 from zoo.spec import EncoderDecoderSpec
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(Family):
     """``model(src[B,S], tgt_in[B,T], src_padding_mask=None, tgt_padding_mask=None) -> logits[B,T,V]``.
 
     Masks are True for real tokens. ``encode`` and ``decode`` are the two halves, for decoding.
@@ -52,22 +43,17 @@ class EncoderDecoder(nn.Module):
         self.src_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.tgt_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
-        self.encoder = build_stack(spec, spec.encoder_layers)
-        self.decoder = build_stack(spec, spec.decoder_layers, cross=True)
-        self.head = Linear(d, spec.vocab_size, bias=spec.head_bias)
+        self.encoder = build_stack(spec, "encoder", max_len=spec.max_seq_len)
+        self.decoder = build_stack(spec, "decoder", max_len=spec.max_seq_len)
+        self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
+                               embedding=self.tgt_emb)
         init_weights(self, spec)
-        if spec.tie_embeddings:
-            self.head.weight = self.tgt_emb.weight
-
-    @property
-    def n_heads(self) -> int:
-        return self.spec.block.attention.n_heads
 
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         """Source ids [B, S] -> memory [B, S, D]."""
         check_tokens(src, "src", vocab_size=self.spec.source_vocab_size)
         src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
-        ctx = self_attention_inputs(self.position, self.n_heads, src, src_padding_mask, causal=False, name="src")
+        ctx = self.encoder.context(self.position, src, src_padding_mask, causal=False, name="src")
         x = self.drop(self.src_emb_norm(self.position.add(self.src_emb(src), ctx.positions)))
         return self.encoder(x, ctx)
 
@@ -87,12 +73,10 @@ class EncoderDecoder(nn.Module):
         the memory's keys/values are computed at the first call only."""
         check_tokens(tgt_in, "tgt_in", vocab_size=self.spec.vocab_size)
         tgt_padding_mask = check_mask(tgt_padding_mask, tgt_in, "tgt_padding_mask")
-        ctx = self_attention_inputs(
-            self.position, self.n_heads, tgt_in, tgt_padding_mask, causal=True, cache=cache, name="tgt_in"
-        )
+        ctx = self.decoder.context(self.position, tgt_in, tgt_padding_mask, causal=True, cache=cache, name="tgt_in")
         x = self.drop(self.tgt_emb_norm(self.position.add(self.tgt_emb(tgt_in), ctx.positions)))
         memory_mask = None if src_padding_mask is None else src_padding_mask.to(bool)[:, None, None, :]  # (B, 1, 1, S)
-        x = self.decoder(x, replace(ctx, memory=memory, memory_mask=memory_mask), cache=cache)
+        x = self.decoder(x, ctx.with_memory(memory, memory_mask), cache=cache)
         return self.head(x[:, -1:] if last_only else x)
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -108,6 +92,23 @@ class EncoderDecoder(nn.Module):
     ) -> Tensor:
         memory = self.encode(src, src_padding_mask)
         return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
+
+
+    def stacks(self, seq: int) -> list[tuple[Stack, int, int | None]]:
+        return [(self.encoder, seq, None), (self.decoder, seq, seq)]
+
+    def saved(self, seq: int) -> tuple[int, int]:
+        """As every family's, with two embedding passes and the encoder's memory, which the
+        decoder's cross-attention keeps."""
+        elements, masks = super().saved(seq)
+        e, m = self.embedding_saved(seq)
+        return elements + e + seq * self.spec.d_model, masks + m
+
+    def embedding_saved(self, tokens: int) -> tuple[int, int]:
+        d = self.spec.d_model
+        norm = self.src_emb_norm
+        elements = tokens * (d + parts.norm_saved(norm)) if parts.has_parameters(norm) else 0
+        return elements, tokens * d if self.spec.dropout.embedding else 0
 
 
 @register("family", "encoder_decoder")

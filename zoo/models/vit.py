@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from zoo.components.block import BlockContext
+from zoo.components import parts
 from zoo.components.dropout import Dropout
 from zoo.components.embedding import PatchEmbedding
-from zoo.components.linear import Linear
-from zoo.components.position import NoPosition, SinCos2dPosition, TablePosition, resample_grid_table, sincos_2d_table
+from zoo.components.stack import Stack, StackContext
 from zoo.models.common import build_part, build_position, build_stack, init_weights
+from zoo.models.family import Family
 from zoo.registry import register
 from zoo.spec import VitSpec
 
@@ -40,11 +40,14 @@ class VitFeatures:
     grid: tuple[int, int]
 
 
-class VisionTransformer(nn.Module):
-    """``model(images[B,C,H,W]) -> logits[B,num_classes]``; ``pooled(images) -> [B, D]`` the head's
-    input; ``features(images, layers)`` the tokens of chosen blocks."""
+class VisionTransformer(Family):
+    """``model(images[B,C,H,W]) -> logits[B,num_classes]`` (the pooled features [B, D] without a
+    head); ``pooled(images) -> [B, D]`` the head's input; ``features(images, layers)`` the tokens of
+    chosen blocks."""
 
     is_causal = False
+    unit = "image"
+    summary_parts = {"cls_token": "embeddings", "reg_token": "embeddings"}
 
     def __init__(self, spec: VitSpec) -> None:
         super().__init__()
@@ -56,10 +59,10 @@ class VisionTransformer(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, spec.reg_tokens, d)) if spec.reg_tokens else None
         self.position = build_position(spec, max_len=spec.n_positions, grid=spec.grid)
         self.drop = Dropout(spec.dropout.embedding)
-        self.stack = build_stack(spec, spec.n_layers, final_norm=spec.has_final_norm and not spec.fc_norm)
+        self.stack = build_stack(spec, max_len=spec.n_positions, final_norm=spec.has_final_norm and not spec.fc_norm)
         self.pool = build_part("pool", spec.pool, dim=d, block=spec.block)
         self.fc_norm = build_part("norm", spec.block.norm, dim=d) if spec.fc_norm else nn.Identity()
-        self.head = Linear(d, spec.num_classes)
+        self.head = build_part("head", spec.head, dim=d, vocab_size=0, norm=spec.block.norm, embedding=None)
         init_weights(self, spec)
         for token in (self.cls_token, self.reg_token):
             if token is not None:
@@ -92,19 +95,9 @@ class VisionTransformer(nn.Module):
         """x [B, n_positions rows' tokens, D] + the position table fitted to ``grid``."""
         if grid == self.spec.grid:
             return self.position.add(x, torch.arange(x.shape[1], device=x.device))
-        if isinstance(self.position, NoPosition):
-            return x
         prefix = self.spec.n_prefix if self.spec.prefix_positions else 0
-        if isinstance(self.position, SinCos2dPosition):
-            p = self.position
-            table = sincos_2d_table(grid, p.weight.shape[1], base=p.base, extra_tokens=p.extra_tokens).to(p.weight.device)
-        elif isinstance(self.position, TablePosition):
-            table = resample_grid_table(self.position.weight, self.spec.grid, grid, prefix=prefix)
-        else:  # the spec admits no other kind with dynamic_size: a spec error, not a type error
-            raise ValueError(  # noqa: TRY004
-                f"dynamic_size: position kind {self.spec.position.kind!r} cannot be fitted to another grid"
-            )
-        return x + table.to(x.dtype)
+        table = self.position.fit_grid(grid, trained=self.spec.grid, prefix=prefix)
+        return x if table is None else x + table.to(x.dtype)
 
     def embed(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """The first block's input [B, T, D] (prefix tokens, then patches, with positions and
@@ -118,8 +111,8 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, self._add_positions(x, grid)], dim=1)
         return self.drop(x), grid
 
-    def _context(self, x: Tensor) -> BlockContext:
-        return BlockContext(pos=self.position, positions=torch.arange(x.shape[1], device=x.device))
+    def _context(self, x: Tensor) -> StackContext:
+        return self.stack.context(self.position, x, None, causal=False, check_length=False)  # added by embed()
 
     # ------------------------------------------------------------------------------- outputs
     def pooled(self, images: Tensor) -> Tensor:
@@ -144,7 +137,7 @@ class VisionTransformer(nn.Module):
         ctx = self._context(x)
         outs = []
         for i, block in enumerate(self.stack.blocks[: max(take) + 1]):
-            x = block(x, ctx)
+            x = block(x, ctx.layers[i])
             if i in take:
                 outs.append(self.stack.norm(x) if norm else x)
         p = self.spec.n_prefix
@@ -169,6 +162,32 @@ class VisionTransformer(nn.Module):
         if not chosen:
             raise ValueError("layers: no block chosen; give block indices, a count, or None for every block")
         return chosen
+
+
+    # ----------------------------------------------------------------------------- costs
+    def sequence(self, seq: int) -> int:
+        return self.spec.n_tokens
+
+    def stacks(self, seq: int) -> list[tuple[Stack, int, int | None]]:
+        return [(self.stack, self.spec.n_tokens, None)]
+
+    def flops(self, seq: int) -> int:
+        """One image: the patch embedding, the blocks over every token, the pool (attention pooling
+        reads every patch) and the head on one vector."""
+        s = self.spec
+        patches = s.grid[0] * s.grid[1]
+        return (self.patch_embed.flops(s.image_size) + self.stack.flops(s.n_tokens) + parts.flops(self.pool, patches)
+                + parts.flops(self.head, 1))
+
+    def saved(self, seq: int) -> tuple[int, int]:
+        """One image: the images, the stem's activations, the blocks, what the pool keeps per patch,
+        the pooled vector and the head's input and logits."""
+        s = self.spec
+        n, patches = s.n_tokens, s.grid[0] * s.grid[1]
+        elements, masks = self.stack.saved(n, rotates=self.position.rotates)
+        elements += s.in_channels * s.image_size**2 + self.patch_embed.saved(s.image_size)
+        elements += s.d_model + parts.saved_per_token(self.head) + patches * parts.saved_per_token(self.pool)
+        return elements, masks + (n * s.d_model if s.dropout.embedding else 0)
 
 
 @register("family", "vit")

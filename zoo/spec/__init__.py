@@ -9,14 +9,26 @@ RoPE head size, image_size % patch_size, ...) are checked with messages that nam
 fix; nothing is rewritten behind the user's back (derived sizes are properties).
 
     zoo.spec.base       Spec, ComponentSpec, and the dispatch of a part's spec by its registered kind
-    zoo.spec.parts      the specs of attention, positions, FFNs and norms
+    zoo.spec.parts      the specs of attention, positions, FFNs, norms, heads and ViT pools
+    zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel) and per-layer patterns
     zoo.spec.families   FamilySpec and the four families: decoder, encoder, encoder_decoder, vit
+    zoo.spec.migrate    0.1's field names (norm.placement, head options) read as today's, with a note
     zoo.spec.load       YAML files, presets, dotted overrides, validation errors (SpecError), JSON Schema
 """
 
 from zoo.spec.base import ComponentSpec, Dispatch, Rate, Spec
-from zoo.spec.families import (
+from zoo.spec.blocks import (
+    AnyBlock,
     BlockSpec,
+    Layer,
+    LayerPattern,
+    ParallelBlockSpec,
+    PostBlockSpec,
+    PostSublayerBlockSpec,
+    PreBlockSpec,
+    select_layers,
+)
+from zoo.spec.families import (
     ClassifierSpec,
     ConvStemSpec,
     DecoderSpec,
@@ -26,9 +38,7 @@ from zoo.spec.families import (
     EncoderSpec,
     FamilySpec,
     InitSpec,
-    MLMHeadSpec,
     ModelSpec,
-    ParallelSpec,
     TextSpec,
     VitSpec,
 )
@@ -44,26 +54,33 @@ from zoo.spec.load import (
     read_yaml,
     to_yaml,
 )
+from zoo.spec.migrate import SpecNote
 from zoo.spec.parts import (
-    FFN,
     AlibiSpec,
-    Attention,
+    AnyAttention,
+    AnyFFN,
+    AnyHead,
+    AnyNorm,
+    AnyPool,
+    AnyPosition,
     AttentionSpec,
     ClsPoolSpec,
     FFNSpec,
     GatedFFNSpec,
     GeGLUSpec,
     GeluFFNSpec,
+    HeadSpec,
     LayerNormSpec,
     LearnedSpec,
+    LinearHeadSpec,
+    LMHeadSpec,
     MapPoolSpec,
     MeanPoolSpec,
+    MLMHeadSpec,
+    NoHeadSpec,
     NoPositionSpec,
-    Norm,
     NormSpec,
-    Pool,
     PoolSpec,
-    Position,
     PositionSpec,
     QKNormSpec,
     ReluFFNSpec,
@@ -76,12 +93,14 @@ from zoo.spec.parts import (
 )
 
 __all__ = [
-    "FFN", "PRESETS_DIR", "AlibiSpec", "Attention", "AttentionSpec", "BlockSpec", "ClassifierSpec", "ClsPoolSpec",
-    "ComponentSpec", "ConvStemSpec", "DecoderSpec", "Dispatch", "DropoutSpec", "EmbeddingSpec",
-    "EncoderDecoderSpec", "EncoderSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec",
-    "InitSpec", "LayerNormSpec", "LearnedSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "ModelSpec",
-    "NoPositionSpec", "Norm", "NormSpec", "ParallelSpec", "Pool", "PoolSpec", "Position", "PositionSpec", "QKNormSpec",
-    "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec",
-    "SinusoidalSpec", "Spec", "SpecError", "SwiGLUSpec", "TextSpec", "VitSpec", "apply_overrides", "json_schema",
-    "load_spec", "parse_spec", "preset_names", "preset_path", "read_yaml", "to_yaml",
+    "PRESETS_DIR", "AlibiSpec", "AnyAttention", "AnyBlock", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition",
+    "AttentionSpec", "BlockSpec", "ClassifierSpec", "ClsPoolSpec", "ComponentSpec", "ConvStemSpec", "DecoderSpec",
+    "Dispatch", "DropoutSpec", "EmbeddingSpec", "EncoderDecoderSpec", "EncoderSpec", "FFNSpec", "FamilySpec",
+    "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "LMHeadSpec", "Layer", "LayerNormSpec",
+    "LayerPattern", "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "ModelSpec",
+    "NoHeadSpec", "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
+    "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeSpec",
+    "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec", "TextSpec",
+    "VitSpec", "apply_overrides", "json_schema", "load_spec", "parse_spec", "preset_names", "preset_path",
+    "read_yaml", "select_layers", "to_yaml",
 ]

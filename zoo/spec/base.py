@@ -30,10 +30,11 @@ class ComponentSpec(Spec):
 
 class Dispatch:
     """Validate a ``{kind: ...}`` mapping with the spec class its registry has for that kind.
-    With ``shorthand``, a bare name stands for ``{kind: name}`` (``pool: mean``)."""
+    With ``shorthand``, a bare name stands for ``{kind: name}`` (``pool: mean``); with ``default``, a
+    mapping without the key is of that kind (``block: {ffn: ...}`` is a ``pre`` block)."""
 
-    def __init__(self, part: str, key: str = "kind", *, shorthand: bool = False) -> None:
-        self.part, self.key, self.shorthand = part, key, shorthand
+    def __init__(self, part: str, key: str = "kind", *, shorthand: bool = False, default: str | None = None) -> None:
+        self.part, self.key, self.shorthand, self.default = part, key, shorthand, default
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
         reg = registry(self.part)
@@ -47,6 +48,8 @@ class Dispatch:
                 raise ValueError(  # noqa: TRY004  (pydantic reports a ValueError as a validation error)
                     f"expected a mapping such as {{{self.key}: {reg.names()[0]}}}, got {value!r}"
                 )
+            if self.key not in value and self.default is not None:
+                value = {self.key: self.default, **value}
             if self.key not in value:
                 raise ValueError(f"missing '{self.key}': one of {', '.join(reg.names())}")
             try:

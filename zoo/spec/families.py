@@ -11,67 +11,24 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from zoo.registry import registry
 from zoo.spec.base import Dispatch, Rate, Spec, register_specs
+from zoo.spec.blocks import AnyBlock, BlockSpec, Layer, LayerPattern, PreBlockSpec, layer_key, resolve
 from zoo.spec.parts import (
-    FFN,
-    Attention,
+    AnyHead,
+    AnyPool,
+    AnyPosition,
     AttentionSpec,
     ClsPoolSpec,
-    LayerNormSpec,
     LearnedSpec,
-    MapPoolSpec,
-    Norm,
-    Pool,
-    Position,
-    ReluFFNSpec,
+    LinearHeadSpec,
+    LMHeadSpec,
+    MLMHeadSpec,
     SinusoidalSpec,
 )
 
 __all__ = [
-    "BlockSpec", "ClassifierSpec", "ConvStemSpec", "DecoderSpec", "DropoutSpec", "EmbeddingSpec", "EncoderDecoderSpec",
-    "EncoderSpec", "FamilySpec", "InitSpec", "MLMHeadSpec", "ModelSpec", "ParallelSpec", "TextSpec", "VitSpec",
+    "ClassifierSpec", "ConvStemSpec", "DecoderSpec", "DropoutSpec", "EmbeddingSpec", "EncoderDecoderSpec",
+    "EncoderSpec", "FamilySpec", "InitSpec", "ModelSpec", "TextSpec", "VitSpec",
 ]
-
-
-# ------------------------------------------------------------------------------------ shared pieces
-class ParallelSpec(Spec):
-    """Attention and FFN side by side on the same input, both added to it (Wang & Komatsuzaki 2021,
-    GPT-J; GPT-NeoX; PaLM): ``x + attn(norm1(x)) + ffn(norm2(x))``, or with ``shared_norm``
-    ``x + attn(norm(x)) + ffn(norm(x))``. Needs pre-norm placement."""
-
-    shared_norm: bool = Field(False, description="one norm feeds attention and FFN (GPT-J, PaLM); false: each has its own (GPT-NeoX)")
-
-
-class BlockSpec(Spec):
-    """One layer: self-attention [+ cross-attention] + FFN, each with a residual and a norm.
-
-    ``layer_scale`` (LayerScale, Touvron et al. 2021, CaiT; DeiT III; timm's ``init_values``)
-    multiplies each sub-layer's output by a learned per-channel vector, initialised to this value,
-    before the residual add (in both placements: Post-Norm adds the scaled output, then norms)."""
-
-    attention: Attention = Field(default_factory=AttentionSpec)
-    cross_attention: Attention | None = Field(None, description="encoder-decoder only; default: as attention")
-    ffn: FFN = Field(default_factory=ReluFFNSpec)
-    norm: Norm = Field(default_factory=LayerNormSpec)
-    layer_scale: float | None = Field(
-        None, description="initial value of the per-channel scale on each sub-layer's output (e.g. 1e-5); null: none"
-    )
-    parallel: ParallelSpec | None = Field(
-        None, description="attention and FFN side by side (GPT-NeoX, GPT-J, PaLM); null: one after the other"
-    )
-
-    @field_validator("layer_scale")
-    @classmethod
-    def _check_layer_scale(cls, value: float | None) -> float | None:
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ValueError(
-                f"layer_scale is the initial value of the scales and must be a positive number, got {value!r}; "
-                f"use a small value such as 1e-5 (CaiT) or 1e-6 (DeiT III), or null for no layer scale"
-            )
-        return value
-
-    @property
-    def cross(self) -> AttentionSpec:
-        return self.cross_attention or self.attention
 
 
 class DropoutSpec(Spec):
@@ -115,110 +72,156 @@ class EmbeddingSpec(Spec):
 
 
 class FamilySpec(Spec):
-    """Fields every model family has."""
+    """Fields every model family has, and what a family declares (class variables, read by the
+    checks): ``layout`` of its tokens (``sequence`` or ``grid``: which positions apply), ``output``
+    its head reads (``tokens`` [B, T, D] or ``pooled`` [B, D]: which heads apply), ``windows``
+    (sliding-window attention applies: causal self-attention), and its stacks (:meth:`stacks`)."""
+
+    layout: ClassVar[str] = "sequence"
+    output: ClassVar[str] = "tokens"
+    windows: ClassVar[bool] = False
 
     family: str
     name: str | None = Field(None, description="a label; never changes behaviour")
     d_model: PositiveInt = 512
     n_layers: PositiveInt = 6
-    block: BlockSpec = Field(default_factory=BlockSpec)
-    position: Position = Field(default_factory=SinusoidalSpec)
+    block: AnyBlock = Field(default_factory=PreBlockSpec, description="every layer's block, chosen by kind: pre, post, "
+                            "post_sublayer, parallel, ...")
+    layers: list[LayerPattern] = Field(
+        default_factory=list, description="layers that differ from block: each pattern's selected layers get its "
+        "changes to the block and/or a position of their own (per-layer windows, RoPE bases, no positions, FFNs)"
+    )
+    position: AnyPosition = Field(default_factory=SinusoidalSpec)
     dropout: DropoutSpec = Field(default_factory=DropoutSpec)
     init: InitSpec = Field(default_factory=InitSpec)
 
+    def stacks(self) -> dict[str, tuple[int, bool]]:
+        """Each stack of blocks by name: (its layers, whether its blocks hold cross-attention)."""
+        return {"stack": (self.n_layers, False)}
+
+    def stack_layers(self, stack: str = "stack") -> tuple[Layer, ...]:
+        """The resolved layers of ``stack``: ``block`` with the ``layers`` patterns applied."""
+        return resolve(self.block, self.layers, self.stacks()[stack][0], stack)
+
+    @property
+    def has_final_norm(self) -> bool:
+        """A norm after the last block, as the block kind declares (``final_norm``)."""
+        return type(self.block).final_norm
 
     @model_validator(mode="after")
     def _check_shared(self) -> FamilySpec:
-        d, att = self.d_model, self.block.attention
+        problems = self._layer_problems()
+        if self.init.scaled_residual and self.init.scheme == "xavier":
+            problems.append("init.scaled_residual: applies to scheme normal or trunc_normal, not xavier; set it to false")
+        position = self.position
+        problems += position.problems(d_model=self.d_model, head_dim=self._head_dim(self.block), field="position")
+        if self.layout not in type(position).layouts:
+            allowed = [n for n in registry("position").names() if self.layout in registry("position").spec(n).layouts]
+            problems.append(
+                f"position.kind: {position.kind!r} does not apply to family {self.family}; use one of {', '.join(allowed)}"
+            )
+        head = getattr(self, "head", None)
+        if head is not None and self.output not in type(head).takes:
+            allowed = [n for n in registry("head").names() if self.output in registry("head").spec(n).takes]
+            problems.append(f"head.kind: {head.kind!r} does not read the {self.output} family {self.family} puts out; "
+                            f"use one of {', '.join(allowed)}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _layer_problems(self) -> list[str]:
+        """The rules every layer's block and position must keep, checked once per distinct layer and
+        named by where it comes from (``block`` or ``layers.<i>``)."""
+        stacks = self.stacks()
         problems = []
-        for field, spec in (("attention", att), ("cross_attention", self.block.cross_attention)):
+        for j, p in enumerate(self.layers):
+            if p.stack is not None and p.stack not in stacks:
+                problems.append(f"layers.{j}.stack: {self.family} has the stacks {', '.join(stacks)}, not {p.stack!r}")
+        if problems:
+            return problems
+        seen: dict[str, str] = {}
+        any_cross = any(cross for _, cross in stacks.values())
+        for name, (n, cross) in stacks.items():
+            try:
+                layers = self.stack_layers(name)
+            except ValueError as e:
+                return str(e).split("\n")
+            where = self._origins(name, n)
+            for i, layer in enumerate(layers):
+                key = layer_key(layer) + str(cross)
+                if key not in seen:
+                    seen[key] = where[i]
+                    problems += self._check_layer(layer, where[i], cross, any_cross)
+            if layers and type(layers[-1].block).final_norm != self.has_final_norm:
+                problems.append(f"layers: the last layer's block kind ({layers[-1].block.kind}) and block.kind "
+                                f"({self.block.kind}) disagree on the final norm; give the last layer block.kind")
+        return list(dict.fromkeys(problems))
+
+    def _head_dim(self, block: BlockSpec) -> int:
+        """The query/key head size of ``block``'s attention (d_model for an attention spec that
+        has none)."""
+        att = block.attention
+        return att.qk_size(self.d_model) if isinstance(att, AttentionSpec) else self.d_model
+
+    def _origins(self, stack: str, n: int) -> list[str]:
+        """For each layer, the field its spec comes from: ``block``, or the last pattern selecting it."""
+        from zoo.spec.blocks import select_layers
+
+        where = ["block"] * n
+        for j, p in enumerate(self.layers):
+            if p.stack in (None, stack):
+                for i in select_layers(p.at, n):
+                    where[i] = f"layers.{j}"
+        return where
+
+    def _check_layer(self, layer: Layer, where: str, cross: bool, any_cross: bool) -> list[str]:
+        d, b = self.d_model, layer.block
+        blk = "block" if where == "block" else f"{where}.block"
+        problems = []
+        for field, spec in (("attention", b.attention), ("cross_attention", b.cross_attention)):
             if not isinstance(spec, AttentionSpec):
                 continue
             if (spec.head_dim is None or spec.v_head_dim is None) and d % spec.n_heads:
                 divisors = [h for h in range(1, min(d, 64) + 1) if d % h == 0]
                 problems.append(
-                    f"block.{field}.n_heads: d_model ({d}) must be divisible by n_heads ({spec.n_heads}); "
+                    f"{blk}.{field}.n_heads: d_model ({d}) must be divisible by n_heads ({spec.n_heads}); "
                     f"choose n_heads from {divisors} or set head_dim and v_head_dim"
                 )
-        if self.position.kind == "rope" and isinstance(att, AttentionSpec):
-            fraction, rotated = self.position.fraction, self.position.rotary_dims(att.qk_size(d))
-            if fraction == 1.0 and rotated % 2:
+            if spec.window is not None and (field == "cross_attention" or not self.windows):
                 problems.append(
-                    f"position.kind: rope rotates pairs of dimensions, so the query/key head size must be even, "
-                    f"got {att.qk_size(d)} (d_model {d} / n_heads {att.n_heads}); change n_heads or set block.attention.head_dim"
+                    f"{blk}.{field}.window: sliding-window attention is causal self-attention, which family "
+                    f"{self.family} does not have here; remove it"
                 )
-            elif rotated % 2 or rotated == 0:
-                problems.append(
-                    f"position.fraction: rope rotates pairs of dimensions, so int(head size * fraction) must be even and "
-                    f"positive, got int({att.qk_size(d)} * {fraction}) = {rotated}; choose a fraction that rotates an even count"
-                )
-        for field, spec in (("attention", att), ("cross_attention", self.block.cross_attention)):
-            if getattr(spec, "window", None) is not None and self.family != "decoder":
-                problems.append(
-                    f"block.{field}.window: sliding-window attention is causal self-attention, which family "
-                    f"{self.family} does not have (only decoder); remove it"
-                )
-        if self.block.parallel is not None:
-            if self.norm_placement != "pre":
-                problems.append(
-                    f"block.parallel: a parallel block normalises the input of attention and FFN (block.norm.placement: pre), "
-                    f"but block.norm.placement is {self.norm_placement}; set block.norm.placement: pre or block.parallel: null"
-                )
-            if self.family == "encoder_decoder":
-                problems.append(
-                    "block.parallel: a parallel block has self-attention and FFN only, not the cross-attention of "
-                    "family encoder_decoder; set block.parallel: null"
-                )
-        if self.block.cross_attention is not None and self.family != "encoder_decoder":
-            problems.append(
-                f"block.cross_attention: family {self.family} has no cross-attention (only encoder_decoder); remove it"
-            )
-        if self.init.scaled_residual and self.init.scheme == "xavier":
-            problems.append("init.scaled_residual: applies to scheme normal or trunc_normal, not xavier; set it to false")
-        allowed = self._allowed_positions()
-        if self.position.kind not in allowed:
-            problems.append(
-                f"position.kind: {self.position.kind!r} does not apply to family {self.family}; use one of {', '.join(allowed)}"
-            )
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
-
-    _foreign_positions: ClassVar[frozenset[str]] = frozenset({"sincos2d"})  # built-in kinds that do not apply
-
-    def _allowed_positions(self) -> list[str]:
-        return [n for n in registry("position").names() if n not in self._foreign_positions]
-
-    @property
-    def norm_placement(self) -> str:
-        return getattr(self.block.norm, "placement", "pre")
-
-    @property
-    def has_final_norm(self) -> bool:
-        """A norm after the last block: pre-norm and post-sublayer stacks end unnormalised without one;
-        a post-norm stack already ends in a norm."""
-        return self.norm_placement != "post"
+        if layer.position is not None and not problems:
+            problems += layer.position.problems(d_model=d, head_dim=self._head_dim(b), field=f"{where}.position")
+        elif where != "block" and not problems and self._head_dim(b) != self._head_dim(self.block):
+            problems += self.position.problems(d_model=d, head_dim=self._head_dim(b), field="position")
+        if layer.position is not None and not type(layer.position).in_layers:
+            in_layers = [n for n in registry("position").names() if registry("position").spec(n).in_layers]
+            problems.append(f"{where}.position: {layer.position.kind!r} is added to the embeddings once, not per layer; "
+                            f"a layer's own position is one of {', '.join(in_layers)}")
+        if cross and not type(b).takes_cross:
+            problems.append(f"{blk}.kind: a {b.kind} block has no cross-attention, which family {self.family}'s "
+                            f"decoder needs; choose another block kind")
+        if not any_cross and b.cross_attention is not None:
+            problems.append(f"{blk}.cross_attention: family {self.family} has no cross-attention; remove it")
+        return problems
 
 
 class TextSpec(FamilySpec):
     vocab_size: PositiveInt = 32000
     max_seq_len: PositiveInt = Field(1024, description="longest sequence; sizes learned and sinusoidal tables")
     embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
-    tie_embeddings: bool = Field(True, description="the output projection shares the token embedding")
-    head_bias: bool = Field(False, description="a bias on the output projection")
+    head: AnyHead = Field(default_factory=LMHeadSpec, description="after the last block: lm (logits), mlm, or none "
+                          "(the hidden states); a bare name stands for {kind: name}")
 
 
 class DecoderSpec(TextSpec):
     """GPT-style decoder-only language model: ``model(tokens[B,T]) -> logits[B,T,V]``."""
 
+    windows: ClassVar[bool] = True
     family: Literal["decoder"] = "decoder"
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="normal", std=0.02, scaled_residual=True))
-
-
-class MLMHeadSpec(Spec):
-    """Masked-LM head: optional transform (linear + GELU + norm, as BERT) before the projection."""
-
-    transform: bool = True
 
 
 class ClassifierSpec(Spec):
@@ -235,8 +238,8 @@ class EncoderSpec(TextSpec):
 
     family: Literal["encoder"] = "encoder"
     type_vocab_size: NonNegativeInt = Field(0, description="segment (token type) embeddings; 0 for none")
-    mlm_head: MLMHeadSpec = Field(default_factory=MLMHeadSpec)
-    head_bias: bool = True
+    head: AnyHead = Field(default_factory=MLMHeadSpec, description="after the last block: mlm, lm, or none (the "
+                          "hidden states); a bare name stands for {kind: name}")
     classifier: ClassifierSpec | None = None
 
 
@@ -249,6 +252,9 @@ class EncoderDecoderSpec(TextSpec):
     src_vocab_size: PositiveInt | None = Field(None, description="default: vocab_size (a shared vocabulary)")
     share_embeddings: bool = Field(True, description="source and target embeddings are one matrix")
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="xavier"))
+
+    def stacks(self) -> dict[str, tuple[int, bool]]:
+        return {"encoder": (self.encoder_layers, False), "decoder": (self.decoder_layers, True)}
 
     @model_validator(mode="after")
     def _check_sharing(self) -> EncoderDecoderSpec:
@@ -298,11 +304,15 @@ class VitSpec(FamilySpec):
     """Vision Transformer: ``model(images[B,C,H,W]) -> logits[B,num_classes]``. The tokens are
     ``[class token?, registers..., patches...]``; the class token and the registers are the prefix."""
 
+    layout: ClassVar[str] = "grid"
+    output: ClassVar[str] = "pooled"
+
     family: Literal["vit"] = "vit"
     image_size: PositiveInt = 224
     patch_size: PositiveInt = 16
     in_channels: PositiveInt = 3
-    num_classes: PositiveInt = 1000
+    head: AnyHead = Field(default_factory=LinearHeadSpec, description="after pooling: linear (a classifier of "
+                          "num_classes) or none (the pooled features); a bare name stands for {kind: name}")
     class_token: bool = True
     reg_tokens: NonNegativeInt = Field(
         0, description="learned register tokens after the class token (Darcet et al. 2023); read by no pool"
@@ -311,7 +321,7 @@ class VitSpec(FamilySpec):
         True, description="the position table has rows for the class and register tokens too; false: patch tokens "
         "only, the prefix gets no position (timm's no_embed_class: DeiT III, registers)"
     )
-    pool: Pool = Field(
+    pool: AnyPool = Field(
         default_factory=ClsPoolSpec, description="how tokens become the head's input: cls, mean or map (a bare name "
         "stands for {kind: name})"
     )
@@ -321,8 +331,13 @@ class VitSpec(FamilySpec):
         "bicubically to the grid (timm's dynamic_img_size), sincos2d recomputed"
     )
     stem: ConvStemSpec | None = Field(None, description="convolutions before the patch projection; null: none (the plain ViT)")
-    position: Position = Field(default_factory=LearnedSpec)
+    position: AnyPosition = Field(default_factory=LearnedSpec)
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="trunc_normal"))
+
+    @property
+    def num_classes(self) -> int | None:
+        """The classifier's outputs, or None without a classifier (``head: none``)."""
+        return getattr(self.head, "num_classes", None)
 
     @model_validator(mode="after")
     def _check_vit(self) -> VitSpec:
@@ -331,27 +346,20 @@ class VitSpec(FamilySpec):
                 f"image_size ({self.image_size}) must be divisible by patch_size ({self.patch_size}); "
                 f"e.g. patch_size one of {[p for p in range(2, 33) if self.image_size % p == 0]}"
             )
-        if self.position.kind == "sincos2d" and self.d_model % 4:
-            raise ValueError(f"position.kind: sincos2d splits d_model in four (row/column x sin/cos); d_model ({self.d_model}) must be divisible by 4")
-        if self.pool.kind == "cls" and not self.class_token:
-            raise ValueError("pool: cls needs class_token: true; set class_token: true or pool: mean (or map)")
-        if isinstance(self.pool, MapPoolSpec):
-            heads = self.pool.n_heads or self.block.attention.n_heads
-            if self.d_model % heads:
-                divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
-                raise ValueError(
-                    f"pool.n_heads: the pooling attention splits d_model ({self.d_model}) into {heads} heads "
-                    f"({'pool.n_heads' if self.pool.n_heads else 'block.attention.n_heads'}); set pool.n_heads to one of {divisors}"
-                )
-        if not self.prefix_positions and self.position.kind in self._gridless_positions:
+        problems = self.pool.problems(d_model=self.d_model, block=self.block, class_token=self.class_token)
+        if problems:
+            raise ValueError("\n".join(problems))
+        position = type(self.position)
+        if not self.prefix_positions and not position.adds:
             raise ValueError(
                 f"prefix_positions: false leaves the class and register tokens out of the position table, but "
                 f"position.kind {self.position.kind} adds no table; remove prefix_positions (or use learned or sincos2d)"
             )
-        if self.dynamic_size and self.position.kind not in self._resizable_positions:
+        if self.dynamic_size and not position.resizable:
+            names = [n for n in registry("position").names() if registry("position").spec(n).resizable]
             raise ValueError(
                 f"dynamic_size: positions of kind {self.position.kind!r} cannot be fitted to another grid; "
-                f"use position.kind {', '.join(sorted(self._resizable_positions))}, or set dynamic_size: false"
+                f"use position.kind {', '.join(names)}, or set dynamic_size: false"
             )
         if self.stem is not None:
             stem = self.stem
@@ -366,10 +374,6 @@ class VitSpec(FamilySpec):
                     f"so the patch projection covers whole stem pixels; use strides whose product divides {self.patch_size}"
                 )
         return self
-
-    _foreign_positions: ClassVar[frozenset[str]] = frozenset({"sinusoidal", "rope", "alibi"})  # 1-D text positions
-    _resizable_positions: ClassVar[frozenset[str]] = frozenset({"learned", "sincos2d", "none"})
-    _gridless_positions: ClassVar[frozenset[str]] = frozenset({"none"})
 
     @property
     def grid(self) -> tuple[int, int]:

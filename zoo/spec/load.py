@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from zoo.registry import RegistryError, registry, suggest
 from zoo.spec.base import Dispatch, Spec
 from zoo.spec.families import FamilySpec, ModelSpec
+from zoo.spec.migrate import migrate
 
 __all__ = [
     "PRESETS_DIR", "SpecError", "apply_overrides", "json_schema", "load_spec", "parse_spec", "preset_names", "preset_path",
@@ -130,7 +131,7 @@ def _registry_at(data: dict, path: list[str]) -> str | None:
         if dispatch is not None:
             sub = _get(data, path[: i + 1])
             try:
-                cls = registry(dispatch.part).spec(sub.get("kind"))
+                cls = registry(dispatch.part).spec(sub.get("kind") or dispatch.default)
             except (RegistryError, AttributeError):
                 return None
         else:
@@ -195,7 +196,7 @@ def parse_spec(data: Mapping[str, Any] | FamilySpec, *, source: str = "") -> Fam
     except RegistryError as e:
         raise SpecError(f"spec {source}: family: {e}") from None
     try:
-        return cls.model_validate(dict(data))
+        return cls.model_validate(migrate(dict(data), source))
     except ValidationError as e:
         raise _format_errors(e, source or "") from None
 

@@ -1,20 +1,26 @@
-"""The specs of interchangeable parts: attention, positions, FFNs and norms. Each part's field in a
-model spec takes any kind its registry knows (:class:`~zoo.spec.base.Dispatch`)."""
+"""The specs of interchangeable parts: attention, positions, FFNs, norms, heads and ViT pools. Each
+part's field in a model spec takes any kind its registry knows (:class:`~zoo.spec.base.Dispatch`);
+the ``Any*`` types are those fields' annotations.
+
+Parts declare what the models and checks need to know of them as class variables (a position's
+``layouts``, whether it acts ``in_layers``, a head's ``takes``), so no model or check branches on a
+part's kind."""
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 
 __all__ = [
-    "FFN", "AlibiSpec", "Attention", "AttentionSpec", "ClsPoolSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec",
-    "GeluFFNSpec", "LayerNormSpec", "LearnedSpec", "MapPoolSpec", "MeanPoolSpec", "NoPositionSpec", "Norm", "NormSpec",
-    "Pool", "PoolSpec", "Position", "PositionSpec", "QKNormSpec", "RMSNormSpec", "ReluFFNSpec", "RopeSpec",
-    "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
+    "AlibiSpec", "AnyAttention", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition", "AttentionSpec",
+    "ClsPoolSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
+    "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
+    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "RMSNormSpec", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec",
+    "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
 ]
 
 
@@ -93,11 +99,36 @@ class AttentionSpec(ComponentSpec):
 
 # ----------------------------------------------------------------------------------------- positions
 class PositionSpec(ComponentSpec):
-    """Where order information enters: added to embeddings, rotating q/k, or biasing scores."""
+    """Where order information enters: added to embeddings, rotating q/k, or biasing scores.
+
+    What a kind declares (class variables, read by the families' checks):
+
+    * ``layouts``: the token layouts it applies to, ``sequence`` (text) and/or ``grid`` (a ViT's
+      patches); a family takes the kinds that name its layout.
+    * ``in_layers``: it acts inside attention (rotates q/k or biases scores), so a layer may have a
+      position of its own (``layers: [{at: ..., position: ...}]``: another RoPE base, none).
+    * ``adds``: it adds a vector to each token (a table of rows).
+    * ``resizable``: a ViT can fit it to another patch grid (``dynamic_size``).
+    """
+
+    layouts: ClassVar[frozenset[str]] = frozenset({"sequence"})
+    in_layers: ClassVar[bool] = False
+    adds: ClassVar[bool] = False
+    resizable: ClassVar[bool] = False
+
+    def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
+        """What does not fit a model of width ``d_model`` whose query/key heads are ``head_dim``
+        wide, each line naming ``field`` (this position's dotted path) and the fix; [] when it fits."""
+        return []
 
 
 class NoPositionSpec(PositionSpec):
+    """No order information (a bag of tokens; NoPE layers)."""
+
     kind: Literal["none"] = "none"
+    layouts: ClassVar[frozenset[str]] = frozenset({"sequence", "grid"})
+    in_layers: ClassVar[bool] = True
+    resizable: ClassVar[bool] = True
 
 
 class SinusoidalSpec(PositionSpec):
@@ -106,12 +137,18 @@ class SinusoidalSpec(PositionSpec):
     also concatenate but space their frequencies as base^(-i/(D/2-1)), a slightly different table."""
 
     kind: Literal["sinusoidal"] = "sinusoidal"
+    adds: ClassVar[bool] = True
     base: PositiveFloat = 10000.0
     layout: Literal["interleaved", "concat"] = "interleaved"
 
 
 class LearnedSpec(PositionSpec):
+    """A learned table of positions (GPT-2, BERT, ViT)."""
+
     kind: Literal["learned"] = "learned"
+    layouts: ClassVar[frozenset[str]] = frozenset({"sequence", "grid"})
+    adds: ClassVar[bool] = True
+    resizable: ClassVar[bool] = True
 
 
 class RopeSpec(PositionSpec):
@@ -120,6 +157,7 @@ class RopeSpec(PositionSpec):
     (partial rotary, GPT-NeoX's ``rotary_pct``)."""
 
     kind: Literal["rope"] = "rope"
+    in_layers: ClassVar[bool] = True
     base: PositiveFloat = 10000.0
     fraction: float = Field(
         1.0, gt=0.0, le=1.0,
@@ -131,16 +169,39 @@ class RopeSpec(PositionSpec):
         as HF computes ``partial_rotary_factor``."""
         return int(head_dim * self.fraction)
 
+    def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
+        rotated = self.rotary_dims(head_dim)
+        if self.fraction == 1.0 and rotated % 2:
+            return [f"{field}.kind: rope rotates pairs of dimensions, so the query/key head size must be even, "
+                    f"got {head_dim}; change n_heads or set block.attention.head_dim"]
+        if rotated % 2 or rotated == 0:
+            return [f"{field}.fraction: rope rotates pairs of dimensions, so int(head size * fraction) must be even "
+                    f"and positive, got int({head_dim} * {self.fraction}) = {rotated}; choose a fraction that rotates "
+                    f"an even count"]
+        return []
+
 
 class AlibiSpec(PositionSpec):
+    """Linear biases on attention scores (Press et al. 2022)."""
+
     kind: Literal["alibi"] = "alibi"
+    in_layers: ClassVar[bool] = True
 
 
 class SinCos2dSpec(PositionSpec):
     """Fixed 2-D sin-cos table over the patch grid (ViT; MAE layout, zero row for the class token)."""
 
     kind: Literal["sincos2d"] = "sincos2d"
+    layouts: ClassVar[frozenset[str]] = frozenset({"grid"})
+    adds: ClassVar[bool] = True
+    resizable: ClassVar[bool] = True
     base: PositiveFloat = 10000.0
+
+    def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
+        if d_model % 4:
+            return [f"{field}.kind: sincos2d splits d_model in four (row/column x sin/cos); d_model ({d_model}) must "
+                    f"be divisible by 4"]
+        return []
 
 
 # --------------------------------------------------------------------------------------------- FFN
@@ -190,11 +251,8 @@ class SwiGLUSpec(GatedFFNSpec):
 
 # -------------------------------------------------------------------------------------------- norms
 class NormSpec(ComponentSpec):
-    """Normalisation and where blocks put it: ``post`` (the paper: norm after each residual add),
-    ``pre`` (GPT-2, LLaMA, ViT: norm before each sub-layer, plus a final norm) or ``post_sublayer``
-    (OLMo 2: norm on each sub-layer's output before the residual add, plus a final norm)."""
+    """Normalisation. Where a block puts its norms is the block's ``kind`` (``block.kind``)."""
 
-    placement: Literal["pre", "post", "post_sublayer"] = "pre"
     eps: PositiveFloat = 1e-5
 
 
@@ -213,11 +271,21 @@ class PoolSpec(ComponentSpec):
     """How a ViT turns its tokens into one vector [B, D] for the head. A pool sees every token and
     the number of prefix tokens (class token, registers) in front of the patch tokens."""
 
+    def problems(self, *, d_model: int, block: ComponentSpec, class_token: bool) -> list[str]:
+        """What does not fit the ViT (width ``d_model``, its ``block`` spec, a class token or not),
+        each line naming the field and the fix; [] when it fits."""
+        return []
+
 
 class ClsPoolSpec(PoolSpec):
     """The class token's output (ViT; timm ``global_pool='token'``)."""
 
     kind: Literal["cls"] = "cls"
+
+    def problems(self, *, d_model: int, block: ComponentSpec, class_token: bool) -> list[str]:
+        if not class_token:
+            return ["pool: cls needs class_token: true; set class_token: true or pool: mean (or map)"]
+        return []
 
 
 class MeanPoolSpec(PoolSpec):
@@ -237,12 +305,64 @@ class MapPoolSpec(PoolSpec):
     hidden: PositiveInt | None = Field(None, description="hidden width of its FFN; default: the block FFN's")
     bias: bool = Field(True, description="biases on its projections and FFN (timm: always)")
 
+    def problems(self, *, d_model: int, block: ComponentSpec, class_token: bool) -> list[str]:
+        heads = self.n_heads or getattr(block.attention, "n_heads", 1)
+        if d_model % heads:
+            divisors = [h for h in range(1, min(d_model, 64) + 1) if d_model % h == 0]
+            source = "pool.n_heads" if self.n_heads else "block.attention.n_heads"
+            return [f"pool.n_heads: the pooling attention splits d_model ({d_model}) into {heads} heads ({source}); "
+                    f"set pool.n_heads to one of {divisors}"]
+        return []
 
-Attention = Annotated[ComponentSpec, Dispatch("attention")]
-Position = Annotated[ComponentSpec, Dispatch("position")]
-FFN = Annotated[ComponentSpec, Dispatch("ffn")]
-Norm = Annotated[ComponentSpec, Dispatch("norm")]
-Pool = Annotated[ComponentSpec, Dispatch("pool", shorthand=True)]
+
+# -------------------------------------------------------------------------------------------- heads
+class HeadSpec(ComponentSpec):
+    """What a model puts after its last block. ``takes``: the family outputs it reads, ``tokens``
+    ([B, T, D]: text families) and/or ``pooled`` ([B, D]: a ViT's pooled tokens)."""
+
+    takes: ClassVar[frozenset[str]] = frozenset({"tokens"})
+
+
+class NoHeadSpec(HeadSpec):
+    """No head: a backbone whose forward returns the hidden states after the final norm ([B, T, D]),
+    or a ViT's pooled features ([B, D]), as HF's ``*Model`` classes and timm's ``num_classes=0``."""
+
+    kind: Literal["none"] = "none"
+    takes: ClassVar[frozenset[str]] = frozenset({"tokens", "pooled"})
+
+
+class LMHeadSpec(HeadSpec):
+    """A linear projection of each token to the vocabulary (logits [B, T, V])."""
+
+    kind: Literal["lm"] = "lm"
+    bias: bool = Field(False, description="a bias on the projection")
+    tied: bool = Field(True, description="the projection's weight is the token embedding's (tied embeddings)")
+
+
+class MLMHeadSpec(HeadSpec):
+    """BERT's masked-LM head: an optional transform (linear, GELU, a norm of the block's kind), then
+    the projection to the vocabulary."""
+
+    kind: Literal["mlm"] = "mlm"
+    transform: bool = Field(True, description="linear + GELU + norm before the projection (BERT)")
+    bias: bool = Field(True, description="a bias on the projection")
+    tied: bool = Field(True, description="the projection's weight is the token embedding's (tied embeddings)")
+
+
+class LinearHeadSpec(HeadSpec):
+    """A linear classifier of a ViT's pooled tokens (logits [B, num_classes])."""
+
+    kind: Literal["linear"] = "linear"
+    takes: ClassVar[frozenset[str]] = frozenset({"pooled"})
+    num_classes: PositiveInt = 1000
+
+
+AnyAttention = Annotated[ComponentSpec, Dispatch("attention")]
+AnyPosition = Annotated[ComponentSpec, Dispatch("position")]
+AnyFFN = Annotated[ComponentSpec, Dispatch("ffn")]
+AnyNorm = Annotated[ComponentSpec, Dispatch("norm")]
+AnyPool = Annotated[ComponentSpec, Dispatch("pool", shorthand=True)]
+AnyHead = Annotated[ComponentSpec, Dispatch("head", shorthand=True)]
 
 register_specs("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec})
 register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
@@ -251,3 +371,4 @@ register_specs("ffn", FFNSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu"
                                 "geglu": GeGLUSpec})
 register_specs("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec})
 register_specs("pool", PoolSpec, {"cls": ClsPoolSpec, "mean": MeanPoolSpec, "map": MapPoolSpec})
+register_specs("head", HeadSpec, {"none": NoHeadSpec, "lm": LMHeadSpec, "mlm": MLMHeadSpec, "linear": LinearHeadSpec})

@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from zoo.components.block import Stack
+from zoo.components.stack import Stack
 from zoo.train.distributed import Dist
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)

@@ -1,6 +1,7 @@
-"""What the HF converters share: the :class:`Architecture` each reference class fills in, the
-tables of activation names, the checks that refuse what a reference cannot express, and the
-builders of tensor rules (:mod:`zoo.interop.common`) for the usual layouts."""
+"""What the HF converters share: the :class:`Architecture` each reference class fills in (with the
+spec fields it claims, :mod:`zoo.interop.claims`), the tables of activation names, the checks
+that refuse what a reference cannot express, and the builders of tensor rules
+(:mod:`zoo.interop.common`) for the usual layouts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.spec import FamilySpec
 
@@ -23,11 +25,12 @@ __all__ = [
     "no_dropout",
     "plain_attention",
     "refuse_config",
-    "refuse_variants",
     "require",
     "rope_parameters",
+    "same_layers",
     "token_ids",
     "weights",
+    "TEXT_CLAIMS",
 ]
 
 
@@ -42,6 +45,18 @@ class Architecture:
     name: ClassVar[str]  # the transformers model class
     config_name: ClassVar[str]  # the transformers config class
     model_type: ClassVar[str]  # the config's model_type
+    claims: ClassVar[Claims] = {}  # the spec fields it expresses (zoo.interop.claims); any other is refused
+
+    @classmethod
+    def check_claims(cls, s: FamilySpec, where: str) -> None:
+        """Refuse every field of ``s`` this class does not claim (before its own finer checks)."""
+        check_claims(s, cls.claims, where, cls.name)
+
+    @classmethod
+    def express(cls, s: FamilySpec, given: dict) -> dict:
+        """The config fields of ``s``: its claims checked, then :meth:`config`."""
+        cls.check_claims(s, f"zoo -> {cls.name}")
+        return cls.config(s, given)
 
     @staticmethod
     def spec(c: Any, hf: nn.Module | None) -> dict:
@@ -153,11 +168,11 @@ def plain_attention(spec: FamilySpec, where: str, *, cross_too: bool = False) ->
                 "this architecture's cross-attention is shaped as its self-attention; leave cross_attention null")
 
 
-def layernorm(spec: FamilySpec, where: str, placement: str) -> None:
+def layernorm(spec: FamilySpec, where: str, kind: str) -> None:
     n = spec.block.norm
     require(n.kind == "layernorm", where, "block.norm.kind", n.kind, "this architecture uses LayerNorm")
     require(n.bias, where, "block.norm.bias", n.bias, "this architecture's LayerNorms have biases")
-    require(n.placement == placement, where, "block.norm.placement", n.placement, f"this architecture is {placement}-norm")
+    require(spec.block.kind == kind, where, "block.kind", spec.block.kind, f"this architecture's blocks are {kind}")
 
 
 def no_dropout(spec: FamilySpec, where: str, fields: tuple[str, ...], why: str) -> None:
@@ -173,38 +188,28 @@ def token_ids(c: dict, vocab: int, defaults: dict[str, int | None], given: dict)
             c[field] = default if default is None or default < vocab else None
 
 
-def _variants(spec: FamilySpec) -> dict[str, tuple[str, object, bool, str]]:
-    """The options only some references have: name -> (field, value, at its plain setting, why not)."""
-    b, att, pos = spec.block, spec.block.attention, spec.position
-    out_bias = getattr(att, "out_bias", None)
-    return {
-        "window": ("block.attention.window", getattr(att, "window", None), getattr(att, "window", None) is None,
-                   "this architecture attends to every earlier token (no sliding window)"),
-        "out_bias": ("block.attention.out_bias", out_bias, out_bias in (None, getattr(att, "bias", None)),
-                     "this architecture has one bias setting for every attention projection"),
-        "qk_norm": ("block.attention.qk_norm", getattr(att, "qk_norm", None), getattr(att, "qk_norm", None) is None,
-                    "this architecture does not normalise queries and keys"),
-        "rope_fraction": ("position.fraction", getattr(pos, "fraction", 1.0), getattr(pos, "fraction", 1.0) == 1.0,
-                          "this architecture rotates every query/key dimension"),
-        "parallel": ("block.parallel", b.parallel, b.parallel is None,
-                     "this architecture runs attention and FFN one after the other"),
-        "layer_scale": ("block.layer_scale", getattr(b, "layer_scale", None), getattr(b, "layer_scale", None) is None,
-                        "this architecture has no layer scale"),
-        "unit_offset": ("block.norm.unit_offset", getattr(b.norm, "unit_offset", False), not getattr(b.norm, "unit_offset", False),
-                        "this architecture's RMSNorm scales by its weight, not by (1 + weight)"),
-        "round_scale": ("embedding.round_scale", getattr(spec, "embedding", None) and spec.embedding.round_scale,
-                        not (getattr(spec, "embedding", None) and spec.embedding.round_scale),
-                        "this architecture does not round its embedding scale"),
-    }
+def same_layers(spec: FamilySpec, where: str, *, but: tuple[str, ...] = ()) -> None:
+    """Every layer as the model's block, with its position, but for the attention fields ``but``
+    (e.g. ``window``): what per-layer patterns this architecture's config expresses."""
+    for name in spec.stacks():
+        for i, layer in enumerate(spec.stack_layers(name)):
+            b = layer.block
+            plain = b.model_copy(update={"attention": b.attention.model_copy(update={f: getattr(spec.block.attention, f) for f in but})})
+            if plain != spec.block or layer.position is not None:
+                what = "position" if layer.position is not None else "block"
+                raise unsupported(where, "layers", f"layer {i}'s {what}",
+                                  "this architecture repeats one layer" + (f" but for its attention {', '.join(but)}" if but else ""))
 
 
-def refuse_variants(spec: FamilySpec, where: str, *, allow: tuple[str, ...] = ()) -> None:
-    """Options of zoo's that only some references have (sliding window, qk-norm, partial rotary, a
-    parallel block, layer scale, ...) must be off, but for those the architecture ``allow`` s and
-    checks itself."""
-    for name, (option, value, plain, why) in _variants(spec).items():
-        if name not in allow:
-            require(plain, where, option, value, why)
+# What every text reference states the same way: sizes, the vocabulary, attention heads and sizes,
+# the FFN's width and biases, the norm's eps, the LM head's tying, the dropout rates it maps.
+TEXT_CLAIMS: Claims = {
+    "family": one_of("decoder"), "d_model": ANY, "n_layers": ANY, "vocab_size": ANY, "max_seq_len": ANY,
+    "block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
+    "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY,
+    "block.attention.bias": ANY, "block.ffn.kind": ANY, "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
+    "block.ffn.approximate": ANY, "block.norm.eps": ANY, "head.kind": one_of("lm"), "head.tied": ANY,
+}
 
 
 def rope_parameters(c: Any, where: str, *, partial: bool = False) -> dict:

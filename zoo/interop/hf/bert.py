@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.hf.base import (
+    TEXT_CLAIMS,
     Architecture,
     fused,
     layernorm,
-    no_dropout,
     plain_attention,
     refuse_config,
-    refuse_variants,
     require,
     weights,
 )
@@ -27,6 +27,12 @@ class Bert(Architecture):
     name = "BertForMaskedLM"
     config_name = "BertConfig"
     model_type = "bert"
+    claims: ClassVar[Claims] = {
+        **TEXT_CLAIMS, "family": one_of("encoder"), "type_vocab_size": ANY, "embedding.norm": ANY, "position.kind": one_of("learned"),
+        "block.kind": one_of("post"), "block.norm.kind": one_of("layernorm"), "block.norm.bias": one_of(True),
+        "block.attention.out_bias": ANY, "head.kind": one_of("mlm"), "head.transform": one_of(True), "head.bias": one_of(True),
+        "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY,
+    }
 
     @staticmethod
     def spec(c: Any, hf: nn.Module | None) -> dict:
@@ -44,12 +50,13 @@ class Bert(Architecture):
         return {
             "family": "encoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings,
             "type_vocab_size": c.type_vocab_size, "d_model": c.hidden_size, "n_layers": c.num_hidden_layers,
-            "embedding": {"scale": False, "norm": True}, "tie_embeddings": tied, "head_bias": True,
-            "mlm_head": {"transform": True}, "position": {"kind": "learned"},
+            "embedding": {"scale": False, "norm": True}, "head": {"kind": "mlm", "transform": True, "bias": True, "tied": tied},
+            "position": {"kind": "learned"},
             "block": {
                 "attention": {"kind": "mha", "n_heads": c.num_attention_heads, "bias": True},
                 "ffn": {"kind": "gelu", "approximate": "none", "hidden": c.intermediate_size, "bias": True},
-                "norm": {"kind": "layernorm", "placement": "post", "eps": c.layer_norm_eps},
+                "norm": {"kind": "layernorm", "eps": c.layer_norm_eps},
+                "kind": "post",
             },
             "dropout": {"embedding": c.hidden_dropout_prob, "residual": c.hidden_dropout_prob,
                         "attention": c.attention_probs_dropout_prob, "ffn": 0.0},
@@ -66,23 +73,17 @@ class Bert(Architecture):
         require((ffn.kind, getattr(ffn, "approximate", None)) == ("gelu", "none"), where, "block.ffn.kind", ffn.kind,
                 "BERT's hidden_act is shared with the masked-LM head, which zoo computes with exact GELU")
         require(ffn.bias, where, "block.ffn.bias", False, "BERT's FFN has biases")
-        require(s.embedding.norm and not s.embedding.scale, where, "embedding", s.embedding.model_dump(),
-                "BERT normalises the embedding sum (norm: true) and does not scale it (scale: false)")
-        require(s.mlm_head.transform, where, "mlm_head.transform", False, "BERT's MLM head has the dense-GELU-LayerNorm transform")
-        require(s.head_bias, where, "head_bias", False, "BERT's MLM decoder has a bias")
-        require(s.classifier is None, where, "classifier", "set", "BertForMaskedLM has no sequence-classification head")
+        require(s.embedding.norm, where, "embedding.norm", False, "BERT normalises the embedding sum (norm: true)")
         require(s.type_vocab_size > 0, where, "type_vocab_size", 0, "BERT has segment embeddings; set type_vocab_size >= 1")
         require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
                 f"BERT's hidden_dropout_prob is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
-        no_dropout(s, where, ("ffn",), "BERT has no dropout inside its FFN")
-        refuse_variants(s, where)
         return {
             "vocab_size": s.vocab_size, "hidden_size": s.d_model, "num_hidden_layers": s.n_layers,
             "num_attention_heads": s.block.attention.n_heads, "intermediate_size": ffn.hidden_size(s.d_model),
             "hidden_act": "gelu", "hidden_dropout_prob": s.dropout.residual,
             "attention_probs_dropout_prob": s.dropout.attention, "max_position_embeddings": s.max_seq_len,
             "type_vocab_size": s.type_vocab_size, "layer_norm_eps": s.block.norm.eps, "initializer_range": s.init.std,
-            "tie_word_embeddings": s.tie_embeddings,
+            "tie_word_embeddings": s.head.tied,
         }
 
     @staticmethod

@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from zoo.build import build
+from zoo.interop.claims import claims_family
 from zoo.interop.common import (
     ConversionError,
     check_covered,
@@ -30,10 +31,9 @@ from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
 
+# A spec converts by default to the first of these that expresses it
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in (GPT2, Bert, Llama, Marian, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma)}
 ARCHITECTURES = tuple(ARCHS)
-# A rotary decoder converts by default to the first of these that expresses it
-ROPE_DECODERS: tuple[type[Architecture], ...] = (Llama, Mistral, Qwen2, Gemma, Olmo2, GPTNeoX)
 
 
 def by_model_type(model_type: str | None) -> type[Architecture] | None:
@@ -54,25 +54,21 @@ def _arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architect
         if architecture not in ARCHS:
             raise ConversionError(f"to_hf: unknown architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
         return ARCHS[architecture]
-    if spec.family == "decoder" and spec.position.kind == "rope":
-        return _rope_decoder(spec)
-    default = {"encoder": Bert, "encoder_decoder": Marian, "decoder": GPT2}.get(spec.family)
-    if default is None:
-        raise ConversionError(f"to_hf: family {spec.family!r} has no HF counterpart here (a vit converts with zoo.interop.timm.to_timm)")
-    return default
-
-
-def _rope_decoder(spec: FamilySpec) -> type[Architecture]:
-    """The first of ``ROPE_DECODERS`` that expresses ``spec``; else every one's reason."""
+    candidates = [a for a in ARCHS.values() if claims_family(a.claims, spec.family)]
+    if not candidates:
+        raise ConversionError(f"to_hf: family {spec.family!r} has no HF counterpart here (a vit converts with "
+                              f"zoo.interop.timm.to_timm)")
     reasons = []
-    for arch in ROPE_DECODERS:
+    for arch in candidates:
         try:
-            arch.config(spec, {})
+            arch.express(spec, {})
         except ConversionError as e:
             reasons.append(str(e))
         else:
             return arch
-    raise ConversionError("to_hf: no HF architecture expresses this rotary decoder (pass architecture= to pick one):\n  "
+    if len(reasons) == 1:
+        raise ConversionError(reasons[0])
+    raise ConversionError(f"to_hf: no HF architecture expresses this {spec.family} (pass architecture= to pick one):\n  "
                           + "\n  ".join(reasons))
 
 
@@ -92,7 +88,7 @@ def hf_config(spec: FamilySpec, architecture: str | None = None, **config: Any):
     import transformers
 
     arch = _arch_for_spec(spec, architecture)
-    fields = arch.config(spec, config)
+    fields = arch.express(spec, config)
     clash = sorted(set(config) & set(fields) - {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"})
     if clash:
         raise ConversionError(f"to_hf: {', '.join(clash)} follow from the zoo spec; change the spec instead")
@@ -104,6 +100,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     arch = _arch_of_model(hf_model)
     where = f"{arch.name} -> zoo"
     spec = parse_spec(arch.spec(hf_model.config, hf_model), source=f"from {arch.name}")
+    arch.check_claims(spec, where)  # what it reads it can write back
     device, dtype = device_dtype(hf_model)
     model = build(spec, device=device, dtype=dtype)
     ref = arch.prepare_from(hf_model.state_dict(), spec)

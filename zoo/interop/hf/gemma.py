@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import unsupported
 from zoo.interop.hf.base import require
 from zoo.interop.hf.llama import Llama
@@ -21,7 +22,9 @@ class Gemma(Llama):
     model_type = "gemma"
     # GemmaConfig reads hidden_act "gelu" as its tanh approximation, so exact GeGLU does not convert
     acts: ClassVar[dict[tuple[str, str], str]] = {("geglu", "tanh"): "gelu_pytorch_tanh", ("swiglu", "none"): "silu"}
-    variants: ClassVar[tuple[str, ...]] = ("unit_offset", "round_scale")
+    claims: ClassVar[Claims] = {**Llama.claims, "block.norm.unit_offset": one_of(True), "embedding.scale": one_of(True),
+                                "embedding.round_scale": one_of(True),
+                                "block.ffn.bias": one_of(False)}
     # GemmaConfig's token ids, but no pad_token_id: its embedding would then keep the pad row's gradient at zero
     token_defaults: ClassVar[dict[str, int | None]] = {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": None}
 
@@ -39,7 +42,4 @@ class Gemma(Llama):
         require(e.scale and e.round_scale, where, "embedding", e.model_dump(),
                 "Gemma multiplies its embeddings by sqrt(d_model) rounded to their dtype (scale: true, round_scale: true)")
         require(s.block.norm.unit_offset, where, "block.norm.unit_offset", False, "Gemma's RMSNorm scales by (1 + weight)")
-        require(att.has_out_bias == att.bias, where, "block.attention.out_bias", att.out_bias,
-                "Gemma has one bias setting (attention_bias) for every attention projection")
-        require(not s.block.ffn.bias, where, "block.ffn.bias", True, "Gemma's MLP has no biases")
         c["attention_bias"] = att.bias

@@ -6,17 +6,17 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule
 from zoo.interop.hf.base import (
+    TEXT_CLAIMS,
     TWO_LAYER,
     Architecture,
     act_name,
     ffn_of,
     layernorm,
-    no_dropout,
     plain_attention,
     refuse_config,
-    refuse_variants,
     require,
     token_ids,
     weights,
@@ -33,6 +33,11 @@ class GPT2(Architecture):
     acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
         ("relu", "none"): "relu", ("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_new", ("silu", "none"): "silu",
     }
+    claims: ClassVar[Claims] = {
+        **TEXT_CLAIMS, "position.kind": one_of("learned"), "block.kind": one_of("pre"), "block.norm.kind": one_of("layernorm"),
+        "block.norm.bias": one_of(True), "block.attention.out_bias": ANY, "dropout.embedding": ANY, "dropout.residual": ANY,
+        "dropout.attention": ANY,
+    }
 
     @staticmethod
     def spec(c: Any, hf: nn.Module | None) -> dict:
@@ -45,13 +50,14 @@ class GPT2(Architecture):
         tied = c.tie_word_embeddings if hf is None else hf.lm_head.weight is hf.transformer.wte.weight
         return {
             "family": "decoder", "vocab_size": c.vocab_size, "max_seq_len": c.n_positions, "d_model": c.n_embd,
-            "n_layers": c.n_layer, "tie_embeddings": tied, "head_bias": False,
+            "n_layers": c.n_layer, "head": {"kind": "lm", "bias": False, "tied": tied},
             "embedding": {"scale": False, "norm": False}, "position": {"kind": "learned"},
             "block": {
                 "attention": {"kind": "mha", "n_heads": c.n_head, "bias": True},
                 "ffn": {**ffn_of(TWO_LAYER, c.activation_function, where, "activation_function"),
                         "hidden": c.n_inner or 4 * c.n_embd, "bias": True},
-                "norm": {"kind": "layernorm", "placement": "pre", "eps": c.layer_norm_epsilon},
+                "norm": {"kind": "layernorm", "eps": c.layer_norm_epsilon},
+                "kind": "pre",
             },
             "dropout": {"embedding": c.embd_pdrop, "residual": c.resid_pdrop, "attention": c.attn_pdrop, "ffn": 0.0},
             "init": {"scheme": "normal", "std": c.initializer_range, "scaled_residual": True},
@@ -65,17 +71,12 @@ class GPT2(Architecture):
         layernorm(s, where, "pre")
         plain_attention(s, where)
         require(s.block.ffn.bias, where, "block.ffn.bias", False, "GPT-2's MLP has biases")
-        require(not s.embedding.scale and not s.embedding.norm, where, "embedding", s.embedding.model_dump(),
-                "GPT-2 neither scales nor normalises its embeddings")
-        require(not s.head_bias, where, "head_bias", True, "GPT-2's output projection has no bias")
-        no_dropout(s, where, ("ffn",), "GPT-2 has no dropout inside its MLP")
-        refuse_variants(s, where)
         c = {
             "vocab_size": s.vocab_size, "n_positions": s.max_seq_len, "n_embd": s.d_model, "n_layer": s.n_layers,
             "n_head": s.block.attention.n_heads, "n_inner": s.block.ffn.hidden_size(s.d_model),
             "activation_function": act_name(s.block.ffn, cls.acts, where), "layer_norm_epsilon": s.block.norm.eps,
             "embd_pdrop": s.dropout.embedding, "resid_pdrop": s.dropout.residual, "attn_pdrop": s.dropout.attention,
-            "initializer_range": s.init.std, "tie_word_embeddings": s.tie_embeddings,
+            "initializer_range": s.init.std, "tie_word_embeddings": s.head.tied,
         }
         token_ids(c, s.vocab_size, {"bos_token_id": 50256, "eos_token_id": 50256}, given)
         return c

@@ -12,16 +12,16 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule
 from zoo.interop.hf.base import (
     BUILTIN_ATTENTION,
+    TEXT_CLAIMS,
     TWO_LAYER,
     Architecture,
     act_name,
     ffn_of,
     layernorm,
-    no_dropout,
-    refuse_variants,
     require,
     rope_parameters,
     token_ids,
@@ -48,6 +48,12 @@ class GPTNeoX(Architecture):
     acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
         ("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_new", ("relu", "none"): "relu", ("silu", "none"): "silu",
     }
+    claims: ClassVar[Claims] = {
+        **TEXT_CLAIMS, "position.kind": one_of("rope"), "position.base": ANY, "position.fraction": ANY,
+        "block.kind": one_of("pre", "parallel"), "block.shared_norm": one_of(False), "block.norm.kind": one_of("layernorm"),
+        "block.norm.bias": one_of(True), "block.attention.out_bias": ANY, "dropout.embedding": ANY,
+        "dropout.residual": ANY, "dropout.attention": ANY,
+    }
 
     @staticmethod
     def spec(c: Any, hf: nn.Module | None) -> dict:
@@ -56,14 +62,14 @@ class GPTNeoX(Architecture):
         tied = c.tie_word_embeddings if hf is None else hf.lm_head.weight is hf.gpt_neox.embed_in.weight
         return {
             "family": "decoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings,
-            "d_model": c.hidden_size, "n_layers": c.num_hidden_layers, "tie_embeddings": tied, "head_bias": False,
+            "d_model": c.hidden_size, "n_layers": c.num_hidden_layers, "head": {"kind": "lm", "bias": False, "tied": tied},
             "embedding": {"scale": False, "norm": False},
             "position": {"kind": "rope", "base": rope.get("rope_theta", 10000.0), "fraction": rope.get("partial_rotary_factor", 1.0)},
             "block": {
                 "attention": {"kind": "mha", "n_heads": c.num_attention_heads, "bias": c.attention_bias},
                 "ffn": {**ffn_of(TWO_LAYER, c.hidden_act, where, "hidden_act"), "hidden": c.intermediate_size, "bias": True},
-                "norm": {"kind": "layernorm", "placement": "pre", "eps": c.layer_norm_eps},
-                "parallel": {"shared_norm": False} if c.use_parallel_residual else None,
+                "norm": {"kind": "layernorm", "eps": c.layer_norm_eps},
+                "kind": "parallel" if c.use_parallel_residual else "pre",
             },
             "dropout": {"embedding": c.hidden_dropout, "residual": c.hidden_dropout, "attention": c.attention_dropout},
             "init": {"scheme": "normal", "std": c.initializer_range},
@@ -74,7 +80,7 @@ class GPTNeoX(Architecture):
         where = "zoo -> GPTNeoXForCausalLM"
         att, d = s.block.attention, s.d_model
         require(s.position.kind == "rope", where, "position.kind", s.position.kind, "GPT-NeoX has rotary positions")
-        layernorm(s, where, "pre")
+        layernorm(s, where, s.block.kind)
         require(att.kind in BUILTIN_ATTENTION, where, "block.attention.kind", att.kind, "only zoo's built-in attention converts")
         require(att.kv_heads == att.n_heads, where, "block.attention.n_kv_heads", att.kv_heads,
                 "GPT-NeoX has multi-head attention only (n_kv_heads == n_heads)")
@@ -84,23 +90,16 @@ class GPTNeoX(Architecture):
         require(att.has_out_bias == att.bias, where, "block.attention.out_bias", att.out_bias,
                 "GPT-NeoX has one bias setting (attention_bias) for its attention projections")
         require(s.block.ffn.bias, where, "block.ffn.bias", False, "GPT-NeoX's MLP has biases")
-        require(s.block.parallel is None or not s.block.parallel.shared_norm, where, "block.parallel.shared_norm", True,
-                "GPT-NeoX's parallel block has a norm each for attention and MLP")
-        require(not s.embedding.scale and not s.embedding.norm, where, "embedding", s.embedding.model_dump(),
-                "GPT-NeoX neither scales nor normalises its embeddings")
-        require(not s.head_bias, where, "head_bias", True, "GPT-NeoX's output projection has no bias")
         require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
                 f"GPT-NeoX's hidden_dropout is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
-        no_dropout(s, where, ("ffn",), "GPT-NeoX has no dropout inside its MLP")
-        refuse_variants(s, where, allow=("parallel", "rope_fraction"))
         c = {
             "vocab_size": s.vocab_size, "hidden_size": d, "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads,
             "intermediate_size": s.block.ffn.hidden_size(d), "hidden_act": act_name(s.block.ffn, cls.acts, where),
             "rope_parameters": {"rope_type": "default", "rope_theta": s.position.base, "partial_rotary_factor": s.position.fraction},
             "max_position_embeddings": s.max_seq_len, "layer_norm_eps": s.block.norm.eps,
-            "use_parallel_residual": s.block.parallel is not None, "attention_bias": att.bias,
+            "use_parallel_residual": s.block.kind == "parallel", "attention_bias": att.bias,
             "hidden_dropout": s.dropout.residual, "attention_dropout": s.dropout.attention,
-            "initializer_range": s.init.std, "tie_word_embeddings": s.tie_embeddings,
+            "initializer_range": s.init.std, "tie_word_embeddings": s.head.tied,
         }
         token_ids(c, s.vocab_size, {"bos_token_id": 0, "eos_token_id": 2}, given)
         return c

@@ -12,16 +12,16 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule
 from zoo.interop.hf.base import (
     BUILTIN_ATTENTION,
     GATED,
+    TEXT_CLAIMS,
     Architecture,
     act_name,
     ffn_of,
     fused,
-    no_dropout,
-    refuse_variants,
     require,
     rope_parameters,
     token_ids,
@@ -40,9 +40,13 @@ class Llama(Architecture):
         ("swiglu", "none"): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_pytorch_tanh",
     }
     head_dim_field: ClassVar[bool] = True  # the config has head_dim (else the head size is hidden_size / heads)
-    placement: ClassVar[str] = "pre"  # the norm placement
+    block_kind: ClassVar[str] = "pre"  # where the norms sit
     norm_names: ClassVar[tuple[str, str]] = ("input_layernorm", "post_attention_layernorm")  # zoo's attn_norm, ffn_norm
-    variants: ClassVar[tuple[str, ...]] = ()  # the options of base.refuse_variants the reference has
+    claims: ClassVar[Claims] = {
+        **TEXT_CLAIMS, "position.kind": one_of("rope"), "position.base": ANY, "block.kind": one_of("pre"),
+        "block.norm.kind": one_of("rmsnorm"), "block.attention.out_bias": ANY, "dropout.attention": ANY,
+    }
+    one_bias: ClassVar[bool] = True  # one attention_bias for q, k, v and the output projection
     token_defaults: ClassVar[dict[str, int | None]] = {"bos_token_id": 1, "eos_token_id": 2}
 
     # ------------------------------------------------------------------ reference -> zoo
@@ -57,14 +61,15 @@ class Llama(Architecture):
         tied = c.tie_word_embeddings if hf is None else hf.lm_head.weight is hf.model.embed_tokens.weight
         s = {
             "family": "decoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings, "d_model": d,
-            "n_layers": c.num_hidden_layers, "tie_embeddings": tied, "head_bias": False,
+            "n_layers": c.num_hidden_layers, "head": {"kind": "lm", "bias": False, "tied": tied},
             "embedding": {"scale": False, "norm": False},
             "position": {"kind": "rope", "base": rope.get("rope_theta", 10000.0)},
             "block": {
                 "attention": {"kind": kind, "n_heads": h, "n_kv_heads": g if kind == "gqa" else None,
                               "head_dim": head_dim, "v_head_dim": head_dim},
                 "ffn": {**ffn_of(GATED, c.hidden_act, where, "hidden_act"), "hidden": c.intermediate_size, "bias": False},
-                "norm": {"kind": "rmsnorm", "placement": cls.placement, "eps": c.rms_norm_eps},
+                "norm": {"kind": "rmsnorm", "eps": c.rms_norm_eps},
+                "kind": cls.block_kind,
             },
             "dropout": {"attention": c.attention_dropout},
             "init": {"scheme": "normal", "std": c.initializer_range},
@@ -86,24 +91,23 @@ class Llama(Architecture):
         require(s.position.kind == "rope", where, "position.kind", s.position.kind,
                 f"{cls.name} has rotary positions (a decoder with learned positions converts to GPT2LMHeadModel)")
         require(s.block.norm.kind == "rmsnorm", where, "block.norm.kind", s.block.norm.kind, f"{cls.name} uses RMSNorm")
-        require(s.norm_placement == cls.placement, where, "block.norm.placement", s.norm_placement,
-                f"{cls.name} puts its norms {'before' if cls.placement == 'pre' else 'after'} each sub-layer ({cls.placement})")
+        require(s.block.kind == cls.block_kind, where, "block.kind", s.block.kind,
+                f"{cls.name} puts its norms {'before' if cls.block_kind == 'pre' else 'after'} each sub-layer ({cls.block_kind})")
         require(att.kind in BUILTIN_ATTENTION, where, "block.attention.kind", att.kind, "only zoo's built-in attention converts")
         require(att.qk_size(d) == att.v_size(d), where, "block.attention.v_head_dim", att.v_size(d),
                 f"{cls.name} has one head size for queries, keys and values (head_dim {att.qk_size(d)})")
+        if cls.one_bias:
+            require(att.has_out_bias == att.bias, where, "block.attention.out_bias", att.out_bias,
+                    f"{cls.name} has one bias setting (attention_bias) for every attention projection")
         if not cls.head_dim_field:
             require(att.qk_size(d) * att.n_heads == d, where, "block.attention.head_dim", att.qk_size(d),
                     f"{cls.name}'s head size is hidden_size / num_attention_heads ({d} / {att.n_heads})")
-        require(not s.embedding.norm, where, "embedding.norm", True, f"{cls.name} does not normalise its embeddings")
-        require(not s.head_bias, where, "head_bias", True, f"{cls.name}'s output projection has no bias")
-        no_dropout(s, where, ("embedding", "residual", "ffn"), f"{cls.name}'s only dropout is on the attention weights")
-        refuse_variants(s, where, allow=cls.variants)
         c = {
             "vocab_size": s.vocab_size, "hidden_size": d, "intermediate_size": s.block.ffn.hidden_size(d),
             "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads, "num_key_value_heads": att.kv_heads,
             "hidden_act": act_name(s.block.ffn, cls.acts, where), "max_position_embeddings": s.max_seq_len,
             "rms_norm_eps": s.block.norm.eps, "rope_parameters": {"rope_type": "default", "rope_theta": s.position.base},
-            "attention_dropout": s.dropout.attention, "initializer_range": s.init.std, "tie_word_embeddings": s.tie_embeddings,
+            "attention_dropout": s.dropout.attention, "initializer_range": s.init.std, "tie_word_embeddings": s.head.tied,
         }
         if cls.head_dim_field:
             c["head_dim"] = att.qk_size(d)
@@ -114,9 +118,7 @@ class Llama(Architecture):
     @classmethod
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
         """Check what the reference's own config fields can express; write them into ``c``."""
-        att = s.block.attention
-        require(not s.embedding.scale, where, "embedding.scale", True, f"{cls.name} does not scale its embeddings")
-        c.update(attention_bias=att.bias, mlp_bias=s.block.ffn.bias)
+        c.update(attention_bias=s.block.attention.bias, mlp_bias=s.block.ffn.bias)
 
     # ---------------------------------------------------------------------------- tensors
     @classmethod

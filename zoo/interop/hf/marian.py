@@ -8,8 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from zoo.components.position import sinusoid_table
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import ConversionError, Rule, rule, unsupported
 from zoo.interop.hf.base import (
+    TEXT_CLAIMS,
     TWO_LAYER,
     Architecture,
     act_name,
@@ -18,7 +20,6 @@ from zoo.interop.hf.base import (
     layernorm,
     plain_attention,
     refuse_config,
-    refuse_variants,
     require,
     weights,
 )
@@ -33,6 +34,13 @@ class Marian(Architecture):
     model_type = "marian"
     acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
         ("relu", "none"): "relu", ("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_new", ("silu", "none"): "swish",
+    }
+    claims: ClassVar[Claims] = {
+        **TEXT_CLAIMS, "family": one_of("encoder_decoder"), "n_encoder_layers": ANY, "n_decoder_layers": ANY, "src_vocab_size": ANY, "share_embeddings": ANY,
+        "position.kind": one_of("sinusoidal"), "position.base": one_of(10000.0), "position.layout": ANY,
+        "block.kind": one_of("post"), "block.norm.kind": one_of("layernorm"), "block.norm.bias": one_of(True),
+        "block.attention.out_bias": ANY, "block.cross_attention": ANY, "embedding.scale": ANY, "head.bias": ANY,
+        "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY, "dropout.ffn": ANY,
     }
 
     @staticmethod
@@ -58,13 +66,14 @@ class Marian(Architecture):
         return {
             "family": "encoder_decoder", **vocab, "max_seq_len": c.max_position_embeddings, "d_model": c.d_model, **layers,
             "embedding": {"scale": c.scale_embedding, "norm": False}, "share_embeddings": shared,
-            "tie_embeddings": tied, "head_bias": bias,  # final_logits_bias: a head bias where it is not zero
+            "head": {"kind": "lm", "tied": tied, "bias": bias},  # final_logits_bias: a head bias where it is not zero
             "position": {"kind": "sinusoidal", "base": 10000.0, "layout": "concat"},
             "block": {
                 "attention": {"kind": "mha", "n_heads": c.encoder_attention_heads, "bias": True},
                 "ffn": {**ffn_of(TWO_LAYER, c.activation_function, where, "activation_function"),
                         "hidden": c.encoder_ffn_dim, "bias": True},
-                "norm": {"kind": "layernorm", "placement": "post", "eps": 1e-5},  # Marian: nn.LayerNorm's default eps
+                "norm": {"kind": "layernorm", "eps": 1e-5},  # Marian: nn.LayerNorm's default eps
+                "kind": "post",
             },
             "dropout": {"embedding": c.dropout, "residual": c.dropout, "attention": c.attention_dropout,
                         "ffn": c.activation_dropout},
@@ -81,11 +90,9 @@ class Marian(Architecture):
         require(s.block.norm.eps == 1e-5, where, "block.norm.eps", s.block.norm.eps, "Marian's LayerNorms have eps 1e-5")
         plain_attention(s, where, cross_too=True)
         require(s.block.ffn.bias, where, "block.ffn.bias", False, "Marian's FFN has biases")
-        require(not s.embedding.norm, where, "embedding.norm", True, "Marian has no norm after the embedding sum")
-        refuse_variants(s, where)
-        require(s.tie_embeddings or not s.share_embeddings, where, "tie_embeddings", False,
+        require(s.head.tied or not s.share_embeddings, where, "head.tied", False,
                 "HF Marian shares source and target embeddings only when it also ties the output projection; "
-                "set share_embeddings: false or tie_embeddings: true")
+                "set share_embeddings: false or head.tied: true")
         require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
                 f"Marian's dropout is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
         c = {
@@ -96,7 +103,7 @@ class Marian(Architecture):
             "decoder_ffn_dim": s.block.ffn.hidden_size(s.d_model), "activation_function": act_name(s.block.ffn, cls.acts, where),
             "dropout": s.dropout.residual, "attention_dropout": s.dropout.attention, "activation_dropout": s.dropout.ffn,
             "init_std": s.init.std, "scale_embedding": s.embedding.scale,
-            "share_encoder_decoder_embeddings": s.share_embeddings, "tie_word_embeddings": s.tie_embeddings,
+            "share_encoder_decoder_embeddings": s.share_embeddings, "tie_word_embeddings": s.head.tied,
         }
         for field in ("pad_token_id", "decoder_start_token_id"):  # Marian's convention: the last id pads
             if field not in given:
@@ -127,7 +134,7 @@ class Marian(Architecture):
                         *weights(f"{z}.cross_norm", f"{h}.encoder_attn_layer_norm"),
                     ]
         rules.append(rule("head.weight", "lm_head.weight"))
-        return rules + ([rule("head.bias", "final_logits_bias")] if s.head_bias else [])
+        return rules + ([rule("head.bias", "final_logits_bias")] if s.head.bias else [])
 
     @staticmethod
     def table(s: FamilySpec, like: Tensor) -> Tensor:
@@ -142,7 +149,7 @@ class Marian(Architecture):
             if t.device.type != "meta" and not torch.allclose(t.float(), cls.table(s, t).float(), atol=1e-6):
                 raise ConversionError(f"MarianMTModel -> zoo: {name} is not the sinusoid table zoo computes "
                                       f"(max difference {(t.float() - cls.table(s, t).float()).abs().max().item():.3g})")
-        if not s.head_bias:
+        if not s.head.bias:
             handled.append("final_logits_bias")  # all zeros, so no head bias
         if not s.share_embeddings and "model.shared.weight" in ref:
             handled.append("model.shared.weight")  # untied: the forward pass never reads it
@@ -152,7 +159,7 @@ class Marian(Architecture):
     def extra_to(cls, zoo_model: nn.Module, s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
         like = zoo_model.head.weight
         out = {f"model.{k}.embed_positions.weight": cls.table(s, like) for k in ("encoder", "decoder")}
-        if not s.head_bias:
+        if not s.head.bias:
             out["final_logits_bias"] = like.new_zeros(shapes["final_logits_bias"])
         return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from zoo.interop.hf.base import require
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.hf.llama import Llama
 from zoo.spec import FamilySpec
 
@@ -16,7 +16,9 @@ class Mistral(Llama):
     name = "MistralForCausalLM"
     config_name = "MistralConfig"
     model_type = "mistral"
-    variants: ClassVar[tuple[str, ...]] = ("window",)
+    claims: ClassVar[Claims] = {**Llama.claims, "block.attention.window": ANY, "block.attention.bias": one_of(False),
+                                "block.attention.out_bias": one_of(None, False),
+                                "block.ffn.bias": one_of(False)}
 
     @classmethod
     def read(cls, c: Any, s: dict, where: str) -> None:
@@ -24,8 +26,4 @@ class Mistral(Llama):
 
     @classmethod
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        att = s.block.attention
-        require(not s.embedding.scale, where, "embedding.scale", True, "Mistral does not scale its embeddings")
-        require(not att.bias and not att.has_out_bias, where, "block.attention.bias", True, "Mistral's attention has no biases")
-        require(not s.block.ffn.bias, where, "block.ffn.bias", True, "Mistral's MLP has no biases")
-        c["sliding_window"] = att.window
+        c["sliding_window"] = s.block.attention.window

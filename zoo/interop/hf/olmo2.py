@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule
 from zoo.interop.hf.base import require
 from zoo.interop.hf.llama import Llama
@@ -19,9 +20,10 @@ class Olmo2(Llama):
     config_name = "Olmo2Config"
     model_type = "olmo2"
     head_dim_field: ClassVar[bool] = False
-    placement: ClassVar[str] = "post_sublayer"
+    block_kind: ClassVar[str] = "post_sublayer"
     norm_names: ClassVar[tuple[str, str]] = ("post_attention_layernorm", "post_feedforward_layernorm")
-    variants: ClassVar[tuple[str, ...]] = ("qk_norm",)
+    claims: ClassVar[Claims] = {**Llama.claims, "block.kind": one_of("post_sublayer"), "block.attention.qk_norm": ANY,
+                                "block.attention.out_bias": ANY, "block.ffn.bias": one_of(False)}
     token_defaults: ClassVar[dict[str, int | None]] = {"eos_token_id": 50279, "pad_token_id": None}
 
     @classmethod
@@ -32,15 +34,11 @@ class Olmo2(Llama):
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
         att, norm = s.block.attention, s.block.norm
         qk = att.qk_norm
-        require(not s.embedding.scale, where, "embedding.scale", True, "OLMo 2 does not scale its embeddings")
         require(qk is not None and (qk.kind, qk.scope) == ("rmsnorm", "all"), where, "block.attention.qk_norm",
                 qk.model_dump() if qk is not None else None,
                 "OLMo 2 applies RMSNorm to the whole q and k projections (qk_norm: {kind: rmsnorm, scope: all})")
         require(qk.eps == norm.eps, where, "block.attention.qk_norm.eps", qk.eps,
                 f"OLMo 2 has one rms_norm_eps for every norm (block.norm.eps is {norm.eps})")
-        require(att.has_out_bias == att.bias, where, "block.attention.out_bias", att.out_bias,
-                "OLMo 2 has one bias setting (attention_bias) for every attention projection")
-        require(not s.block.ffn.bias, where, "block.ffn.bias", True, "OLMo 2's MLP has no biases")
         c["attention_bias"] = att.bias
 
     @classmethod

@@ -1,17 +1,25 @@
 """Qwen2: ``Qwen2ForCausalLM`` <-> a zoo decoder laid out as LLaMA, with biases on the q, k and v
-projections but none on the output projection (``bias: true, out_bias: false``), optionally with
-sliding-window attention on every layer."""
+projections but none on the output projection (``bias: true, out_bias: false``), and sliding-window
+attention on every layer, none, or some (``layer_types``; Qwen2's ``max_window_layers``: the layers
+from that index on slide), which zoo writes as a layer pattern::
+
+    block: {attention: {window: null, ...}}
+    layers: [{at: "2:", block: {attention: {window: 4096}}}]     # max_window_layers 2
+"""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import unsupported
-from zoo.interop.hf.base import require
+from zoo.interop.hf.base import require, same_layers
 from zoo.interop.hf.llama import Llama
 from zoo.spec import FamilySpec
 
 __all__ = ["Qwen2"]
+
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 class Qwen2(Llama):
@@ -19,30 +27,36 @@ class Qwen2(Llama):
     config_name = "Qwen2Config"
     model_type = "qwen2"
     head_dim_field: ClassVar[bool] = False
-    variants: ClassVar[tuple[str, ...]] = ("window", "out_bias")
+    one_bias: ClassVar[bool] = False
+    claims: ClassVar[Claims] = {**Llama.claims, "block.attention.window": ANY, "block.attention.out_bias": one_of(False),
+                                "block.attention.bias": one_of(True), "block.ffn.bias": one_of(False), "layers": ANY}
     token_defaults: ClassVar[dict[str, int | None]] = {}
 
     @classmethod
     def read(cls, c: Any, s: dict, where: str) -> None:
-        types = set(c.layer_types)
-        if types == {"full_attention"}:
-            window = None
-        elif types == {"sliding_attention"} and c.sliding_window is not None:
-            window = c.sliding_window
-        else:
-            raise unsupported(where, "layer_types", c.layer_types,
-                              "zoo's sliding window applies to every layer or none (set max_window_layers to 0 "
-                              "or num_hidden_layers, or use_sliding_window false)")
-        s["block"]["attention"].update(bias=True, out_bias=False, window=window)
+        types = list(c.layer_types)
+        unknown = sorted(set(types) - {FULL, SLIDING})
+        if unknown:
+            raise unsupported(where, "layer_types", unknown[0], f"zoo reads {FULL} and {SLIDING} layers")
+        if SLIDING in types and c.sliding_window is None:
+            raise unsupported(where, "sliding_window", None, "sliding_attention layers need a window")
+        sliding = [i for i, t in enumerate(types) if t == SLIDING]
+        s["block"]["attention"].update(bias=True, out_bias=False)
+        if len(sliding) == len(types):
+            s["block"]["attention"]["window"] = c.sliding_window
+        elif sliding:
+            n = len(types)
+            at = f"{sliding[0]}:" if sliding == list(range(sliding[0], n)) else sliding
+            s["layers"] = [{"at": at, "block": {"attention": {"window": c.sliding_window}}}]
 
     @classmethod
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        att = s.block.attention
-        require(not s.embedding.scale, where, "embedding.scale", True, "Qwen2 does not scale its embeddings")
-        require(att.bias, where, "block.attention.bias", False, "Qwen2 has biases on its q, k and v projections")
-        require(not att.has_out_bias, where, "block.attention.out_bias", att.out_bias,
-                "Qwen2's output projection has no bias (set block.attention.out_bias: false)")
-        require(not s.block.ffn.bias, where, "block.ffn.bias", True, "Qwen2's MLP has no biases")
-        c.update(use_sliding_window=att.window is not None, sliding_window=att.window)
-        if att.window is not None:
-            c["max_window_layers"] = 0  # every layer slides
+        same_layers(s, where, but=("window",))
+        windows = [layer.block.attention.window for layer in s.stack_layers()]
+        sizes = sorted({w for w in windows if w is not None})
+        require(len(sizes) <= 1, where, "block.attention.window", sizes, "Qwen2 has one sliding_window for its sliding layers")
+        types = [FULL if w is None else SLIDING for w in windows]
+        c.update(use_sliding_window=bool(sizes), sliding_window=sizes[0] if sizes else None, layer_types=types)
+        if sizes:
+            first = types.index(SLIDING)
+            c["max_window_layers"] = first if types[first:] == [SLIDING] * (len(types) - first) else len(types)

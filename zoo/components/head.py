@@ -1,0 +1,106 @@
+"""Heads: what a model puts after its last block, registered in the ``head`` registry.
+
+    lm      a linear projection of each token to the vocabulary (GPT-2, LLaMA, the paper)
+    mlm     BERT's masked-LM head: [linear -> GELU -> norm ->] projection to the vocabulary
+    linear  a ViT's classifier of its pooled tokens
+    none    no head (an identity): the model returns its hidden states, or a ViT its pooled features
+
+A builder receives ``dim``, ``vocab_size``, ``norm`` (the block's norm spec, for a head that
+normalises) and ``embedding`` (the token embedding, which a ``tied`` projection shares). The heads
+keep the state-dict names zoo has always used (``head.weight``; ``head.transform.*`` and
+``head.proj.*``), and declare their FLOPs and saved activations like the blocks' parts.
+
+Shapes: B batch, T tokens, D model width, V vocabulary, C classes.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from zoo.components.linear import Linear
+from zoo.registry import register, registry
+
+__all__ = ["ClassifierHead", "LMHead", "MLMHead"]
+
+
+class LMHead(Linear):
+    """[..., D] -> [..., V] logits."""
+
+    summary_part = "head"
+
+    def saved_per_token(self) -> int:
+        """The input and the logits the loss reads."""
+        return self.in_features + self.out_features
+
+
+class ClassifierHead(LMHead):
+    """[B, D] pooled tokens -> [B, C] logits."""
+
+
+class MLMHead(nn.Module):
+    """[transform: linear -> GELU -> norm ->] projection to the vocabulary (+ bias)."""
+
+    summary_part = "head"
+
+    def __init__(self, dim: int, vocab_size: int, *, transform: bool, norm: nn.Module | None, bias: bool) -> None:
+        super().__init__()
+        if transform:
+            self.transform = nn.Sequential(Linear(dim, dim), nn.GELU(), norm)
+        else:
+            self.transform = nn.Identity()
+        self.proj = Linear(dim, vocab_size, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.transform(x))
+
+    def saved_per_token(self) -> int:
+        """The input, and with the transform its linear's output, GELU's output and the norm's
+        input (and what the norm keeps); then the logits."""
+        d = self.proj.in_features
+        kept = d
+        if isinstance(self.transform, nn.Sequential):
+            norm = self.transform[-1]
+            extra = getattr(norm, "saved_per_token", None)
+            kept += 3 * d + (extra() if callable(extra) else 0)
+        return kept + self.proj.out_features
+
+
+class NoHead(nn.Identity):
+    """The hidden states themselves."""
+
+    summary_part = "head"
+
+    def saved_per_token(self) -> int:
+        return 0
+
+
+def _tie(linear: nn.Linear, embedding: nn.Module | None, tied: bool) -> None:
+    if tied:
+        if embedding is None:
+            raise ValueError("head.tied: this model has no token embedding to share; set head.tied: false")
+        linear.weight = embedding.weight
+
+
+@register("head", "none")
+def _none(spec, **_) -> nn.Module:
+    return NoHead()
+
+
+@register("head", "lm")
+def _lm(spec, *, dim: int, vocab_size: int, embedding: nn.Module | None = None, **_) -> nn.Module:
+    head = LMHead(dim, vocab_size, bias=spec.bias)
+    _tie(head, embedding, spec.tied)
+    return head
+
+
+@register("head", "mlm")
+def _mlm(spec, *, dim: int, vocab_size: int, norm, embedding: nn.Module | None = None, **_) -> nn.Module:
+    layer = registry("norm").builder(norm.kind)(norm, dim=dim) if spec.transform else None
+    head = MLMHead(dim, vocab_size, transform=spec.transform, norm=layer, bias=spec.bias)
+    _tie(head.proj, embedding, spec.tied)
+    return head
+
+
+@register("head", "linear")
+def _linear(spec, *, dim: int, **_) -> nn.Module:
+    return ClassifierHead(dim, spec.num_classes)

@@ -1,0 +1,162 @@
+"""A stack of blocks, whose layers may differ (per-layer windows, positions of their own).
+
+:meth:`Stack.context` works out, once per forward pass, what each layer's attention reads: the
+tokens' positions, and for each distinct (window, position, heads) of its layers the SDPA mask
+(causality, key padding, the position's score bias, the sliding window folded together) and the
+position module that rotates its queries and keys. A Gemma-2-like stack of alternating local and
+global layers builds two masks per pass, not one per layer.
+
+Shapes: B batch, T tokens, S keys, D model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from zoo.components import parts
+from zoo.components.attention import attention_mask
+from zoo.components.block import Block, BlockContext
+from zoo.components.cache import KVCache
+from zoo.components.position import Position
+
+__all__ = ["Stack", "StackContext", "positions_for"]
+
+
+def positions_for(mask: Tensor | None, length: int, device: torch.device) -> Tensor:
+    """Token positions: 0..T-1 ([T]), or with a padding mask the count of real tokens before each
+    one ([B, T]), so a left-padded row gets the positions it would have unpadded."""
+    if mask is None:
+        return torch.arange(length, device=device)
+    return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+@dataclass(frozen=True)
+class StackContext:
+    """What :meth:`Stack.forward` hands each block: ``positions`` of the new tokens ([T] or [B, T],
+    for the model's ``position.add``) and one :class:`BlockContext` per layer (shared by layers that
+    attend alike)."""
+
+    positions: Tensor
+    layers: tuple[BlockContext, ...]
+
+    def with_memory(self, memory: Tensor, memory_mask: Tensor | None) -> StackContext:
+        """The same, with cross-attention's ``memory`` [B, S, D] and its mask for every layer."""
+        made: dict[int, BlockContext] = {}
+        layers = tuple(made.setdefault(id(c), replace(c, memory=memory, memory_mask=memory_mask)) for c in self.layers)
+        return replace(self, layers=layers)
+
+
+class Stack(nn.Module):
+    """Blocks in sequence, then the final norm (or nothing, where the block kind ends in a norm).
+
+    ``windows``: each layer's sliding window (None: every earlier token); ``positions``: each
+    layer's own position module (None: the model's, passed to :meth:`context`).
+
+    ``checkpointing``: in training, each block keeps only its input and recomputes the rest in the
+    backward pass (``torch.utils.checkpoint``, non-reentrant; random draws such as dropout masks are
+    replayed, so the gradients are the same). Set it with ``zoo.train.set_activation_checkpointing``.
+    """
+
+    summary_parts = {"norm": "norms"}  # the final norm; the blocks declare their own parts
+
+    def __init__(self, blocks: list[Block], norm: nn.Module | None, *, windows: list[int | None] | None = None,
+                 positions: list[Position | None] | None = None) -> None:
+        super().__init__()
+        n = len(blocks)
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = norm if norm is not None else nn.Identity()
+        self.checkpointing = False
+        self.windows = list(windows) if windows is not None else [None] * n
+        own = list(positions) if positions is not None else [None] * n
+        if len(self.windows) != n or len(own) != n:
+            raise ValueError(f"Stack: {n} blocks need {n} windows and {n} positions")
+        distinct = list({id(p): p for p in own if p is not None}.values())
+        self.positions = nn.ModuleList(distinct)  # layers' own positions (derived tables only: no state)
+        index = {id(p): i for i, p in enumerate(distinct)}
+        heads = [parts.head_sizes(b.attn, 0)[0] for b in blocks]
+        keys = [(w, -1 if p is None else index[id(p)], h) for w, p, h in zip(self.windows, own, heads)]
+        self.variants = list(dict.fromkeys(keys))  # (window, own position or -1, query heads)
+        self.variant_of = [self.variants.index(k) for k in keys]
+
+    def context(self, position: Position, tokens: Tensor, padding_mask: Tensor | None, *, causal: bool,
+                cache: KVCache | None = None, name: str = "tokens", check_length: bool = True) -> StackContext:
+        """Each layer's attention inputs for ``tokens`` [B, T] (only their shape and device are read)
+        and the cache: the model's ``position`` serves layers without their own. ``check_length``:
+        refuse a sequence longer than a position table (``name`` names the input)."""
+        B, T = tokens.shape[:2]
+        device = tokens.device
+        if cache is None:
+            positions = key_positions = positions_for(padding_mask, T, device)
+            key_mask = padding_mask
+        else:
+            positions, key_positions, key_mask = cache.extend(padding_mask, T, B, device)
+        length = key_positions.shape[-1]
+        for pos in [position, *self.positions] if check_length else []:
+            if pos.max_len is not None and length > pos.max_len:
+                raise ValueError(
+                    f"{name}: length {length} exceeds max_seq_len ({pos.max_len}) of the position table; "
+                    f"truncate the input or build the model with a larger max_seq_len"
+                )
+        made = []
+        for window, own, heads in self.variants:
+            pos = position if own < 0 else self.positions[own]
+            start = cache.offset(window) if cache is not None else 0
+            keys, kmask = key_positions[..., start:], None if key_mask is None else key_mask[:, start:]
+            bias = pos.bias(heads, positions, keys)
+            mask, is_causal = attention_mask(q_len=T, k_len=keys.shape[-1], causal=causal, key_padding=kmask, bias=bias,
+                                             window=window, device=device)
+            made.append(BlockContext(pos=pos, positions=positions, mask=mask, is_causal=is_causal))
+        return StackContext(positions=positions, layers=tuple(made[v] for v in self.variant_of))
+
+    def forward(self, x: Tensor, ctx: StackContext, cache: KVCache | None = None) -> Tensor:
+        """x [B, T, D] -> [B, T, D]; block i reads ``ctx.layers[i]``; ``cache`` holds earlier steps'
+        keys and values (incremental decoding), one layer's to each block."""
+        recompute = self.checkpointing and cache is None and self.training and torch.is_grad_enabled()
+        for i, block in enumerate(self.blocks):
+            if recompute:
+                x = checkpoint(block, x, ctx.layers[i], use_reentrant=False)
+            else:
+                x = block(x, ctx.layers[i], cache=cache.layers[i] if cache is not None else None)
+        return self.norm(x)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty cache for up to ``capacity`` positions; a layer with a window holds at most the
+        window's keys between steps."""
+        return KVCache(len(self.blocks), capacity, windows=self.windows)
+
+    # ------------------------------------------------------------------------------ costs
+    def flops(self, tokens: int, memory: int | None = None) -> int:
+        """Forward FLOPs of every block over ``tokens`` tokens (cross-attention: ``memory`` keys)."""
+        return sum(parts.flops(block, tokens, memory) for block in self.blocks)
+
+    def saved(self, tokens: int, memory: int | None = None, *, rotates: bool = False,
+              final_norm: bool = True) -> tuple[int, int]:
+        """(elements, dropout-mask bytes) one sample keeps in the stack for the backward pass (see
+        :meth:`Block.saved`); ``rotates``: the model's position rotates q and k (layers with their
+        own position ask theirs)."""
+        elements = masks = 0
+        for i, block in enumerate(self.blocks):
+            own = self.variants[self.variant_of[i]][1]
+            turns = rotates if own < 0 else self.positions[own].rotates
+            e, m = block.saved(tokens, memory, rotates=turns)
+            elements, masks = elements + e, masks + m
+        if final_norm and parts.has_parameters(self.norm):
+            elements += tokens * (_dim(self.norm) + parts.norm_saved(self.norm))
+        return elements, masks
+
+    def kv_elements(self, *, cross: bool = False) -> int:
+        """Key and value elements each layer caches per token (cross: per source token)."""
+        total = 0
+        for block in self.blocks:
+            att = block.cross_attn if cross else block.attn
+            _, G, K, V = parts.head_sizes(att, 0)
+            total += G * (K + V)
+        return total
+
+
+def _dim(norm: nn.Module) -> int:
+    return next(iter(norm.parameters())).shape[0]

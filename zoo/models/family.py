@@ -1,0 +1,90 @@
+"""What a model family declares about itself, so summaries and memory plans never switch on family
+names: its stacks, its FLOPs, the activations a training step keeps, its KV cache, and which
+parameters are embeddings, attention, FFN, norms or head.
+
+Every built-in family subclasses :class:`Family`; a family a user registers does too and gets
+working defaults (its ``Stack`` attributes, a per-token count, a head's logits), overriding what it
+does differently. Conventions are those of :mod:`zoo.summary`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import nn
+
+from zoo.components import parts
+from zoo.components.stack import Stack
+
+__all__ = ["Family"]
+
+
+class Family(nn.Module):
+    """The base of a model family's module. ``spec`` is set by the builder (``zoo.build``)."""
+
+    is_causal: ClassVar[bool] = False  # position t sees tokens <= t only (and decodes with a KV cache)
+    unit: ClassVar[str] = "token"  # costs per token of a sequence, or per "image"
+    summary_parts: ClassVar[dict[str, str]] = {}  # top-level attributes' parts, beyond what modules declare
+
+    def sequence(self, seq: int) -> int:
+        """The tokens one sample has when a sequence is ``seq`` long (a ViT: fixed by its image)."""
+        return seq
+
+    def stacks(self, seq: int) -> list[tuple[Stack, int, int | None]]:
+        """(stack, its tokens, its memory tokens or None) for one sample of ``seq`` tokens."""
+        return [(m, seq, None) for m in self.children() if isinstance(m, Stack)]
+
+    def flops(self, seq: int) -> int:
+        """Forward FLOPs of one sample: the stacks, and the head over every token."""
+        total = sum(stack.flops(tokens, memory) for stack, tokens, memory in self.stacks(seq))
+        return total + parts.flops(getattr(self, "head", None), seq)
+
+    def saved(self, seq: int) -> tuple[int, int]:
+        """(elements, dropout-mask bytes) one sample keeps for the backward pass: the embedding's
+        (:meth:`embedding_saved`), the stacks', and the head's input and outputs for every token."""
+        rotates = getattr(getattr(self, "position", None), "rotates", False)
+        elements, masks = self.embedding_saved(seq)
+        for stack, tokens, memory in self.stacks(seq):
+            e, m = stack.saved(tokens, memory, rotates=rotates)
+            elements, masks = elements + e, masks + m
+        return elements + seq * parts.saved_per_token(getattr(self, "head", nn.Identity())), masks
+
+    def embedding_saved(self, tokens: int) -> tuple[int, int]:
+        """(elements, mask bytes) of one embedding pass over ``tokens`` tokens: an ``emb_norm``'s
+        input (and what it keeps), the embedding dropout's mask."""
+        d = self.spec.d_model
+        norm = getattr(self, "emb_norm", None)
+        elements = tokens * (d + parts.norm_saved(norm)) if parts.has_parameters(norm) else 0
+        return elements, tokens * d if self.spec.dropout.embedding else 0
+
+    def kv_cache(self) -> tuple[Stack, bool] | None:
+        """The stack whose keys and values decoding caches, and whether it has cross-attention;
+        None for a model that does not decode."""
+        if not self.is_causal:
+            return None
+        found = self.stacks(1)
+        return (found[-1][0], len(found) > 1) if found else None
+
+    def parameter_part(self, name: str) -> str:
+        """Which part (embeddings, attention, ffn, norms, head) the parameter ``name`` belongs to:
+        walking its path, the first module that declares one decides (``summary_part`` for itself,
+        ``summary_parts`` for a child); else a norm or embedding by its torch class; else head."""
+        path = name.split(".")
+        node: nn.Module = self
+        for attr in path[:-1]:
+            declared = getattr(node, "summary_parts", {})
+            if attr in declared or "*" in declared:
+                child = getattr(node, attr)
+                own = getattr(child, "summary_part", None)
+                return own or declared.get(attr, declared.get("*"))
+            node = getattr(node, attr)
+            own = getattr(node, "summary_part", None)
+            if own:
+                return own
+        if len(path) == 1:
+            return self.summary_parts.get(path[0], "embeddings")  # a bare parameter: the class token
+        if isinstance(node, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)):
+            return "norms"
+        if isinstance(node, nn.Embedding):
+            return "embeddings"
+        return "head"
