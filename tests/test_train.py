@@ -189,6 +189,23 @@ def test_config_errors_name_the_field(tmp_path):
         __import__("yaml").safe_load(T.config_to_yaml(Cfg()))).model_dump()
 
 
+def test_config_and_spec_errors_read_alike():
+    class Cfg(T.Config):
+        optim: T.OptimConfig = T.OptimConfig()
+
+    with pytest.raises(T.ConfigError) as config_error:
+        T.load_config(Cfg, None, ["optim.lrr=1", "optim.lr=-1"])
+    assert str(config_error.value) == (
+        "invalid config (defaults) with optim.lrr=1 optim.lr=-1 (2 problems):\n"
+        "  optim.lr: Input should be greater than 0 (got -1)\n"
+        "  optim.lrr: unknown key (got 1); remove it or check its spelling")
+    with pytest.raises(zoo.SpecError) as spec_error:
+        zoo.load_spec("gpt2-small", ["n_layerz=1"])
+    assert str(spec_error.value).endswith(
+        " (1 problem):\n  n_layerz: unknown key (got 1); remove it or check its spelling")
+    assert str(spec_error.value).startswith("invalid spec ")
+
+
 def test_auto_precision_is_bf16_only_where_bf16_matmuls_are_native(monkeypatch):
     cpu = torch.device("cpu")
     native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
