@@ -26,6 +26,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 
 import zoo
 from zoo.atomic import atomic_write_text
+from zoo.data import bpe
 from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.train import (
@@ -134,8 +135,8 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
     V, eos = tok.get_vocab_size(), tok.token_to_id(T.EOS)
     L = cfg.train.block_len
-    train_blocks = T.pack_blocks(T.encode(tok, train_texts.texts), L, eos_id=eos)
-    valid_blocks = T.pack_blocks(T.encode(tok, valid_texts.texts), L, eos_id=eos)
+    train_blocks = T.pack_blocks(bpe.encode(tok, train_texts.texts), L, eos_id=eos)
+    valid_blocks = T.pack_blocks(bpe.encode(tok, valid_texts.texts), L, eos_id=eos)
     unigram = T.unigram_perplexity(train_blocks[:, 1:], valid_blocks[:, 1:], V)
     dist.print(f"data: {source}: {len(train_texts):,} train / {len(valid_texts):,} valid texts; BPE {how}: {V:,} tokens; "
                f"{train_blocks.shape[0]:,} train / {valid_blocks.shape[0]:,} valid blocks of {L} "

@@ -29,6 +29,7 @@ from pydantic import Field, PositiveInt
 
 import zoo
 from zoo.atomic import atomic_write_text
+from zoo.data import bpe
 from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.train import (
@@ -91,7 +92,7 @@ class RecipeError(RuntimeError):
 
 def examples(tok, texts, max_len: int) -> list[list[int]]:
     """``<cls> text <eos>``, the text cut to fit ``max_len``."""
-    return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in T.encode(tok, texts)]
+    return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in bpe.encode(tok, texts)]
 
 
 def mlm_batch(rows, mask_prob: float, vocab_size: int, generator: torch.Generator):

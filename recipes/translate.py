@@ -28,6 +28,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 import zoo
 from zoo.atomic import atomic_write_text
+from zoo.data import bpe
 from zoo.data import translation as T
 from zoo.train import (CheckpointError, Config, ListTask, OptimConfig, RunConfig, ScheduleConfig,
                        average_checkpoints, checkpoint_name, distributed, fit, list_checkpoints, parse_args, read_metrics,
@@ -159,7 +160,7 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
         describe_corpus(corpus, dist, out)
     tok, how = shared_bpe(cfg.data, splits, out, dist, resume=ckpt_path is not None, corpus=corpus)
     V = tok.get_vocab_size()
-    ids = {name: (T.encode(tok, p.src, max_len=cfg.data.max_len), T.encode(tok, p.tgt, max_len=cfg.data.max_len))
+    ids = {name: tuple(bpe.encode(tok, side, eos=T.EOS, max_len=cfg.data.max_len) for side in (p.src, p.tgt))
            for name, p in splits.items()}
     source = str(cfg.data.path) if cfg.data.path else f"the embedded corpus ({cfg.data.corpus}: {', '.join(corpus.domains)})"
     dist.print(f"data: {source}, {cfg.data.src_lang}->{cfg.data.tgt_lang}: "

@@ -90,7 +90,6 @@ def save_checkpoint(
     state: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
     ema: nn.Module | Mapping[str, Tensor] | None = None,
-    scaler: Any = None,
 ) -> Path:
     """Write everything needed to continue training at ``step``, atomically; returns the path.
 
@@ -107,8 +106,6 @@ def save_checkpoint(
         ckpt["optimizer"] = optimizer.state_dict()
     if scheduler is not None:
         ckpt["scheduler"] = scheduler.state_dict()
-    if scaler is not None:
-        ckpt["scaler"] = scaler.state_dict()
     if ema is not None:
         ema_state = ema.state_dict() if isinstance(ema, nn.Module) else ema
         ckpt["ema"] = {k: v.detach().cpu() for k, v in ema_state.items()}

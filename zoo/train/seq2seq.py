@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from pydantic import Field, NonNegativeFloat, PositiveInt, field_validator
 
 from zoo.atomic import atomic_path, atomic_write_text
+from zoo.data import bpe
 from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.io import save as save_model
@@ -150,7 +151,7 @@ def shared_bpe(data, splits: dict[str, T.Pairs], out_dir: Path, dist: Dist, *, r
     was trained with these settings (or when resuming), else trained on the training pairs and saved
     there. ``data`` is the recipe's data config. Returns (tokenizer, "given" | "reused" | "trained")."""
     if data.tokenizer is not None:
-        return T.load_bpe(data.tokenizer), "given"
+        return bpe.load_bpe(data.tokenizer, specials=T.SPECIALS), "given"
     path, meta_path = out_dir / "tokenizer.json", out_dir / "tokenizer.settings.json"
     settings = {"vocab_size": data.vocab_size, "min_frequency": data.min_frequency, "path": str(data.path),
                 "langs": [data.src_lang, data.tgt_lang], "train_limit": data.train_limit, "n_train": len(splits["train"]),
@@ -158,13 +159,14 @@ def shared_bpe(data, splits: dict[str, T.Pairs], out_dir: Path, dist: Dist, *, r
                 "oversample": data.oversample}
     reuse = path.is_file() and (resume or (meta_path.is_file() and json.loads(meta_path.read_text()) == settings))
     if not reuse and dist.is_main:
-        tok = T.train_bpe(splits["train"].src + splits["train"].tgt, data.vocab_size, min_frequency=data.min_frequency)
+        tok = bpe.train_bpe(splits["train"].src + splits["train"].tgt, data.vocab_size, specials=T.SPECIALS, unk=T.UNK,
+                             min_frequency=data.min_frequency)
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             tok.save(str(tmp))
         atomic_write_text(meta_path, json.dumps(settings))
     dist.barrier()
-    return T.load_bpe(path), "reused" if reuse else "trained"
+    return bpe.load_bpe(path, specials=T.SPECIALS), "reused" if reuse else "trained"
 
 
 def describe_corpus(corpus: C.Corpus, dist: Dist, out: Path) -> None:
@@ -226,7 +228,7 @@ def translate_split(model, tok, src_ids, dist: Dist, decode: dict[str, Any], *, 
     ids = decode_batches(model, [src_ids[i] for i in mine], device=dist.device, precision=precision, pad_id=PAD_ID,
                          bos_id=BOS_ID, eos_id=EOS_ID, **decode)
     hyps: list[str] = [""] * len(src_ids)
-    for part_idx, part_txt in dist.gather_object((mine, T.decode(tok, ids))):
+    for part_idx, part_txt in dist.gather_object((mine, bpe.decode(tok, ids, eos=T.EOS))):
         for i, text in zip(part_idx, part_txt):
             hyps[i] = text
     return hyps
@@ -234,14 +236,14 @@ def translate_split(model, tok, src_ids, dist: Dist, decode: dict[str, Any], *, 
 
 def attention_picture(model, tok, src_text: str, decode: dict[str, Any], path: Path) -> Path:
     """``cross_attention.png``: every head of the last decoder layer over one sentence and its translation."""
-    src = T.encode(tok, [src_text])[0]
+    src = bpe.encode(tok, [src_text], eos=T.EOS)[0]
     hyp = decode_batches(model, [src], device=torch.device("cpu"), precision="fp32", pad_id=PAD_ID, bos_id=BOS_ID,
                          eos_id=EOS_ID, **decode)[0]
     weights = cross_attention_weights(model, src, hyp, bos_id=BOS_ID)
     names = lambda ids: [tok.id_to_token(i) for i in ids]  # noqa: E731
     n = len(model.decoder.blocks)
     return plot_attention(weights, names(src), names(hyp), path,
-                          f"cross-attention, decoder layer {n} of {n}: {src_text!r} -> {T.decode(tok, [hyp])[0]!r}")
+                          f"cross-attention, decoder layer {n} of {n}: {src_text!r} -> {bpe.decode(tok, [hyp], eos=T.EOS)[0]!r}")
 
 
 def score_models(models: dict[str, Any], splits: dict[str, T.Pairs], ids, labels: dict[str, list[str]], *,

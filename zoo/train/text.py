@@ -47,19 +47,20 @@ def load_text(cfg: TextDataConfig):
 def get_tokenizer(cfg: TextDataConfig, train_texts: Sequence[str], out_dir: Path, dist: Dist, *, resume: bool):
     """The given tokenizer.json; on resume the run's own; else a byte-level BPE trained on the
     training texts by rank 0 and written to ``out_dir/tokenizer.json``. Returns (tokenizer, how)."""
-    from zoo.data import text as T
+    from zoo.data import bpe
+    from zoo.data.text import SPECIALS
 
     if cfg.tokenizer is not None:
-        return T.load_bpe(cfg.tokenizer), f"from {cfg.tokenizer}"
+        return bpe.load_bpe(cfg.tokenizer, specials=SPECIALS), f"from {cfg.tokenizer}"
     path = out_dir / "tokenizer.json"
     if resume and path.is_file():
-        return T.load_bpe(path), f"from {path}"
+        return bpe.load_bpe(path, specials=SPECIALS), f"from {path}"
     if dist.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        tok = T.train_bpe(train_texts, cfg.vocab_size, min_frequency=cfg.min_frequency)
+        tok = bpe.train_bpe(train_texts, cfg.vocab_size, specials=SPECIALS, min_frequency=cfg.min_frequency)
         tok.save(str(path))
     dist.barrier()
-    return T.load_bpe(path), "trained on the training split"
+    return bpe.load_bpe(path, specials=SPECIALS), "trained on the training split"
 
 
 class LengthBatched(ListTask):

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import torch
 
-from zoo.data.translation import decode, encode, load_bpe, token_batches
+from zoo.data.bpe import decode, encode, load_bpe
+from zoo.data.translation import EOS, SPECIALS, token_batches
 from zoo.generate import generate
 from zoo.io import load as load_model
 from zoo.io import one_line
@@ -69,15 +70,15 @@ class Translator:
         self.decode = {"beams": given.get("beams", 4), **{k: given[k] for k in DECODE_KEYS if k in given}}
         self.device = torch.device(device)
         self.model = load_model(model_dir / "model.safetensors", device=self.device).eval()
-        self.tok = load_bpe(model_dir / "tokenizer.json")
+        self.tok = load_bpe(model_dir / "tokenizer.json", specials=SPECIALS)
 
     def __call__(self, lines: Sequence[str]) -> list[str]:
         """One translation a line; empty lines stay empty."""
         keep = [i for i, line in enumerate(lines) if line.strip()]
-        src = encode(self.tok, [lines[i].strip() for i in keep], max_len=self.max_len)
+        src = encode(self.tok, [lines[i].strip() for i in keep], eos=EOS, max_len=self.max_len)
         out = [""] * len(lines)
-        for i, text in zip(keep, decode(self.tok, decode_batches(self.model, src, device=self.device, precision="fp32",
-                                                                 **self.decode))):
+        hyps = decode_batches(self.model, src, device=self.device, precision="fp32", **self.decode)
+        for i, text in zip(keep, decode(self.tok, hyps, eos=EOS)):
             out[i] = text
         return out
 
