@@ -39,7 +39,6 @@ def worker(args: argparse.Namespace) -> None:
     """One process of a torchrun job: train a few steps, write this rank's peak to ``args.out``."""
     import zoo
     import zoo.train as T
-    from zoo.train.sharding import set_activation_checkpointing, shard
 
     torch.set_num_threads(1)
     before = _rss()
@@ -48,9 +47,9 @@ def worker(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         model = zoo.build(spec).to(dist.device)
         if args.checkpointing:
-            set_activation_checkpointing(model)
+            T.set_activation_checkpointing(model)
         if args.strategy == "fsdp" and dist.enabled:
-            shard(model, dist, precision=args.precision)
+            T.apply_fsdp(model, dist, precision=args.precision)
             train_model = model
         else:
             train_model = dist.wrap(model)

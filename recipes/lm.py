@@ -30,23 +30,24 @@ from zoo.data import bpe
 from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.train import (
-    CheckpointError,
     Config,
     ListTask,
     OptimConfig,
     RunConfig,
     ScheduleConfig,
+    TrainError,
     config_to_yaml,
     distributed,
     fit,
     parse_args,
+    perplexity,
     resolve_precision,
     resolve_resume,
     seed_everything,
     tune_malloc,
 )
-from zoo.train.loop import perplexity
-from zoo.train.text import TextDataConfig, get_tokenizer, load_text
+
+from text_data import TextDataConfig, get_tokenizer, load_text  # beside this script: shared with mlm.py
 
 DEFAULT_CONFIG = Path(__file__).with_name("lm.yaml")
 
@@ -74,10 +75,6 @@ class LMConfig(Config):
     optim: OptimConfig = OptimConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     run: RunConfig = RunConfig(out_dir=Path("runs/lm"))
-
-
-class RecipeError(RuntimeError):
-    pass
 
 
 def lm_loss(model, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,15 +144,16 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     seed_everything(cfg.run.seed)
     spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
     if spec.family != "decoder":
-        raise RecipeError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
+        raise TrainError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
     if spec.max_seq_len < L:
-        raise RecipeError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
+        raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
     model = zoo.build(spec, seed=cfg.run.seed).to(device)
     dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
                f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
     task = LMTask(cfg, dist, train_blocks, valid_blocks)
-    fitted = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, config=cfg.model_dump(mode="json"))
+    fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist, total_steps=cfg.train.steps,
+                 resume=ckpt_path, config=cfg.model_dump(mode="json"))
     model, valid, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
     ppl = valid["ppl"]
     dist.print(f"valid perplexity {ppl:.2f} (loss {valid['loss']:.3f}) vs unigram {unigram:.1f}: "
@@ -189,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with distributed(cfg.run.device) as dist:
             train(cfg, args.resume, dist)
-    except (RecipeError, T.DataError, CheckpointError, SpecError) as e:
+    except (TrainError, T.DataError, SpecError) as e:
         print(f"lm.py: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -32,7 +32,7 @@ def test_average_is_the_arithmetic_mean(tmp_path):
 def test_average_refuses_mismatched_checkpoints(tmp_path):
     a = T.save_checkpoint(tmp_path / "a.pt", model=tiny_model("decoder"), step=1)
     b = T.save_checkpoint(tmp_path / "b.pt", model=tiny_model("decoder", ["n_layers=1"]), step=1)
-    with pytest.raises(ValueError, match="different tensors"):
+    with pytest.raises(ValueError, match=r"b.pt holds other tensors than .*a.pt \(missing \[.stack.blocks.1"):
         T.average_checkpoints([a, b])
     with pytest.raises(ValueError, match="nothing to average"):
         T.average_checkpoints([])

@@ -107,7 +107,7 @@ class RunConfig(Config):
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="how several processes share the work: ddp replicates the model on every process; fsdp "
-        "shards parameters, gradients and optimizer state over them (PyTorch FSDP2; zoo.train.sharding)")
+        "shards parameters, gradients and optimizer state over them (PyTorch FSDP2; zoo.train.fsdp)")
     offload: bool = Field(False, description="fsdp only: keep the sharded parameters, gradients and optimizer state "
                           "in CPU memory (for GPU runs)")
     activation_checkpointing: bool = Field(False, description="recompute each block's activations in the backward "

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from zoo.atomic import atomic_write_text
 
-__all__ = ["MetricsLog", "read_metrics", "plot_metrics", "Progress"]
+__all__ = ["MetricsLog", "read_metrics", "plot_metrics", "Progress", "perplexity"]
 
 
 class MetricsLog:
@@ -53,6 +53,11 @@ def _plain(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
+
+
+def perplexity(nll: float) -> float:
+    """exp(nll), capped so a diverged run logs a number, not inf."""
+    return math.exp(min(nll, 50.0))
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
