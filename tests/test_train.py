@@ -170,6 +170,29 @@ def test_metrics_log_resumes_without_the_lost_tail(tmp_path):
     assert json.loads((tmp_path / "m.jsonl").read_text().splitlines()[0])["loss"] == pytest.approx(0.1)
 
 
+def test_curves_give_a_split_one_colour_in_every_panel():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    splits = ["train", "valid", "valid_ding", "valid_messages"]
+    panels = [("loss", ["train/loss", "valid/loss"]),  # the translation recipe's panels, and two metrics of one split
+              ("perplexity", ["train/ppl", "valid/ppl", "valid_ding/ppl", "valid_messages/ppl"]),
+              ("valid BLEU", ["valid/bleu", "valid_ding/bleu", "valid_messages/bleu"]),
+              ("accuracy", ["valid/top1", "valid/top5"])]
+    records = [{"step": step, "split": split, "loss": 1 / step, "ppl": 9 / step, "bleu": step, "top1": step, "top5": step}
+               for step in (1, 2, 3) for split in splits]
+    fig = T.metrics_figure(records, panels)
+    drawn = [{line.get_label(): (to_hex(line.get_color()), line.get_linestyle()) for line in ax.get_lines()}
+             for ax in fig.axes]
+    plt.close(fig)
+    assert [sorted(d) for d in drawn] == [sorted(keys) for _, keys in panels]
+    colours = {split: {c for d in drawn for key, (c, _) in d.items() if key.split("/")[0] == split} for split in splits}
+    assert all(len(c) == 1 for c in colours.values()), colours  # each split in one colour, whatever the panel
+    assert len(set.union(*colours.values())) == len(splits)  # and the splits in different colours
+    assert drawn[1]["valid_ding/ppl"] == drawn[2]["valid_ding/bleu"]
+    assert drawn[3]["valid/top1"][0] == drawn[3]["valid/top5"][0] and drawn[3]["valid/top1"][1] != drawn[3]["valid/top5"][1]
+
+
 def test_config_errors_name_the_field(tmp_path):
     class Cfg(T.Config):
         optim: T.OptimConfig = T.OptimConfig()

@@ -40,7 +40,7 @@ from zoo.train.distributed import Dist, distributed, resolve_device
 from zoo.train.errors import TrainError
 from zoo.train.fsdp import apply_fsdp, full_parameters, gathered, set_activation_checkpointing
 from zoo.train.loop import Fitted, ListTask, Task, fit
-from zoo.train.metrics import MetricsLog, Progress, perplexity, plot_metrics, read_metrics
+from zoo.train.metrics import MetricsLog, Progress, metrics_figure, perplexity, plot_metrics, read_metrics, series_styles
 from zoo.train.optim import (EMA, autocast, bf16_is_fast, build_optimizer, build_scheduler, lr_factor, param_groups,
                              resolve_precision, seed_everything)
 from zoo.train.runtime import attention_kernels, tune_malloc
@@ -52,7 +52,7 @@ __all__ = [
     "save_sharded_checkpoint", "unwrap", "Config", "ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig",
     "config_to_yaml", "load_config", "parse_args", "Dist", "distributed", "resolve_device", "TrainError",
     "apply_fsdp", "full_parameters", "gathered", "set_activation_checkpointing", "Task", "ListTask", "Fitted", "fit",
-    "MetricsLog", "Progress", "perplexity", "plot_metrics", "read_metrics", "EMA", "autocast", "bf16_is_fast",
+    "MetricsLog", "Progress", "metrics_figure", "perplexity", "plot_metrics", "read_metrics", "series_styles", "EMA", "autocast", "bf16_is_fast",
     "build_optimizer", "build_scheduler", "lr_factor", "param_groups", "resolve_precision", "seed_everything",
     "attention_kernels", "tune_malloc",
 ]
