@@ -3,7 +3,7 @@
     python -m bench --only memory            # GPT-2 small, sequence 1024, 2 processes: ddp / fsdp x checkpointing
 
 Each configuration runs under ``torchrun`` (gloo on CPU, NCCL on GPU) for a few AdamW steps through
-zoo's own pieces (zoo.train.shard, set_activation_checkpointing, build_optimizer, DDP through Dist.wrap).
+zoo's own pieces (zoo.train.apply_fsdp, set_activation_checkpointing, build_optimizer, DDP through Dist.wrap).
 Measured is each process's peak: on a GPU ``torch.cuda.max_memory_allocated``; on a CPU the peak
 resident set size less the process's size just before the model was built, with glibc's mmap
 threshold fixed at 64 KiB (every block from 64 KiB up is its own mapping and goes back to the system
