@@ -127,6 +127,18 @@ def test_a_task_must_say_its_steps(tmp_path):
         fit(model(), Empty(), **cfg(tmp_path), total_steps=1)
 
 
+def test_settings_the_run_cannot_take_are_train_errors(tmp_path):
+    task = Regression(accum=1, batch=6)
+    with pytest.raises(TrainError, match="run.activation_checkpointing: Linear has no zoo block stack"):
+        fit(model(), task, **cfg(tmp_path, activation_checkpointing=True), total_steps=1)
+    with pytest.raises(TrainError, match="optim.weight_decay: Adam adds decay"):
+        fit(model(), task, **{**cfg(tmp_path), "optim": OptimConfig(name="adam", weight_decay=0.1)}, total_steps=1)
+    with pytest.raises(TrainError, match=r"inverse_sqrt needs d_model .*fit\(d_model=...\)"):
+        fit(model(), task, **{**cfg(tmp_path), "schedule": ScheduleConfig(kind="inverse_sqrt", warmup=4)}, total_steps=1)
+    with pytest.raises(TrainError, match="no checkpoint at"):  # a CheckpointError is a TrainError
+        fit(model(), task, **cfg(tmp_path), total_steps=1, resume=tmp_path / "ckpt-0000009.pt")
+
+
 def test_the_documented_task_trains(tmp_path):
     # docs/training.md's example runs as written and learns the least-squares fit
     from pathlib import Path

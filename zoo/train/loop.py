@@ -187,10 +187,10 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
             if ema is not None:
                 apply_fsdp(ema.module, dist, offload=run.offload)  # fp32, sharded like the model's master weights
         optimizer = build_optimizer(model, optim)
-    except ValueError as e:
+        scheduler = build_scheduler(optimizer, schedule, total_steps, d_model=d_model, done=None if budget is None else
+                                    (lambda s: max(s / total_steps, clock["elapsed"] / budget)))
+    except ValueError as e:  # settings this model or machine cannot take: the message names them
         raise TrainError(str(e)) from None
-    scheduler = build_scheduler(optimizer, schedule, total_steps, d_model=d_model, done=None if budget is None else
-                                (lambda s: max(s / total_steps, clock["elapsed"] / budget)))
     step, epoch, pos, elapsed_before = 0, 0, 0, 0.0
     window: dict[str, float] = {}
     valid: dict[str, Any] = {}
