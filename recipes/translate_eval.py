@@ -36,6 +36,8 @@ DECODE_KEYS = ("length_penalty", "alpha", "max_len_a", "max_len_b", "batch_token
 
 
 class DecodeConfig(Config):
+    """How the recipe decodes (its ``decode``): beam search, the BLEU curve during training, the final scores."""
+
     beams: PositiveInt = 4
     length_penalty: Literal["gnmt", "hf", "none"] = "gnmt"
     alpha: NonNegativeFloat = 0.6
