@@ -158,7 +158,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
-    """The periodic checkpoints ``ckpt-<step>.pt`` in ``out_dir``, oldest first."""
+    """The complete periodic checkpoints in ``out_dir`` (``ckpt-<step>.pt`` files, ``ckpt-<step>.dcp``
+    folders), oldest first."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
