@@ -6,7 +6,6 @@ reports medians over repeats: ratios from one run are the only numbers worth com
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import statistics
@@ -119,13 +118,6 @@ def matmul_peak(dtype: torch.dtype, n: int = 4096, repeats: int = 5, device: str
             sync(device)
             best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
-
-
-def autocast(precision: str, device: str | None = None):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device or here()).type, dtype=torch.bfloat16)
-
 
 
 def machine() -> dict[str, object]:

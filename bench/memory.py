@@ -3,7 +3,7 @@
     python -m bench --only memory            # GPT-2 small, sequence 1024, 2 processes: ddp / fsdp x checkpointing
 
 Each configuration runs under ``torchrun`` (gloo on CPU, NCCL on GPU) for a few AdamW steps through
-zoo's own pieces (zoo.train.shard, set_activation_checkpointing, build_optimizer, DDP through Dist.wrap).
+zoo's own pieces (zoo.train.apply_fsdp, set_activation_checkpointing, build_optimizer, DDP through Dist.wrap).
 Measured is each process's peak: on a GPU ``torch.cuda.max_memory_allocated``; on a CPU the peak
 resident set size less the process's size just before the model was built, with glibc's mmap
 threshold fixed at 64 KiB (every block from 64 KiB up is its own mapping and goes back to the system
@@ -39,7 +39,6 @@ def worker(args: argparse.Namespace) -> None:
     """One process of a torchrun job: train a few steps, write this rank's peak to ``args.out``."""
     import zoo
     import zoo.train as T
-    from zoo.train.sharding import set_activation_checkpointing, shard
 
     torch.set_num_threads(1)
     before = _rss()
@@ -48,9 +47,9 @@ def worker(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         model = zoo.build(spec).to(dist.device)
         if args.checkpointing:
-            set_activation_checkpointing(model)
+            T.set_activation_checkpointing(model)
         if args.strategy == "fsdp" and dist.enabled:
-            shard(model, dist, precision=args.precision)
+            T.apply_fsdp(model, dist, precision=args.precision)
             train_model = model
         else:
             train_model = dist.wrap(model)

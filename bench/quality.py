@@ -24,10 +24,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from zoo.data import bpe
 from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.train.optim import autocast, resolve_precision
-from zoo.train.translation import score_domains
+
+from recipes.translate_eval import score_domains  # the recipe's own scoring, as its results.json has it
 
 ROOT = Path(__file__).resolve().parents[1]
 PAD, BOS, EOS = 0, 1, 2
@@ -155,9 +157,9 @@ def translation_quality(*, minutes: float | None = None, out_dir: Path, peer_lrs
     results = run_zoo(out_dir / "zoo", minutes, list(zoo_overrides))
     cfg = json.loads((out_dir / "zoo" / "model" / "translate.json").read_text())
     spec = read_spec(out_dir / "zoo" / "model" / "model.safetensors")
-    tok = T.load_bpe(out_dir / "zoo" / "tokenizer.json")
+    tok = bpe.load_bpe(out_dir / "zoo" / "tokenizer.json", specials=T.SPECIALS)
     splits, labels = read_run_data(out_dir / "zoo")
-    data = {k: (T.encode(tok, p.src, max_len=cfg["max_len"]), T.encode(tok, p.tgt, max_len=cfg["max_len"]))
+    data = {k: tuple(bpe.encode(tok, side, eos=T.EOS, max_len=cfg["max_len"]) for side in (p.src, p.tgt))
             for k, p in splits.items()}
     max_tokens, warmup = results["config"]["train"]["max_tokens"], results["config"]["schedule"]["warmup"]
     precision = resolve_precision("auto", "cpu")
@@ -174,7 +176,7 @@ def translation_quality(*, minutes: float | None = None, out_dir: Path, peer_lrs
         peers.append((info["valid_nll"], info, model))
     _, info, best = min(peers, key=lambda p: p[0])
     t0 = time.perf_counter()
-    hyps = T.decode(tok, peer_translate(best, data["test"][0], beams=4, precision=precision))
+    hyps = bpe.decode(tok, peer_translate(best, data["test"][0], beams=4, precision=precision), eos=T.EOS)
     peer_scores = score_domains(hyps, splits["test"].tgt, labels["test"])
     info["decode_seconds"] = round(time.perf_counter() - t0, 1)
     domains = list(dict.fromkeys(labels["test"]))

@@ -16,7 +16,7 @@ from torch import nn
 
 import zoo
 import zoo.train as T
-from bench.common import Row, Side, autocast, compare, count_flops, here
+from bench.common import Row, Side, compare, count_flops, here
 
 Timing = dict  # warmup / repeats / inner for compare()
 
@@ -24,7 +24,7 @@ Timing = dict  # warmup / repeats / inner for compare()
 def _train_step(model: nn.Module, loss_fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
                 precision: str) -> Callable[[], None]:
     def step() -> None:
-        with autocast(precision):
+        with T.autocast(here(), precision):
             loss = loss_fn()
         loss.backward()
         opt.step()
@@ -79,7 +79,7 @@ def vit(name: str, precision: str, mode: str, timing: Timing, tiny: bool = False
 
         def infer(m):
             def step():
-                with torch.inference_mode(), autocast(precision):
+                with torch.inference_mode(), T.autocast(here(), precision):
                     m(images)
             return step
 
@@ -263,12 +263,12 @@ def greedy(precision: str, timing: Timing, batch: int, new_tokens: int = 128, ti
     prompt = torch.randint(0, cfg.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(0), device="cpu").to(here())
 
     def zoo_step():
-        with autocast(precision):
+        with T.autocast(here(), precision):
             out = zoo.generate(ours, prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_id=None)
         assert out.tokens.shape[1] >= new_tokens
 
     def hf_step():
-        with torch.inference_mode(), autocast(precision):
+        with torch.inference_mode(), T.autocast(here(), precision):
             out = peer.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         assert out.shape[1] == 16 + new_tokens
@@ -292,12 +292,12 @@ def beam(precision: str, timing: Timing, batch: int = 8, new_tokens: int = 64, t
     mask = torch.ones_like(src, dtype=torch.bool)
 
     def zoo_step():
-        with autocast(precision):
+        with T.autocast(here(), precision):
             zoo.generate(ours, src, padding_mask=mask, num_beams=4, max_new_tokens=new_tokens,
                          min_new_tokens=new_tokens, bos_id=1, eos_id=2, pad_id=0)
 
     def hf_step():
-        with torch.inference_mode(), autocast(precision):
+        with torch.inference_mode(), T.autocast(here(), precision):
             peer.generate(src, attention_mask=mask.long(), num_beams=4, max_new_tokens=new_tokens,
                           min_new_tokens=new_tokens, do_sample=False)
 

@@ -34,9 +34,10 @@ from torch import nn
 import zoo
 from zoo.atomic import atomic_write_text
 from zoo.data.images import DatasetMissing
-from zoo.train import (CheckpointError, Config, Dist, OptimConfig, RunConfig, ScheduleConfig, Task, distributed, fit,
+from zoo.train import (Config, Dist, OptimConfig, RunConfig, ScheduleConfig, Task, TrainError, distributed, fit,
                        parse_args, resolve_precision, resolve_resume, seed_everything, tune_malloc)
-from zoo.train.images import FolderImages, ImageDataConfig, TensorImages, evaluate_images
+
+from imagenet_data import FolderImages, ImageDataConfig, TensorImages, evaluate_images  # beside this script
 
 DEFAULT_CONFIG = Path(__file__).with_suffix(".yaml")
 
@@ -141,7 +142,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         torch.set_num_threads(cfg.run.threads)
     accum = cfg.run.grad_accum
     if cfg.data.batch_size % (dist.world_size * accum):
-        raise SystemExit(f"data.batch_size ({cfg.data.batch_size}) must divide by processes x run.grad_accum "
+        raise TrainError(f"data.batch_size ({cfg.data.batch_size}) must divide by processes x run.grad_accum "
                          f"({dist.world_size} x {accum})")
     micro = cfg.data.batch_size // (dist.world_size * accum)
     seed_everything(cfg.run.seed)
@@ -161,22 +162,21 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     task = ImageTask(cfg, dist, data, accum)
     steps_per_epoch = task.steps(0)
     if steps_per_epoch == 0:
-        raise SystemExit(f"{data.n_train} training images make no full batch of {cfg.data.batch_size}; lower data.batch_size")
+        raise TrainError(f"{data.n_train} training images make no full batch of {cfg.data.batch_size}; lower data.batch_size")
     total_steps = steps_per_epoch * cfg.train.epochs
     if cfg.train.max_steps:
         total_steps = min(total_steps, cfg.train.max_steps)
-    fit_cfg = cfg
+    schedule = cfg.schedule
     if cfg.train.warmup_epochs is not None:
-        warmup = round(cfg.train.warmup_epochs * steps_per_epoch)
-        fit_cfg = cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"warmup": warmup})})
+        schedule = schedule.model_copy(update={"warmup": round(cfg.train.warmup_epochs * steps_per_epoch)})
     n_params = zoo.count_parameters(model)
     dist.print(f"{spec.name or 'vit'}: {n_params / 1e6:.2f}M parameters, {spec.n_tokens} tokens | "
                f"{data.n_train} train / {data.n_valid} valid images, {data.num_classes} classes | "
                f"{dist.world_size} process(es) on {dist.device}, batch {cfg.data.batch_size}, "
                f"{steps_per_epoch} steps/epoch, {total_steps} steps, {cfg.run.precision}")
     task.plot_options = {"title": f"{spec.name or 'vit'} on {'Fashion-MNIST' if cfg.data.path is None else cfg.data.path}"}
-    fitted = fit(fit_cfg, dist, model, task, total_steps=total_steps, resume=resolve_resume(resume, out),
-                 config=cfg.model_dump(mode="json"))
+    fitted = fit(model, task, optim=cfg.optim, schedule=schedule, run=cfg.run, dist=dist, total_steps=total_steps,
+                 resume=resolve_resume(resume, out), config=cfg.model_dump(mode="json"))
     last_valid, step = fitted.valid, fitted.step
 
     # export, reload, re-check
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         with distributed(cfg.run.device) as dist:
             return train(cfg, args.resume, dist)
-    except (DatasetMissing, CheckpointError) as e:
+    except (DatasetMissing, TrainError) as e:
         print(f"imagenet.py: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 

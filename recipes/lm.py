@@ -26,26 +26,28 @@ from pydantic import Field, PositiveFloat, PositiveInt
 
 import zoo
 from zoo.atomic import atomic_write_text
+from zoo.data import bpe
 from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.train import (
-    CheckpointError,
     Config,
     ListTask,
     OptimConfig,
     RunConfig,
     ScheduleConfig,
+    TrainError,
     config_to_yaml,
     distributed,
     fit,
     parse_args,
+    perplexity,
     resolve_precision,
     resolve_resume,
     seed_everything,
     tune_malloc,
 )
-from zoo.train.loop import perplexity
-from zoo.train.text import TextDataConfig, get_tokenizer, load_text
+
+from text_data import TextDataConfig, get_tokenizer, load_text  # beside this script: shared with mlm.py
 
 DEFAULT_CONFIG = Path(__file__).with_name("lm.yaml")
 
@@ -73,10 +75,6 @@ class LMConfig(Config):
     optim: OptimConfig = OptimConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     run: RunConfig = RunConfig(out_dir=Path("runs/lm"))
-
-
-class RecipeError(RuntimeError):
-    pass
 
 
 def lm_loss(model, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,8 +132,8 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
     V, eos = tok.get_vocab_size(), tok.token_to_id(T.EOS)
     L = cfg.train.block_len
-    train_blocks = T.pack_blocks(T.encode(tok, train_texts.texts), L, eos_id=eos)
-    valid_blocks = T.pack_blocks(T.encode(tok, valid_texts.texts), L, eos_id=eos)
+    train_blocks = T.pack_blocks(bpe.encode(tok, train_texts.texts), L, eos_id=eos)
+    valid_blocks = T.pack_blocks(bpe.encode(tok, valid_texts.texts), L, eos_id=eos)
     unigram = T.unigram_perplexity(train_blocks[:, 1:], valid_blocks[:, 1:], V)
     dist.print(f"data: {source}: {len(train_texts):,} train / {len(valid_texts):,} valid texts; BPE {how}: {V:,} tokens; "
                f"{train_blocks.shape[0]:,} train / {valid_blocks.shape[0]:,} valid blocks of {L} "
@@ -146,15 +144,16 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     seed_everything(cfg.run.seed)
     spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
     if spec.family != "decoder":
-        raise RecipeError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
+        raise TrainError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
     if spec.max_seq_len < L:
-        raise RecipeError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
+        raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
     model = zoo.build(spec, seed=cfg.run.seed).to(device)
     dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
                f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
     task = LMTask(cfg, dist, train_blocks, valid_blocks)
-    fitted = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, config=cfg.model_dump(mode="json"))
+    fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist, total_steps=cfg.train.steps,
+                 resume=ckpt_path, config=cfg.model_dump(mode="json"))
     model, valid, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
     ppl = valid["ppl"]
     dist.print(f"valid perplexity {ppl:.2f} (loss {valid['loss']:.3f}) vs unigram {unigram:.1f}: "
@@ -188,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with distributed(cfg.run.device) as dist:
             train(cfg, args.resume, dist)
-    except (RecipeError, T.DataError, CheckpointError, SpecError) as e:
+    except (TrainError, T.DataError, SpecError) as e:
         print(f"lm.py: error: {e}", file=sys.stderr)
         return 2
     return 0

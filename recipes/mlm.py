@@ -21,7 +21,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -29,14 +28,15 @@ from pydantic import Field, PositiveInt
 
 import zoo
 from zoo.atomic import atomic_write_text
+from zoo.data import bpe
 from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.train import (
-    CheckpointError,
     Config,
     OptimConfig,
     RunConfig,
     ScheduleConfig,
+    TrainError,
     config_to_yaml,
     distributed,
     fit,
@@ -46,7 +46,8 @@ from zoo.train import (
     seed_everything,
     tune_malloc,
 )
-from zoo.train.text import LengthBatched, TextDataConfig, eval_batches, get_tokenizer, load_text
+
+from text_data import LengthBatched, TextDataConfig, eval_batches, get_tokenizer, load_text  # beside this script
 
 DEFAULT_CONFIG = Path(__file__).with_name("mlm.yaml")
 PAD_ID, EOS_ID, CLS_ID, MASK_ID = (T.SPECIALS.index(s) for s in (T.PAD, T.EOS, T.CLS, T.MASK))
@@ -85,13 +86,9 @@ class MLMConfig(Config):
     run: RunConfig = RunConfig(out_dir=Path("runs/mlm"))
 
 
-class RecipeError(RuntimeError):
-    pass
-
-
 def examples(tok, texts, max_len: int) -> list[list[int]]:
     """``<cls> text <eos>``, the text cut to fit ``max_len``."""
-    return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in T.encode(tok, texts)]
+    return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in bpe.encode(tok, texts)]
 
 
 def mlm_batch(rows, mask_prob: float, vocab_size: int, generator: torch.Generator):
@@ -131,15 +128,16 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
     seed_everything(cfg.run.seed)
     spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
     if spec.family != "encoder":
-        raise RecipeError(f"model {cfg.model!r} is a {spec.family}; masked language modelling needs an encoder")
+        raise TrainError(f"model {cfg.model!r} is a {spec.family}; masked language modelling needs an encoder")
     if spec.max_seq_len < cfg.train.max_len:
-        raise RecipeError(f"model max_seq_len {spec.max_seq_len} < train.max_len {cfg.train.max_len}")
+        raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.max_len {cfg.train.max_len}")
     model = zoo.build(spec, seed=cfg.run.seed).to(device)
     dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
                f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
     task = MLMTask(cfg, dist, train_rows, mine, V)
-    fitted = fit(cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, config=cfg.model_dump(mode="json"))
+    fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist, total_steps=cfg.train.steps,
+                 resume=ckpt_path, config=cfg.model_dump(mode="json"))
     model, last, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
     acc = last["accuracy"]
     dist.print(f"valid masked-token accuracy {acc:.2%} (loss {last['loss']:.3f}) vs most-frequent-token "
@@ -184,7 +182,7 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, to
     names = sorted(set(train.labels))
     unknown = sorted(set(valid.labels) - set(names))
     if unknown:
-        raise RecipeError(f"finetune: valid labels {unknown[:5]} never occur in the training data")
+        raise TrainError(f"finetune: valid labels {unknown[:5]} never occur in the training data")
     label_id = {n: i for i, n in enumerate(names)}
     L = cfg.train.max_len
     train_rows, valid_rows = examples(tok, train.texts, L), examples(tok, valid.texts, L)
@@ -202,15 +200,14 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, to
     model = zoo.build(spec, seed=cfg.run.seed + 1).to(device)
     missing, unexpected = model.load_state_dict(pretrained.state_dict(), strict=False)
     if unexpected or any(not k.startswith("classifier.") for k in missing):
-        raise RecipeError(f"pre-trained weights do not fit the classifier model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise TrainError(f"pre-trained weights do not fit the classifier model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model = Classifying(model)
     ckpt_path = resolve_resume(resume, ft_dir, required=False)
 
     task = ClassifyTask(cfg, dist, train_rows, train_y, valid_rows, valid_y)
     run = cfg.run.model_copy(update={"out_dir": ft_dir, "eval_every": ft.eval_every, "checkpoint_every": ft.checkpoint_every})
-    ft_cfg = SimpleNamespace(optim=ft.optim, schedule=ft.schedule, run=run)
-    fitted = fit(ft_cfg, dist, model, task, total_steps=ft.steps, resume=ckpt_path, out_dir=ft_dir,
-                 config=cfg.model_dump(mode="json"))
+    fitted = fit(model, task, optim=ft.optim, schedule=ft.schedule, run=run, dist=dist, total_steps=ft.steps,
+                 resume=ckpt_path, config=cfg.model_dump(mode="json"))
     model, last, secs = fitted.best, fitted.best_valid, fitted.train_seconds
     acc = last["accuracy"]
     dist.print(f"fine-tuned valid accuracy {acc:.2%} vs majority class {baseline:.2%}; fine-tuning {secs / 60:.1f} min")
@@ -328,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with distributed(cfg.run.device) as dist:
             train(cfg, args.resume, dist)
-    except (RecipeError, T.DataError, CheckpointError, SpecError) as e:
+    except (TrainError, T.DataError, SpecError) as e:
         print(f"mlm.py: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -28,15 +28,16 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 import zoo
 from zoo.atomic import atomic_write_text
+from zoo.data import bpe
 from zoo.data import translation as T
-from zoo.train import (CheckpointError, Config, ListTask, OptimConfig, RunConfig, ScheduleConfig,
-                       average_checkpoints, checkpoint_name, distributed, fit, list_checkpoints, parse_args, read_metrics,
+from zoo.train import (Config, ListTask, OptimConfig, RunConfig, ScheduleConfig, TrainError, average_checkpoints,
+                       checkpoint_name, distributed, fit, list_checkpoints, parse_args, perplexity, read_metrics,
                        resolve_precision, resolve_resume, seed_everything, tune_malloc)
-from zoo.train.loop import perplexity
-from zoo.train.seq2seq import (PAD_ID, DecodeConfig, TranslationDataConfig, attention_picture, decode_settings,
-                               describe_corpus, export_model_dir, load_splits, score_models, shared_bpe, translate_split,
-                               valid_loss, word_dropout)
-from zoo.train.translation import score_domains, translate_stdin
+
+# this recipe's own code, beside it (a script's folder is on sys.path when it runs)
+from translate_data import TranslationDataConfig, describe_corpus, load_splits, shared_bpe, word_dropout
+from translate_eval import (DecodeConfig, attention_picture, decode_settings, export_model_dir, score_domains,
+                            score_models, translate_split, translate_stdin, valid_loss)
 
 DEFAULT_CONFIG = Path(__file__).with_name("translate.yaml")
 
@@ -64,10 +65,6 @@ class TranslateConfig(Config):
     optim: OptimConfig = OptimConfig(name="adam", lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, clip_grad=None)
     schedule: ScheduleConfig = ScheduleConfig(kind="inverse_sqrt", warmup=4000)
     run: RunConfig = RunConfig(out_dir=Path("runs/translate"))
-
-
-class RecipeError(RuntimeError):
-    """A run that cannot go on; printed as one line."""
 
 
 # -------------------------------------------------------------------------------------------- task
@@ -107,14 +104,14 @@ class TranslationTask(ListTask):
         s, t_in, t_out = T.collate(self.src, self.tgt, batch)
         s, t_in = (word_dropout(x, cfg.train.word_dropout) for x in (s, t_in))
         s, t_in, t_out = s.to(device), t_in.to(device), t_out.to(device)
-        logits = model(s, t_in, s != PAD_ID, t_in != PAD_ID)
+        logits = model(s, t_in, s != T.PAD_ID, t_in != T.PAD_ID)
         flat, gold = logits.float().flatten(0, 1), t_out.flatten()
-        loss = F.cross_entropy(flat, gold, ignore_index=PAD_ID, label_smoothing=cfg.train.label_smoothing, reduction="sum")
-        stats = {"tokens": self.count(batch), "src_tokens": float((s != PAD_ID).sum())}
+        loss = F.cross_entropy(flat, gold, ignore_index=T.PAD_ID, label_smoothing=cfg.train.label_smoothing, reduction="sum")
+        stats = {"tokens": self.count(batch), "src_tokens": float((s != T.PAD_ID).sum())}
         if (step + 1) % cfg.run.log_every == 0 or step + 1 == self.total_steps:  # the unsmoothed NLL: log steps only
             with torch.no_grad():
-                stats["nll"] = float(F.cross_entropy(flat, gold, ignore_index=PAD_ID, reduction="sum"))
-                stats["nll_tokens"] = float((gold != PAD_ID).sum())
+                stats["nll"] = float(F.cross_entropy(flat, gold, ignore_index=T.PAD_ID, reduction="sum"))
+                stats["nll_tokens"] = float((gold != T.PAD_ID).sum())
         return loss, stats
 
     def train_values(self, sums: dict[str, float], seconds: float) -> dict[str, float]:
@@ -145,10 +142,7 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     out = Path(cfg.run.out_dir)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
-    try:
-        ckpt_path = resolve_resume(resume, out)
-    except SystemExit:
-        raise RecipeError(f"--resume: no checkpoint in {out} (run without --resume to start)") from None
+    ckpt_path = resolve_resume(resume, out)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
 
@@ -159,7 +153,7 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
         describe_corpus(corpus, dist, out)
     tok, how = shared_bpe(cfg.data, splits, out, dist, resume=ckpt_path is not None, corpus=corpus)
     V = tok.get_vocab_size()
-    ids = {name: (T.encode(tok, p.src, max_len=cfg.data.max_len), T.encode(tok, p.tgt, max_len=cfg.data.max_len))
+    ids = {name: tuple(bpe.encode(tok, side, eos=T.EOS, max_len=cfg.data.max_len) for side in (p.src, p.tgt))
            for name, p in splits.items()}
     source = str(cfg.data.path) if cfg.data.path else f"the embedded corpus ({cfg.data.corpus}: {', '.join(corpus.domains)})"
     dist.print(f"data: {source}, {cfg.data.src_lang}->{cfg.data.tgt_lang}: "
@@ -170,7 +164,7 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     seed_everything(cfg.run.seed)
     spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
     if spec.family != "encoder_decoder":
-        raise RecipeError(f"model {cfg.model!r} is a {spec.family}; translation needs an encoder_decoder")
+        raise TrainError(f"model {cfg.model!r} is a {spec.family}; translation needs an encoder_decoder")
     model = zoo.build(spec, seed=cfg.run.seed).to(device)
     n_params = zoo.count_parameters(model)
     accum = cfg.run.grad_accum
@@ -186,11 +180,12 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     dist.print(f"batches: {len(first)} a epoch ({task.steps(0)} optimizer steps), padding {100 * pad[0]:.1f}% source, "
                f"{100 * pad[1]:.1f}% target")
     keep = max(cfg.run.keep_checkpoints, cfg.train.average_last)
-    fit_cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"keep_checkpoints": keep})})
     info = {"params": n_params, "vocab": V, "padding_src": pad[0], "padding_tgt": pad[1], "world_size": dist.world_size,
             "grad_accum": accum, "max_tokens": cfg.train.max_tokens}
-    fitted = fit(fit_cfg, dist, model, task, total_steps=cfg.train.steps, resume=ckpt_path, out_dir=out,
-                 config=cfg.model_dump(mode="json"), minutes=cfg.train.minutes, d_model=spec.d_model, info=info)
+    run = cfg.run.model_copy(update={"keep_checkpoints": keep})
+    fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=run, dist=dist, total_steps=cfg.train.steps,
+                 resume=ckpt_path, config=cfg.model_dump(mode="json"), minutes=cfg.train.minutes, d_model=spec.d_model,
+                 info=info)
     return finish(cfg, dist, fitted, spec, tok, splits, ids, out, labels=labels, corpus=corpus, t_start=t_start, pad=pad)
 
 
@@ -270,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with distributed(cfg.run.device) as dist:
             train(cfg, args.resume, dist)
-    except (RecipeError, T.DataError, CheckpointError) as e:
+    except (TrainError, T.DataError) as e:
         print(f"translate.py: error: {e}", file=sys.stderr)
         return 2
     return 0

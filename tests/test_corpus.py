@@ -9,11 +9,11 @@ import random
 import pytest
 from conftest import DE_NOUNS, NOUNS, messages, write_catalog
 from sacrebleu.metrics import BLEU, CHRF
+from translate_eval import score_domains  # recipes/, on pytest's path
 
 from zoo.data.common import DataError
 from zoo.data.corpus import build_corpus, catalog_packages, fingerprint, parse_corpus, write_tsv
 from zoo.data.translation import Pairs, normalise, read_tsv
-from zoo.train.translation import score_domains
 
 
 @pytest.fixture

@@ -105,14 +105,13 @@ def _train(model, steps: int = 3) -> list[float]:
 
 
 def test_ddp_and_fsdp_on_one_gpu_match_plain_training():
-    from zoo.train import Dist
-    from zoo.train.sharding import gathered, shard
+    from zoo.train import Dist, apply_fsdp, gathered
 
     _one_gpu_group()
     plain = _train(tiny_model("decoder", NO_DROPOUT).cuda())
     ddp = _train(torch.nn.parallel.DistributedDataParallel(tiny_model("decoder", NO_DROPOUT).cuda(), device_ids=[0]))
     model = tiny_model("decoder", NO_DROPOUT).cuda()
-    shard(model, Dist(rank=0, world_size=1, device=torch.device("cuda", 0)), precision="fp32")
+    apply_fsdp(model, Dist(rank=0, world_size=1, device=torch.device("cuda", 0)), precision="fp32")
     fsdp = _train(model)
     assert ddp == pytest.approx(plain, abs=1e-4) and fsdp == pytest.approx(plain, abs=1e-4)
     assert not any(type(m).__name__.startswith("FSDP") for m in gathered(model).modules())

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 import zoo
+from zoo.data import bpe
+from zoo.cli import main as zoo_main
 from zoo.data import text as T
 from zoo.train import read_metrics
 
@@ -87,7 +89,7 @@ def test_missing_wordnet_names_the_package(tmp_path, capsys):
 
 def test_bpe_round_trip_and_blocks():
     texts = ["naïve café – “quoted” text", "plain words again and again", "日本語 text"] * 5
-    tok = T.train_bpe(texts, 300)
+    tok = bpe.train_bpe(texts, 300, specials=T.SPECIALS)
     assert [tok.id_to_token(i) for i in range(4)] == T.SPECIALS
     for t in texts[:3]:
         assert tok.decode(tok.encode(t, add_special_tokens=False).ids).strip() == t
@@ -130,9 +132,13 @@ def test_lm_trains_samples_exports_and_resumes_exactly(wordnet, tmp_path, capsys
     assert "unigram baseline" in out and "valid perplexity" in out and "sample: a|" in out
     assert (straight / "curves.png").is_file()
     model = zoo.load(straight / "model" / "model.safetensors").eval()
-    tok = T.load_bpe(straight / "model" / "tokenizer.json")
+    tok = bpe.load_bpe(straight / "model" / "tokenizer.json", specials=T.SPECIALS)
     ids = torch.tensor([tok.encode("a small tool", add_special_tokens=False).ids])
     assert model(ids).shape == (1, ids.shape[1], tok.get_vocab_size())
+    # its checkpoints record the model's spec: `zoo average` rebuilds a model from them alone
+    ckpts = sorted(map(str, straight.glob("ckpt-*.pt")))
+    assert len(ckpts) == 2 and zoo_main(["average", *ckpts, "-o", str(tmp_path / "avg.safetensors")]) == 0
+    assert zoo.load(tmp_path / "avg.safetensors").spec == model.spec
 
     # a run that stopped at step 3: its checkpoint, tokenizer and log, then --resume
     resumed.mkdir()
@@ -183,6 +189,13 @@ def test_mlm_pretrains_finetunes_exports_and_resumes_exactly(wordnet, tmp_path, 
     assert labels == sorted(WORDS)
     tokens, mask = T.pad_batch([[2, 10, 11, 1], [2, 12, 1]])
     assert clf.classify(tokens, mask).shape == (2, 4)
+    # pre-training's checkpoints record the encoder's spec; fine-tuning's hold a wrapper, which has none
+    capsys.readouterr()
+    assert zoo_main(["average", str(straight / "ckpt-0000006.pt"), "-o", str(tmp_path / "enc.safetensors")]) == 0
+    assert zoo.load(tmp_path / "enc.safetensors").spec == encoder.spec
+    assert zoo_main(["average", str(straight / "finetune" / "ckpt-0000006.pt"), "-o", str(tmp_path / "ft.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ckpt-0000006.pt records no model spec" in err
 
     # stopped in pre-training at step 3, then --resume: both phases end with the same weights
     resumed.mkdir()

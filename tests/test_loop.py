@@ -3,14 +3,12 @@ loss scaling across micro-batches, exact resume, the time budget, EMA and per-do
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from torch import nn
 
 import zoo.train.loop
-from zoo.train import Dist, ListTask, OptimConfig, RunConfig, ScheduleConfig, Task, fit, read_metrics
+from zoo.train import Dist, ListTask, OptimConfig, RunConfig, ScheduleConfig, Task, TrainError, fit, read_metrics
 
 
 class Regression(ListTask):
@@ -41,10 +39,11 @@ class Regression(ListTask):
         return {"loss": mse, "half": {"loss": mse / 2}}
 
 
-def cfg(tmp_path, **run):
-    return SimpleNamespace(optim=OptimConfig(name="adam", lr=0.01, weight_decay=0.0, clip_grad=None),
-                           schedule=ScheduleConfig(kind="constant", warmup=0),
-                           run=RunConfig(**{"out_dir": tmp_path, "plot": False, "progress": False, "precision": "fp32", **run}))
+def cfg(tmp_path, **run) -> dict:
+    """fit's configs and its (single-process) Dist."""
+    return dict(optim=OptimConfig(name="adam", lr=0.01, weight_decay=0.0, clip_grad=None),
+                schedule=ScheduleConfig(kind="constant", warmup=0), dist=Dist(),
+                run=RunConfig(**{"out_dir": tmp_path, "plot": False, "progress": False, "precision": "fp32", **run}))
 
 
 def model(seed=0):
@@ -56,7 +55,7 @@ def test_a_step_is_the_mean_over_units_whatever_the_accumulation(tmp_path, monke
     monkeypatch.setattr(zoo.train.loop, "build_optimizer", lambda m, c: torch.optim.SGD(m.parameters(), lr=0.1))
     # one SGD step over 24 rows in micro-batches of 6 x 4 equals plain gradient descent on the mean loss
     task = Regression(accum=4, batch=6)
-    m = fit(cfg(tmp_path / "a", grad_accum=4), Dist(), model(), task, total_steps=1).model
+    m = fit(model(), task, **cfg(tmp_path / "a", grad_accum=4), total_steps=1).model
     ref = model()
     rows = [i for b in task.batches(0)[:4] for i in b]
     (ref(task.x[rows]) - task.y[rows]).pow(2).mean().backward()
@@ -67,7 +66,7 @@ def test_a_step_is_the_mean_over_units_whatever_the_accumulation(tmp_path, monke
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     # uneven micro-batches (7+7+7+3 rows): weighted by rows, not by batch
     task = Regression(accum=4, batch=7)
-    m = fit(cfg(tmp_path / "b", grad_accum=4), Dist(), model(), task, total_steps=1).model
+    m = fit(model(), task, **cfg(tmp_path / "b", grad_accum=4), total_steps=1).model
     ref = model()
     rows = [i for b in task.batches(0)[:4] for i in b]
     (ref(task.x[rows]) - task.y[rows]).pow(2).mean().backward()
@@ -75,7 +74,7 @@ def test_a_step_is_the_mean_over_units_whatever_the_accumulation(tmp_path, monke
 
 
 def test_train_and_valid_rows(tmp_path):
-    fitted = fit(cfg(tmp_path, log_every=2, eval_every=3, ema=0.5), Dist(), model(), Regression(accum=1, batch=6),
+    fitted = fit(model(), Regression(accum=1, batch=6), **cfg(tmp_path, log_every=2, eval_every=3, ema=0.5),
                  total_steps=6)
     rows = read_metrics(tmp_path / "metrics.jsonl")
     train = [r for r in rows if r["split"] == "train"]
@@ -92,11 +91,11 @@ def test_train_and_valid_rows(tmp_path):
 
 def test_resume_continues_exactly(tmp_path):
     c = cfg(tmp_path / "full", log_every=1, checkpoint_every=3, keep_checkpoints=5)
-    full = fit(c, Dist(), model(), Regression(accum=2, batch=5), total_steps=7)  # 2 steps an epoch: crosses epochs
+    full = fit(model(), Regression(accum=2, batch=5), **c, total_steps=7)  # 2 steps an epoch: crosses epochs
     part = cfg(tmp_path / "part", log_every=1, checkpoint_every=3, keep_checkpoints=5)
-    fit(part, Dist(), model(), Regression(accum=2, batch=5), total_steps=7, resume=None)
+    fit(model(), Regression(accum=2, batch=5), **part, total_steps=7, resume=None)
     ckpt = tmp_path / "part" / "ckpt-0000003.pt"
-    resumed = fit(part, Dist(), model(seed=1), Regression(accum=2, batch=5), total_steps=7, resume=ckpt)
+    resumed = fit(model(seed=1), Regression(accum=2, batch=5), **part, total_steps=7, resume=ckpt)
     assert torch.equal(resumed.model.weight, full.model.weight)
     losses = lambda d: [(r["step"], r["loss"]) for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"]  # noqa: E731
     assert losses(tmp_path / "part") == losses(tmp_path / "full") and len(losses(tmp_path / "full")) == 7
@@ -111,7 +110,7 @@ def test_time_budget_stops_early_and_is_saved(tmp_path):
             return super().loss(model, batch, step)
 
     # one row a step, so an epoch of 24 steps outlasts the budget: the loop must stop inside the epoch
-    fitted = fit(cfg(tmp_path), Dist(), model(), Slow(accum=1, batch=1), total_steps=1000, minutes=0.2 / 60)
+    fitted = fit(model(), Slow(accum=1, batch=1), **cfg(tmp_path), total_steps=1000, minutes=0.2 / 60)
     assert fitted.stopped_early and 1 <= fitted.step < 10 and fitted.elapsed >= 0.2
     assert [p.name for p in tmp_path.glob("ckpt-*.pt")] == [f"ckpt-{fitted.step:07d}.pt"]  # the last step, once
     rows = read_metrics(tmp_path / "metrics.jsonl")
@@ -124,8 +123,20 @@ def test_a_task_must_say_its_steps(tmp_path):
         def steps(self, epoch):
             return 0
 
-    with pytest.raises(SystemExit, match="no full optimizer step"):
-        fit(cfg(tmp_path), Dist(), model(), Empty(), total_steps=1)
+    with pytest.raises(TrainError, match="no full optimizer step"):
+        fit(model(), Empty(), **cfg(tmp_path), total_steps=1)
+
+
+def test_settings_the_run_cannot_take_are_train_errors(tmp_path):
+    task = Regression(accum=1, batch=6)
+    with pytest.raises(TrainError, match="run.activation_checkpointing: Linear has no zoo block stack"):
+        fit(model(), task, **cfg(tmp_path, activation_checkpointing=True), total_steps=1)
+    with pytest.raises(TrainError, match="optim.weight_decay: Adam adds decay"):
+        fit(model(), task, **{**cfg(tmp_path), "optim": OptimConfig(name="adam", weight_decay=0.1)}, total_steps=1)
+    with pytest.raises(TrainError, match=r"inverse_sqrt needs d_model .*fit\(d_model=...\)"):
+        fit(model(), task, **{**cfg(tmp_path), "schedule": ScheduleConfig(kind="inverse_sqrt", warmup=4)}, total_steps=1)
+    with pytest.raises(TrainError, match="no checkpoint at"):  # a CheckpointError is a TrainError
+        fit(model(), task, **cfg(tmp_path), total_steps=1, resume=tmp_path / "ckpt-0000009.pt")
 
 
 def test_the_documented_task_trains(tmp_path):

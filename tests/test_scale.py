@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,10 +17,9 @@ import zoo
 from zoo.components.parts import saved_per_token  # noqa: F401 (the summary reads parts' declarations)
 from zoo.summary import activation_bytes, summarize, training_memory
 from zoo.train import (CheckpointError, Dist, ListTask, OptimConfig, RunConfig, ScheduleConfig, average_checkpoints,
-                       fit, latest_checkpoint, list_checkpoints, read_metrics)
+                       fit, latest_checkpoint, list_checkpoints, read_metrics, read_train_state, save_sharded_checkpoint,
+                       set_activation_checkpointing)
 from zoo.train.config import ConfigError, load_config
-from zoo.train.sharded import save_sharded_checkpoint
-from zoo.train.sharding import set_activation_checkpointing
 
 TINY = {
     "decoder": ["d_model=32", "n_layers=3", "block.attention.n_heads=2", "vocab_size=61", "max_seq_len=16"],
@@ -142,9 +140,10 @@ class Tokens(ListTask):
         return {"loss": float(self.loss(model, list(range(24)), 0)[0])}
 
 
-def cfg(out, **run):
-    return SimpleNamespace(optim=OptimConfig(lr=3e-3), schedule=ScheduleConfig(kind="cosine", warmup=2),
-                           run=RunConfig(out_dir=out, plot=False, progress=False, log_every=1, **run))
+def cfg(out, **run) -> dict:
+    """fit's configs and its (single-process) Dist."""
+    return dict(optim=OptimConfig(lr=3e-3), schedule=ScheduleConfig(kind="cosine", warmup=2), dist=Dist(),
+                run=RunConfig(out_dir=out, plot=False, progress=False, log_every=1, **run))
 
 
 def losses(out):
@@ -158,7 +157,7 @@ def model(spec=None):
 
 def test_fsdp_alone_writes_sharded_checkpoints_that_resume_exactly(tmp_path):
     run = dict(strategy="fsdp", checkpoint_every=4, keep_checkpoints=3, ema=0.9, activation_checkpointing=True)
-    whole = fit(cfg(tmp_path / "whole", **run), Dist(), model(), Tokens(), total_steps=10)
+    whole = fit(model(), Tokens(), **cfg(tmp_path / "whole", **run), total_steps=10)
     found = list_checkpoints(tmp_path / "whole")
     assert [p.name for p in found] == ["ckpt-0000004.dcp", "ckpt-0000008.dcp", "ckpt-0000010.dcp"]
     assert all(p.is_dir() for p in found)
@@ -167,19 +166,19 @@ def test_fsdp_alone_writes_sharded_checkpoints_that_resume_exactly(tmp_path):
     shutil.copytree(found[0], part / found[0].name)
     (part / "metrics.jsonl").write_text("".join(line for line in (tmp_path / "whole" / "metrics.jsonl").open()
                                                if json.loads(line)["step"] <= 4))
-    resumed = fit(cfg(part, **run), Dist(), model(), Tokens(), total_steps=10, resume=part / found[0].name)
+    resumed = fit(model(), Tokens(), **cfg(part, **run), total_steps=10, resume=part / found[0].name)
     assert losses(part) == losses(tmp_path / "whole")
     for a, b in zip(resumed.model.parameters(), whole.model.parameters()):
         assert torch.equal(a, b)
     for a, b in zip(resumed.ema.parameters(), whole.ema.parameters()):
         assert torch.equal(a, b)
     # the same checkpoint resumes a ddp run (one file from then on)
-    fit(cfg(tmp_path / "ddp", ema=0.9), Dist(), model(), Tokens(), total_steps=10, resume=found[0])
+    fit(model(), Tokens(), **cfg(tmp_path / "ddp", ema=0.9), total_steps=10, resume=found[0])
     assert losses(tmp_path / "ddp")[-6:] == losses(tmp_path / "whole")[-6:]
 
 
 def test_half_written_sharded_checkpoints_are_never_resumed(tmp_path):
-    fit(cfg(tmp_path, strategy="fsdp", checkpoint_every=3), Dist(), model(), Tokens(), total_steps=3)
+    fit(model(), Tokens(), **cfg(tmp_path, strategy="fsdp", checkpoint_every=3), total_steps=3)
     good = latest_checkpoint(tmp_path)
     shutil.copytree(good, tmp_path / "ckpt-0000009.dcp.tmp")  # killed before the rename
     (tmp_path / "ckpt-0000012.dcp").mkdir()  # no metadata, no train state
@@ -205,11 +204,11 @@ def test_resuming_another_model_names_what_differs(tmp_path):
     config = {"model": "gpt2-small", "model_overrides": TINY["decoder"], "run": {"seed": 0}}
     for strategy in ("ddp", "fsdp"):
         out = tmp_path / strategy
-        fit(cfg(out, strategy=strategy), Dist(), model(), Tokens(), total_steps=2, config=config)
+        fit(model(), Tokens(), **cfg(out, strategy=strategy), total_steps=2, config=config)
         other = tiny("decoder", "d_model=48")
         bigger = {**config, "model_overrides": TINY["decoder"] + ["d_model=48"], "run": {"seed": 1}}
-        with pytest.raises(SystemExit) as e:
-            fit(cfg(out, strategy=strategy), Dist(), model(other), Tokens(), total_steps=4, config=bigger,
+        with pytest.raises(CheckpointError) as e:
+            fit(model(other), Tokens(), **cfg(out, strategy=strategy), total_steps=4, config=bigger,
                 resume=latest_checkpoint(out))
         msg = str(e.value)
         assert "holds another model" in msg and "[61, 32] there, [61, 48] here" in msg, msg
@@ -217,9 +216,7 @@ def test_resuming_another_model_names_what_differs(tmp_path):
 
 
 def test_a_corrupt_train_state_is_a_checkpoint_error(tmp_path):
-    from zoo.train.sharded import read_train_state
-
-    fit(cfg(tmp_path, strategy="fsdp"), Dist(), model(), Tokens(), total_steps=1)
+    fit(model(), Tokens(), **cfg(tmp_path, strategy="fsdp"), total_steps=1)
     ckpt = latest_checkpoint(tmp_path)
     (ckpt / "train_state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="train_state.pt"):

@@ -2,7 +2,8 @@
 
 - no import circle: modules form layers, ``zoo.registry`` at the bottom, ``zoo.cli`` at the top;
 - no module takes another module's private name (``from zoo.x import _name``);
-- the spec modules stay torch-free, so a spec can be read and validated cheaply.
+- the spec modules stay torch-free, so a spec can be read and validated cheaply;
+- nothing in zoo imports a recipe or the modules beside the recipes.
 
 Every import counts, at module level or inside a function. ``import zoo.x.y`` and ``from zoo.x
 import y`` tie a module to ``zoo.x.y`` when that is a module, else to ``zoo.x``; the parent
@@ -156,6 +157,17 @@ def test_specs_do_not_import_torch():
     heavy = sorted({f"{m} imports {source}" for m in reached for source, _ in imports(m, known[m])
                     if source.split(".")[0] == "torch"})
     assert not heavy, heavy
+
+
+def test_zoo_never_imports_a_recipe():
+    """Data flows one way: recipes (and the modules beside them) use zoo, never the reverse, so zoo/train
+    holds only what every recipe shares."""
+    root = package_dir()
+    recipes = {p.stem for p in (root.parent / "recipes").glob("*.py")}
+    assert {"translate", "translate_eval", "text_data"} <= recipes, "the recipes were not found"
+    found = sorted({f"{m} imports {source}" for m, path in modules(root).items() for source, _ in imports(m, path)
+                    if source.split(".")[0] in recipes | {"recipes"}})
+    assert not found, found
 
 
 # ------------------------------------------------------------------------------ the checker checks itself

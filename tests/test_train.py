@@ -32,7 +32,7 @@ def test_average_is_the_arithmetic_mean(tmp_path):
 def test_average_refuses_mismatched_checkpoints(tmp_path):
     a = T.save_checkpoint(tmp_path / "a.pt", model=tiny_model("decoder"), step=1)
     b = T.save_checkpoint(tmp_path / "b.pt", model=tiny_model("decoder", ["n_layers=1"]), step=1)
-    with pytest.raises(ValueError, match="different tensors"):
+    with pytest.raises(ValueError, match=r"b.pt holds other tensors than .*a.pt \(missing \[.stack.blocks.1"):
         T.average_checkpoints([a, b])
     with pytest.raises(ValueError, match="nothing to average"):
         T.average_checkpoints([])
@@ -170,6 +170,29 @@ def test_metrics_log_resumes_without_the_lost_tail(tmp_path):
     assert json.loads((tmp_path / "m.jsonl").read_text().splitlines()[0])["loss"] == pytest.approx(0.1)
 
 
+def test_curves_give_a_split_one_colour_in_every_panel():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    splits = ["train", "valid", "valid_ding", "valid_messages"]
+    panels = [("loss", ["train/loss", "valid/loss"]),  # the translation recipe's panels, and two metrics of one split
+              ("perplexity", ["train/ppl", "valid/ppl", "valid_ding/ppl", "valid_messages/ppl"]),
+              ("valid BLEU", ["valid/bleu", "valid_ding/bleu", "valid_messages/bleu"]),
+              ("accuracy", ["valid/top1", "valid/top5"])]
+    records = [{"step": step, "split": split, "loss": 1 / step, "ppl": 9 / step, "bleu": step, "top1": step, "top5": step}
+               for step in (1, 2, 3) for split in splits]
+    fig = T.metrics_figure(records, panels)
+    drawn = [{line.get_label(): (to_hex(line.get_color()), line.get_linestyle()) for line in ax.get_lines()}
+             for ax in fig.axes]
+    plt.close(fig)
+    assert [sorted(d) for d in drawn] == [sorted(keys) for _, keys in panels]
+    colours = {split: {c for d in drawn for key, (c, _) in d.items() if key.split("/")[0] == split} for split in splits}
+    assert all(len(c) == 1 for c in colours.values()), colours  # each split in one colour, whatever the panel
+    assert len(set.union(*colours.values())) == len(splits)  # and the splits in different colours
+    assert drawn[1]["valid_ding/ppl"] == drawn[2]["valid_ding/bleu"]
+    assert drawn[3]["valid/top1"][0] == drawn[3]["valid/top5"][0] and drawn[3]["valid/top1"][1] != drawn[3]["valid/top5"][1]
+
+
 def test_config_errors_name_the_field(tmp_path):
     class Cfg(T.Config):
         optim: T.OptimConfig = T.OptimConfig()
@@ -187,6 +210,23 @@ def test_config_errors_name_the_field(tmp_path):
         T.load_config(Cfg, path)
     assert T.load_config(Cfg, None).model_dump() == Cfg.model_validate(
         __import__("yaml").safe_load(T.config_to_yaml(Cfg()))).model_dump()
+
+
+def test_config_and_spec_errors_read_alike():
+    class Cfg(T.Config):
+        optim: T.OptimConfig = T.OptimConfig()
+
+    with pytest.raises(T.ConfigError) as config_error:
+        T.load_config(Cfg, None, ["optim.lrr=1", "optim.lr=-1"])
+    assert str(config_error.value) == (
+        "invalid config (defaults) with optim.lrr=1 optim.lr=-1 (2 problems):\n"
+        "  optim.lr: Input should be greater than 0 (got -1)\n"
+        "  optim.lrr: unknown key (got 1); remove it or check its spelling")
+    with pytest.raises(zoo.SpecError) as spec_error:
+        zoo.load_spec("gpt2-small", ["n_layerz=1"])
+    assert str(spec_error.value).endswith(
+        " (1 problem):\n  n_layerz: unknown key (got 1); remove it or check its spelling")
+    assert str(spec_error.value).startswith("invalid spec ")
 
 
 def test_auto_precision_is_bf16_only_where_bf16_matmuls_are_native(monkeypatch):

@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import DE_NOUNS, NOUNS, messages, write_catalog
+from translate_data import word_dropout  # recipes/, on pytest's path
 
 import zoo
 from zoo.data import corpus as C
 from zoo.data import translation as T
+from zoo.cli import main as zoo_main
 from zoo.train import list_checkpoints, load_checkpoint, read_metrics
-from zoo.train import seq2seq as S
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "translate.py"
@@ -63,7 +65,8 @@ def tiny(data: Path, out: Path, *extra: str) -> list[str]:
 
 def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    assert recipe.main(tiny(data, out, "train.steps=12", "run.plot=true")) == 0
+    # as the default keeps the checkpoints it averages (5), this run keeps its 2
+    assert recipe.main(tiny(data, out, "train.steps=12", "run.plot=true", "run.keep_checkpoints=2")) == 0
     text = capsys.readouterr().out
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in text and "chrF signature" in text
     assert "padding" in text and "averaged 2 checkpoints" in text
@@ -84,6 +87,16 @@ def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatc
     w = "encoder.blocks.0.ffn.fc1.weight" if "encoder.blocks.0.ffn.fc1.weight" in ckpts[0] else next(
         k for k in ckpts[0] if k.startswith("encoder.blocks.0") and k.endswith("weight"))
     torch.testing.assert_close(model.state_dict()[w], (ckpts[0][w].double() + ckpts[1][w].double()).div(2).float())
+
+    # the averaging command docs/recipes/translate.md shows rebuilds that model from the run's checkpoints alone
+    doc = (ROOT / "docs" / "recipes" / "translate.md").read_text(encoding="utf-8")
+    argv = shlex.split(next(line for line in doc.splitlines() if line.startswith("zoo average runs/translate/")))
+    argv = [a.replace("runs/translate", str(out)).replace("averaged.safetensors", str(tmp_path / "a.safetensors"))
+            for a in argv[1:]]
+    assert zoo_main([p for a in argv for p in (sorted(map(str, Path("/").glob(a[1:]))) if "*" in a else [a])]) == 0
+    assert "the mean of 2 checkpoints" in capsys.readouterr().out
+    again, exported = zoo.load(tmp_path / "a.safetensors").state_dict(), model.state_dict()
+    assert again.keys() == exported.keys() and all(torch.equal(again[k], exported[k]) for k in exported)
 
     # the translate command: stdin line by line, an empty line stays empty
     monkeypatch.setattr(sys, "stdin", io.StringIO("The room faces north.\n\nHe is hoping for a promotion.\n"))
@@ -178,14 +191,14 @@ def test_embedded_corpus_errors_are_one_line(catalogs, tmp_path, capsys):
 def test_word_dropout_replaces_only_real_tokens_at_the_rate():
     torch.manual_seed(0)
     x = torch.randint(4, 100, (200, 50))
-    x[:, 0], x[:, -1], x[:, -10:-1] = S.BOS_ID, S.EOS_ID, S.PAD_ID
-    y = S.word_dropout(x, 0.3)
-    real = x > S.UNK_ID
+    x[:, 0], x[:, -1], x[:, -10:-1] = T.BOS_ID, T.EOS_ID, T.PAD_ID
+    y = word_dropout(x, 0.3)
+    real = x > T.UNK_ID
     assert torch.equal(y[~real], x[~real])  # <s>, </s> and padding untouched
     changed = y != x
-    assert (y[changed] == S.UNK_ID).all()
+    assert (y[changed] == T.UNK_ID).all()
     assert abs(changed.sum().item() / real.sum().item() - 0.3) < 0.02
-    assert torch.equal(S.word_dropout(x, 0.0), x)
+    assert torch.equal(word_dropout(x, 0.0), x)
 
 
 def test_resume_reproduces_the_uninterrupted_run(data, tmp_path, capsys):

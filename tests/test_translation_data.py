@@ -5,24 +5,24 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zoo.data.bpe import decode, encode, load_bpe, train_bpe
 from zoo.data.translation import (
+    EOS,
+    SPECIALS,
+    UNK,
     DataError,
     Pairs,
     collate,
-    decode,
     dedupe,
     ding_splits,
-    encode,
     is_sentence,
     normalise,
     padding_fraction,
     read_ding,
     read_parallel,
     read_tsv,
-    shard,
     split,
     token_batches,
-    train_bpe,
 )
 
 DING = """\
@@ -135,15 +135,25 @@ def test_parallel_files_and_their_errors(tmp_path):
         read_tsv(tmp_path / "missing.tsv")
 
 
-def test_bpe_round_trip_and_specials():
+def test_bpe_round_trip_and_specials(tmp_path):
     texts = ["The weather is nice.", "Das Wetter ist schön.", "I’ve made one or two changes."] * 20
-    tok = train_bpe(texts, 120)
+    tok = train_bpe(texts, 120, specials=SPECIALS, unk=UNK)
     assert [tok.token_to_id(t) for t in ("<pad>", "<s>", "</s>", "<unk>")] == [0, 1, 2, 3]
-    ids = encode(tok, texts[:3])
+    ids = encode(tok, texts[:3], eos=EOS)
     assert all(seq[-1] == 2 for seq in ids)
-    assert decode(tok, ids) == texts[:3]
-    assert decode(tok, [ids[0] + [5, 6]]) == [texts[0]]  # stops at </s>
-    assert len(encode(tok, texts[:1], max_len=3)[0]) == 3
+    assert decode(tok, ids, eos=EOS) == texts[:3]
+    assert decode(tok, [ids[0] + [5, 6]], eos=EOS) == [texts[0]]  # stops at </s>
+    assert len(encode(tok, texts[:1], eos=EOS, max_len=3)[0]) == 3
+    assert tok.encode("ß€", add_special_tokens=False).ids[-2:] == [3, 3]  # characters never seen: <unk>
+    byte_level = train_bpe(texts, 300, specials=["<pad>", "<eos>"])  # ... where a byte-level BPE has their bytes
+    ids = encode(byte_level, ["ß€"])[0]
+    assert min(ids) >= 2 and decode(byte_level, [ids], eos="<eos>")[0].strip() == "ß€"
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert load_bpe(tmp_path / "tokenizer.json", specials=SPECIALS).get_vocab() == tok.get_vocab()
+    with pytest.raises(DataError, match=r"must hold <pad> <eos> as ids 0-1 \(found ids \[0, None\]\)"):
+        load_bpe(tmp_path / "tokenizer.json", specials=["<pad>", "<eos>"])
+    with pytest.raises(ValueError, match="unk '<unknown>' must be one of the special tokens"):
+        train_bpe(texts, 120, specials=SPECIALS, unk="<unknown>")
 
 
 def test_token_batches_respect_the_budget_and_cover_everything():
@@ -160,8 +170,6 @@ def test_token_batches_respect_the_budget_and_cover_everything():
     assert token_batches(src, tgt, max_tokens=200, seed=2) != batches
     with pytest.raises(DataError, match="more than max_tokens"):
         token_batches([300], [3], max_tokens=200)
-    parts = [shard(batches, r, 2) for r in range(2)]
-    assert len(parts[0]) == len(parts[1]) == len(batches) // 2 and not set(map(tuple, parts[0])) & set(map(tuple, parts[1]))
 
 
 def test_collate_shifts_targets():

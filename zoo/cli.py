@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zoo.build import build, count_parameters
-from zoo.io import FileHeader, LoadError, SaveError, load, one_line, read_header, read_spec, save
+from zoo.io import FileHeader, LoadError, SaveError, one_line, read_header, read_spec, save
 from zoo.registry import REGISTRIES, RegistryError
 from zoo.spec import SpecError, json_schema, load_spec, preset_names, to_yaml
 
@@ -300,66 +300,52 @@ def _convert_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _average_spec(args, first: Path, ckpt: dict | None):
-    """The spec of the averaged model: --spec, else the first input's (a zoo file's, or the one a
-    training checkpoint records under state.spec / spec)."""
+def _average_spec(args, first: Path):
+    """The spec of the averaged model: --spec, else the one the first input records (a training
+    checkpoint's, a sharded checkpoint's or a zoo file's)."""
+    from zoo.train import checkpoint_spec
+
     if args.spec:
         return _spec(args.spec, args.overrides)
-    if ckpt is None:
-        return load_spec(read_spec(first), args.overrides)
-    stored = ckpt.get("spec") or ckpt.get("state", {}).get("spec")
+    stored = checkpoint_spec(first)
     if stored is None:
-        raise ValueError(f"{first} records no model spec; give one with --spec (a preset, YAML or .safetensors file)")
+        raise ValueError(f"{first} records no model spec (its model was not a zoo model, e.g. a wrapper around one); "
+                         "give one with --spec (a preset, YAML or .safetensors file)")
     return load_spec(stored, args.overrides)
 
 
 def _average(args) -> None:
-    from zoo.train.checkpoint import CheckpointError, average_state_dicts, load_checkpoint, read_sharded_tensors
-    from zoo.train.sharded import read_train_state
+    from zoo.train import CheckpointError, average_checkpoints
 
     if not Path(args.output).parent.is_dir():
         raise SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
-    states, spec = [], None
-    for i, name in enumerate(args.checkpoints):
-        path = Path(name)
+    paths = [Path(name) for name in args.checkpoints]
+    for path in paths:
         if not path.is_file() and not path.is_dir():
-            raise ValueError(f"no such file: {name}")
-        ckpt = None
-        if path.is_dir():  # a sharded checkpoint folder (run.strategy fsdp)
-            try:
-                states.append(read_sharded_tensors(path))
-                ckpt = read_train_state(path)
-            except CheckpointError as e:
-                raise ValueError(str(e)) from None
-        elif path.suffix == ".safetensors":
-            states.append(load(path).state_dict())  # every name, tied ones included
-        else:
-            try:
-                ckpt = load_checkpoint(path)
-            except CheckpointError as e:
-                raise ValueError(str(e)) from None
-            states.append(ckpt["model"])
-        if i == 0:
-            spec = _average_spec(args, path, ckpt)
-    expected = set(build(spec, device="meta").state_dict())
-    for name, state in zip(args.checkpoints, states):
-        if set(state) != expected:
-            missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-            raise ValueError(f"{name} does not fit the spec ({spec.name or spec.family}): "
-                             f"missing {missing[:3]}, unexpected {extra[:3]}")
+            raise ValueError(f"no such file: {path}")
+    try:
+        spec = _average_spec(args, paths[0])
+        averaged = average_checkpoints(paths)
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None
     model = build(spec)
-    model.load_state_dict(average_state_dicts(states), strict=True)
+    expected = set(model.state_dict())
+    if set(averaged) != expected:
+        missing, extra = sorted(expected - set(averaged)), sorted(set(averaged) - expected)
+        raise ValueError(f"{paths[0]} does not fit the spec ({spec.name or spec.family}): "
+                         f"missing {missing[:3]}, unexpected {extra[:3]}")
+    model.load_state_dict(averaged, strict=True)
     path = save(model, args.output, dtype=DTYPES[args.dtype] if args.dtype else None)
     size = Path(path).stat().st_size
-    print(f"wrote {path}: the mean of {len(states)} checkpoints, {spec.name or spec.family}, "
+    print(f"wrote {path}: the mean of {len(paths)} checkpoints, {spec.name or spec.family}, "
           f"{count_parameters(model):,} parameters, {size:,} bytes ({human_bytes(size)})")
 
 
 def _average_parser(sub) -> argparse.ArgumentParser:
     text = "the element-wise mean of several checkpoints' weights (the paper's checkpoint averaging)"
     p = sub.add_parser("average", help=text, description=text + (
-        ". Inputs are training checkpoints (.pt, written by zoo.train; their spec is read from the "
-        "checkpoint's state) or .safetensors files written by zoo, all of one model."))
+        ". Inputs are training checkpoints (.pt files or sharded .dcp folders written by zoo.train, which "
+        "record the model's spec) or .safetensors files written by zoo, all of one model."))
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="training checkpoints (.pt files or sharded .dcp folders) or zoo .safetensors files")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .safetensors file to write")
     p.add_argument("--spec", default=None, metavar="SPEC",

@@ -1,9 +1,10 @@
-"""Plain text for language models: the embedded WordNet glosses, text files, a byte-level BPE,
-packing into fixed-length blocks (GPT-style), and BERT's masking rule.
+"""Plain text for language models: the embedded WordNet glosses, text files, the special tokens of
+their byte-level BPE (zoo.data.bpe), packing into fixed-length blocks (GPT-style), and BERT's masking
+rule.
 
-    texts = read_wordnet()                        # the glosses of Debian's wordnet-base
-    tok = train_bpe(texts, 8192)                  # byte-level BPE; ids 0-3 are SPECIALS
-    blocks = pack_blocks(encode(tok, texts), 128, eos_id=tok.token_to_id(EOS))   # [N, 129]
+    texts = read_wordnet()                                    # the glosses of Debian's wordnet-base
+    tok = bpe.train_bpe(texts.texts, 8192, specials=SPECIALS)  # byte-level BPE; ids 0-3 are SPECIALS
+    blocks = pack_blocks(bpe.encode(tok, texts.texts), 128, eos_id=tok.token_to_id(EOS))   # [N, 129]
     inputs, labels = mask_tokens(tokens, mask, mask_id=..., vocab_size=..., generator=g)
 
 Nothing is dropped silently, and unusable input fails with the file, the line and the fix.
@@ -25,8 +26,8 @@ from zoo.data.common import DataError, read_lines
 
 __all__ = [
     "WORDNET_DIR", "WORDNET_PARTS", "INSTALL_HINT", "SPECIALS", "PAD", "EOS", "CLS", "MASK", "DataError", "Texts",
-    "read_wordnet", "read_text_files", "read_labelled_tsv", "split_texts", "train_bpe", "load_bpe", "encode",
-    "pack_blocks", "unigram_perplexity", "most_frequent_accuracy", "pad_batch", "mask_tokens",
+    "read_wordnet", "read_text_files", "read_labelled_tsv", "split_texts", "pack_blocks", "unigram_perplexity",
+    "pad_batch", "mask_tokens",
 ]
 
 WORDNET_DIR = Path("/usr/share/wordnet")
@@ -140,46 +141,6 @@ def split_texts(data: Texts, *, valid_fraction: float, seed: int = 1234, max_val
     return take(sorted(order[n_valid:])), take(sorted(order[:n_valid]))
 
 
-# ----------------------------------------------------------------------------------------- BPE
-def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2):
-    """A byte-level BPE (GPT-2's: any text encodes, decoding restores it exactly) trained with the
-    ``tokenizers`` library; ids 0-3 are ``SPECIALS`` (<pad>, <eos>, <cls>, <mask>)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
-
-
-def load_bpe(path: str | Path):
-    """A ``tokenizer.json`` holding the ``SPECIALS`` as ids 0-3 (as :func:`train_bpe` makes them)."""
-    from tokenizers import Tokenizer
-
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"no tokenizer at {path}")
-    tok = Tokenizer.from_file(str(path))
-    ids = [tok.token_to_id(s) for s in SPECIALS]
-    if ids != list(range(len(SPECIALS))):
-        raise DataError(f"{path}: the tokenizer must hold {' '.join(SPECIALS)} as ids 0-{len(SPECIALS) - 1} (found ids {ids}); "
-                        "train one with zoo.data.text.train_bpe")
-    return tok
-
-
-def encode(tokenizer, texts: Sequence[str], *, batch: int = 10000) -> list[list[int]]:
-    """Token ids of each text (no special tokens)."""
-    out: list[list[int]] = []
-    for i in range(0, len(texts), batch):
-        out += [e.ids for e in tokenizer.encode_batch(list(texts[i : i + batch]), add_special_tokens=False)]
-    return out
-
-
 # ------------------------------------------------------------------------------ GPT-style blocks
 def pack_blocks(docs: Iterable[Sequence[int]], block_len: int, *, eos_id: int) -> Tensor:
     """Documents joined into one stream, each followed by ``eos_id``, cut into rows of
@@ -202,12 +163,6 @@ def unigram_perplexity(train_tokens: Tensor, valid_tokens: Tensor, vocab_size: i
     counts = torch.bincount(train_tokens.reshape(-1), minlength=vocab_size).double() + 1.0
     logp = (counts / counts.sum()).log()
     return math.exp(-float(logp[valid_tokens.reshape(-1)].mean()))
-
-
-def most_frequent_accuracy(train_tokens: Tensor, valid_tokens: Tensor, vocab_size: int) -> float:
-    """Accuracy on ``valid_tokens`` of always guessing the most frequent training token."""
-    top = int(torch.bincount(train_tokens.reshape(-1), minlength=vocab_size).argmax())
-    return float((valid_tokens.reshape(-1) == top).double().mean())
 
 
 # -------------------------------------------------------------------------------- BERT-style MLM

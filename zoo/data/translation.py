@@ -1,5 +1,5 @@
-"""Parallel text for translation: the embedded Ding dictionary pairs, real parallel files, a shared
-BPE vocabulary, and token-bucket batching.
+"""Parallel text for translation: the embedded Ding dictionary pairs, real parallel files, the special
+tokens of the shared source-target BPE (zoo.data.bpe), and token-bucket batching.
 
 Nothing is dropped silently: every reader returns what it kept and counts of what it dropped, and
 malformed input fails with the file and line.
@@ -22,7 +22,8 @@ DING_PATH = Path("/usr/share/trans/de-en")
 INSTALL_HINT = "install the embedded default data with: apt-get install trans-de-en (Debian/Ubuntu)"
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
-SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3
+SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3 (train the BPE with unk=UNK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIALS))
 
 
 @dataclass
@@ -228,50 +229,6 @@ def _read_lines(path: Path) -> list[str]:
     return lines
 
 
-# ------------------------------------------------------------------------------------------- BPE
-def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2):
-    """A shared source-target BPE (Sennrich et al. 2016) trained with the ``tokenizers`` library,
-    SentencePiece-style word boundaries (``▁``) so decoding restores the text exactly; ids 0-3 are
-    <pad>, <s>, </s>, <unk>."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token=UNK))
-    tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS, show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
-
-
-def load_bpe(path: str | Path):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(path))
-
-
-def encode(tokenizer, texts: Sequence[str], *, max_len: int | None = None) -> list[list[int]]:
-    """Token ids of each text, followed by </s>; truncated to ``max_len`` tokens (</s> kept)."""
-    eos = tokenizer.token_to_id(EOS)
-    out = []
-    for enc in tokenizer.encode_batch(list(texts), add_special_tokens=False):
-        ids = enc.ids[: max_len - 1] if max_len else enc.ids
-        out.append(ids + [eos])
-    return out
-
-
-def decode(tokenizer, ids: Iterable[Sequence[int]]) -> list[str]:
-    """Text of each id sequence, stopping at </s> and skipping specials."""
-    eos = tokenizer.token_to_id(EOS)
-    rows = []
-    for seq in ids:
-        seq = list(seq)
-        if eos in seq:
-            seq = seq[: seq.index(eos)]
-        rows.append(seq)
-    return tokenizer.decode_batch(rows, skip_special_tokens=True)
-
-
 # ---------------------------------------------------------------------------- token-bucket batches
 def token_batches(
     src_lens: Sequence[int],
@@ -314,12 +271,6 @@ def padding_fraction(batches: Iterable[list[int]], lens: Sequence[int]) -> float
         real += sum(lens[i] for i in b)
         padded += longest * len(b)
     return 1 - real / padded if padded else 0.0
-
-
-def shard(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
-    """This rank's share of the batches (equal counts on every rank, the remainder dropped)."""
-    n = len(batches) // world_size * world_size
-    return batches[rank:n:world_size]
 
 
 def collate(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], idx: list[int], *, pad_id: int = 0, bos_id: int = 1):

@@ -33,6 +33,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from zoo.registry import RegistryError, registry
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
+from zoo.validation import problem_lines
 from zoo.spec.parts import AnyAttention, AnyFFN, AnyNorm, AnyPosition, AttentionSpec, LayerNormSpec, ReluFFNSpec
 
 __all__ = [
@@ -248,14 +249,7 @@ def _validate_block(data: dict, j: int) -> BlockSpec:
     except RegistryError as e:
         raise ValueError(f"layers.{j}.block.kind: {e}") from None
     except ValidationError as e:
-        lines = []
-        for err in e.errors(include_url=False):
-            loc = ".".join(str(x) for x in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown key (got {err['input']!r}); remove it or check its spelling"
-            lines.append(f"layers.{j}.block{'.' + loc if loc else ''}: {msg}")
-        raise ValueError("\n".join(lines)) from None
+        raise ValueError("\n".join(problem_lines(e, f"layers.{j}.block"))) from None
 
 
 def layer_key(layer: Layer) -> str:

@@ -17,6 +17,7 @@ from zoo.registry import RegistryError, registry, suggest
 from zoo.spec.base import Dispatch, Spec
 from zoo.spec.families import FamilySpec, ModelSpec
 from zoo.spec.migrate import migrate
+from zoo.validation import validation_message
 
 __all__ = [
     "PRESETS_DIR", "SpecError", "apply_overrides", "json_schema", "load_spec", "parse_spec", "preset_names", "preset_path",
@@ -32,17 +33,7 @@ class SpecError(ValueError):
 
 # ----------------------------------------------------------------------------------- errors, YAML
 def _format_errors(err: ValidationError, source: str) -> SpecError:
-    lines = []
-    for e in err.errors(include_url=False):
-        loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = f"unknown key (got {e['input']!r}); remove it or check its spelling"
-        elif e["type"] not in ("value_error", "assertion_error", "missing"):
-            msg = f"{msg} (got {e['input']!r})"
-        lines.extend(f"  {loc}: {line}" if loc else f"  {line}" for line in msg.split("\n"))
-    n = len(lines)
-    return SpecError(f"invalid spec {source} ({n} problem{'s' if n > 1 else ''}):\n" + "\n".join(lines))
+    return SpecError(validation_message(err, f"spec {source}"))
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -1,8 +1,9 @@
-"""Shared recipe machinery: the one training loop (``fit`` over a ``Task``), configs, distributed
-set-up, optimizers and schedules, checkpoints (atomic, resumable, averaged), a metrics log with
-plots, and progress.
+"""What every recipe shares: the one training loop (``fit`` over a ``Task``), configs, distributed
+set-up, FSDP, optimizers and schedules, checkpoints (atomic, resumable, averaged, carrying the model's
+spec), a metrics log with plots, and progress. Nothing here serves one recipe alone.
 
-Recipes (``recipes/*.py``) are thin scripts over these pieces; see docs/recipes/.
+Recipes (``recipes/*.py``) are thin scripts over these pieces, with their own data preparation and
+scoring beside them; see docs/training.md and docs/recipes/.
 """
 
 from zoo.train.checkpoint import (
@@ -10,13 +11,19 @@ from zoo.train.checkpoint import (
     average_checkpoints,
     average_state_dicts,
     checkpoint_name,
+    checkpoint_spec,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    load_sharded_checkpoint,
+    model_spec,
     prune_checkpoints,
+    read_train_state,
+    resolve_resume,
     restore_rng,
     rng_state,
     save_checkpoint,
+    save_sharded_checkpoint,
     unwrap,
 )
 from zoo.train.config import (
@@ -30,21 +37,22 @@ from zoo.train.config import (
     parse_args,
 )
 from zoo.train.distributed import Dist, distributed, resolve_device
-from zoo.train.loop import Fitted, ListTask, Task, fit, resolve_resume
-from zoo.train.metrics import MetricsLog, Progress, plot_metrics, read_metrics
-from zoo.train.runtime import attention_kernels, tune_malloc
-from zoo.train.sharded import load_sharded_checkpoint, save_sharded_checkpoint
-from zoo.train.sharding import full_parameters, gathered, set_activation_checkpointing, shard
+from zoo.train.errors import TrainError
+from zoo.train.fsdp import apply_fsdp, full_parameters, gathered, set_activation_checkpointing
+from zoo.train.loop import Fitted, ListTask, Task, fit
+from zoo.train.metrics import MetricsLog, Progress, metrics_figure, perplexity, plot_metrics, read_metrics, series_styles
 from zoo.train.optim import (EMA, autocast, bf16_is_fast, build_optimizer, build_scheduler, lr_factor, param_groups,
                              resolve_precision, seed_everything)
+from zoo.train.runtime import attention_kernels, tune_malloc
 
 __all__ = [
-    "CheckpointError", "average_checkpoints", "average_state_dicts", "checkpoint_name", "latest_checkpoint",
-    "list_checkpoints", "load_checkpoint", "prune_checkpoints", "restore_rng", "rng_state", "save_checkpoint",
-    "unwrap", "Config", "ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig", "config_to_yaml",
-    "load_config", "parse_args", "Dist", "distributed", "resolve_device", "MetricsLog", "Progress",
-    "plot_metrics", "read_metrics", "EMA", "autocast", "bf16_is_fast", "resolve_precision", "build_optimizer",
-    "build_scheduler", "lr_factor", "param_groups", "seed_everything", "tune_malloc", "attention_kernels",
-    "Task", "ListTask", "Fitted", "fit", "resolve_resume", "load_sharded_checkpoint", "save_sharded_checkpoint",
-    "full_parameters", "gathered", "set_activation_checkpointing", "shard",
+    "CheckpointError", "average_checkpoints", "average_state_dicts", "checkpoint_name", "checkpoint_spec",
+    "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_sharded_checkpoint", "model_spec",
+    "prune_checkpoints", "read_train_state", "resolve_resume", "restore_rng", "rng_state", "save_checkpoint",
+    "save_sharded_checkpoint", "unwrap", "Config", "ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig",
+    "config_to_yaml", "load_config", "parse_args", "Dist", "distributed", "resolve_device", "TrainError",
+    "apply_fsdp", "full_parameters", "gathered", "set_activation_checkpointing", "Task", "ListTask", "Fitted", "fit",
+    "MetricsLog", "Progress", "metrics_figure", "perplexity", "plot_metrics", "read_metrics", "series_styles", "EMA", "autocast", "bf16_is_fast",
+    "build_optimizer", "build_scheduler", "lr_factor", "param_groups", "resolve_precision", "seed_everything",
+    "attention_kernels", "tune_malloc",
 ]

@@ -1,18 +1,27 @@
-"""Checkpoints: atomic, resumable, and averaged.
+"""Checkpoints: atomic, resumable, averaged, and carrying the model's spec; one file or, from a
+sharded (FSDP) run, one folder.
 
-    save_checkpoint(out_dir / "ckpt-000500.pt", model=model, optimizer=opt, scheduler=sched,
-                    step=500, state={"epoch": 1, "batch": 37}, config=cfg.model_dump(mode="json"))
+    save_checkpoint(out_dir / "ckpt-0000500.pt", model=model, optimizer=opt, scheduler=sched, step=500,
+                    state={"epoch": 1, "pos": 37}, config=cfg.model_dump(mode="json"), spec=model_spec(model))
     ckpt = load_checkpoint(latest_checkpoint(out_dir))     # a dict; restore_rng(ckpt) for exact resume
     averaged = average_checkpoints(paths)                   # the paper's checkpoint averaging
+    spec = checkpoint_spec(path)                            # the model's spec as JSON data, or None
 
-A checkpoint is one file ``ckpt-<step>.pt``, or, from a sharded (FSDP) run, a folder
-``ckpt-<step>.dcp`` written by ``torch.distributed.checkpoint`` with every process writing its own
-shards (:func:`zoo.train.sharded.save_sharded_checkpoint`). Either is written under a temporary name in the same
-folder and renamed over the target, so a crash mid-write never leaves a half checkpoint under a
-checkpoint's name. Loading uses
-``torch.load(weights_only=True)``: tensors, numbers, strings, lists and dicts only, never arbitrary
-pickled objects. RNG states (Python, torch CPU and CUDA) travel with the checkpoint so dropout and
-data order continue exactly where they stopped.
+A checkpoint is one file ``ckpt-<step>.pt``, or a folder ``ckpt-<step>.dcp`` written by
+``torch.distributed.checkpoint`` (DCP) with every process writing its own shards
+(:func:`save_sharded_checkpoint`, what ``run.strategy: fsdp`` writes). Either is written under a
+temporary name in the same folder and renamed over the target, so a crash mid-write never leaves a
+half checkpoint under a checkpoint's name. Loading uses ``torch.load(weights_only=True)``: tensors,
+numbers, strings, lists and dicts only, never arbitrary pickled objects. RNG states (Python, torch
+CPU and CUDA) travel with the checkpoint so dropout and data order continue exactly where they
+stopped. A checkpoint of a zoo model records its spec (``model.spec`` as JSON data), so ``zoo
+average`` rebuilds the model from the checkpoints alone.
+
+A sharded folder holds each process's shards of the model, the optimizer state and the EMA, and
+``train_state.pt`` (step, the loop's counters, RNG, the schedule, the config, the spec), added by
+rank 0 before the rename. Loading goes through DCP's resharding: a checkpoint written by N processes
+loads on any number of processes, sharded or not (``torch.distributed.checkpoint.state_dict`` gives
+each model and optimizer state by parameter name, whatever the wrapping).
 """
 
 from __future__ import annotations
@@ -30,19 +39,22 @@ import torch
 from torch import Tensor, nn
 
 from zoo.atomic import atomic_write
+from zoo.train.distributed import Dist
+from zoo.train.errors import TrainError
 
 __all__ = [
     "CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-    "prune_checkpoints", "average_checkpoints", "average_state_dicts", "rng_state", "restore_rng",
-    "unwrap", "checkpoint_name", "check_compatible", "read_sharded_tensors", "saved_shapes", "saved_tensors",
-    "single_process_dcp", "TRAIN_STATE",
+    "prune_checkpoints", "average_checkpoints", "average_state_dicts", "rng_state", "restore_rng", "unwrap",
+    "checkpoint_name", "check_compatible", "model_spec", "checkpoint_spec", "resolve_resume", "restore_checkpoint",
+    "save_sharded_checkpoint", "load_sharded_checkpoint", "read_train_state", "read_sharded_tensors", "saved_shapes",
+    "saved_tensors", "single_process_dcp", "TRAIN_STATE",
 ]
 
 _NAME = re.compile(r"^ckpt-(\d+)\.(pt|dcp)$")
-TRAIN_STATE = "train_state.pt"  # a sharded checkpoint's step, counters, RNG, schedule and config
+TRAIN_STATE = "train_state.pt"  # a sharded checkpoint's step, counters, RNG, schedule, config and spec
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(TrainError):
     """A checkpoint that cannot be read or used; the message names the file."""
 
 
@@ -80,6 +92,13 @@ def restore_rng(ckpt: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(list(state["cuda"]))
 
 
+def model_spec(model: nn.Module) -> dict[str, Any] | None:
+    """The spec of a zoo model (``model.spec``, set by ``zoo.build``) as JSON data, the form a checkpoint
+    records; None for a module without one (a wrapper around a zoo model, a plain torch module)."""
+    spec = getattr(unwrap(model), "spec", None)
+    return spec.model_dump(mode="json") if spec is not None and hasattr(spec, "model_dump") else None
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     *,
@@ -90,12 +109,13 @@ def save_checkpoint(
     state: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
     ema: nn.Module | Mapping[str, Tensor] | None = None,
-    scaler: Any = None,
+    spec: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write everything needed to continue training at ``step``, atomically; returns the path.
 
     ``state``: the loop's own counters (epoch, batch within the epoch, best metric ...), plain values.
-    ``config``: the run's config as plain data (recorded; resuming checks nothing against it).
+    ``config``: the run's config as plain data (resuming names the settings that differ from it).
+    ``spec``: the model's spec as JSON data (:func:`model_spec`), so the weights rebuild without the run.
     """
     ckpt: dict[str, Any] = {
         "step": int(step),
@@ -107,13 +127,13 @@ def save_checkpoint(
         ckpt["optimizer"] = optimizer.state_dict()
     if scheduler is not None:
         ckpt["scheduler"] = scheduler.state_dict()
-    if scaler is not None:
-        ckpt["scaler"] = scaler.state_dict()
     if ema is not None:
         ema_state = ema.state_dict() if isinstance(ema, nn.Module) else ema
         ckpt["ema"] = {k: v.detach().cpu() for k, v in ema_state.items()}
     if config is not None:
         ckpt["config"] = dict(config)
+    if spec is not None:
+        ckpt["spec"] = dict(spec)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as f:
@@ -121,13 +141,15 @@ def save_checkpoint(
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """A checkpoint written by :func:`save_checkpoint`, as a dict (no arbitrary unpickling)."""
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", *,
+                    mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint written by :func:`save_checkpoint`, as a dict (no arbitrary unpickling); ``mmap``
+    maps the tensors from the file instead of reading them (cheap when only a few are needed)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {str(path)!r}")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # truncated, corrupt, not a checkpoint
         raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
@@ -136,7 +158,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
-    """The periodic checkpoints ``ckpt-<step>.pt`` in ``out_dir``, oldest first."""
+    """The complete periodic checkpoints in ``out_dir`` (``ckpt-<step>.pt`` files, ``ckpt-<step>.dcp``
+    folders), oldest first."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
@@ -167,17 +190,32 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
     return doomed
 
 
-def average_state_dicts(states: Iterable[Mapping[str, Tensor]]) -> dict[str, Tensor]:
+def resolve_resume(resume: str | None, out_dir: Path, *, required: bool = True) -> Path | None:
+    """The checkpoint ``--resume`` means: ``latest`` = the newest in ``out_dir``, else a path."""
+    if resume is None:
+        return None
+    if resume == "latest":
+        found = latest_checkpoint(out_dir)
+        if found is None and required:
+            raise CheckpointError(f"--resume: no checkpoint in {out_dir}; start without --resume")
+        return found
+    return Path(resume)
+
+
+def average_state_dicts(states: Iterable[Mapping[str, Tensor]], names: Iterable[str] | None = None) -> dict[str, Tensor]:
     """The element-wise arithmetic mean of floating-point tensors (accumulated in float64, returned
-    in each tensor's own dtype); integer and boolean tensors must agree and are kept as they are."""
+    in each tensor's own dtype); integer and boolean tensors must agree and are kept as they are.
+    ``names`` (one per state, e.g. its file) name the states in errors."""
     states = list(states)
+    names = list(names) if names is not None else [f"state {i}" for i in range(len(states))]
     if not states:
         raise ValueError("average_state_dicts: nothing to average")
     keys = list(states[0])
-    for i, s in enumerate(states[1:], 1):
-        if list(s) != keys:
+    for name, s in zip(names[1:], states[1:]):
+        if set(s) != set(keys):
             missing, extra = set(keys) - set(s), set(s) - set(keys)
-            raise ValueError(f"state {i} has different tensors (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})")
+            raise ValueError(f"{name} holds other tensors than {names[0]} (missing {sorted(missing)[:3]}, "
+                             f"extra {sorted(extra)[:3]})")
     out: dict[str, Tensor] = {}
     for k in keys:
         first = states[0][k]
@@ -200,21 +238,35 @@ def average_checkpoints(paths: Iterable[str | os.PathLike], key: str = "model") 
     """The mean of the ``key`` weights of several checkpoints (the paper averages the last 5 / 20).
 
     Also accepts sharded checkpoint folders (whole tensors read back from every shard, in this
-    process) and safetensors files written by ``zoo.save`` (their tensors, tied names once)."""
-    states = []
+    process) and safetensors files written by ``zoo.save`` (every name of the model they hold, tied
+    ones included, as a training checkpoint has them)."""
+    paths, states = [Path(p) for p in paths], []
     for p in paths:
-        p = Path(p)
         if p.is_dir():
             states.append(read_sharded_tensors(p, key))
         elif p.suffix == ".safetensors":
-            from safetensors.torch import load_file
+            from zoo.io import load
 
-            states.append(load_file(str(p)))
+            states.append(load(p).state_dict())
         else:
             states.append(load_checkpoint(p)[key])
-    return average_state_dicts(states)
+    return average_state_dicts(states, [str(p) for p in paths])
 
 
+def checkpoint_spec(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The model spec (JSON data) a checkpoint records: a ``.pt`` file's, a sharded folder's, or a
+    ``zoo.save`` file's; None where the checkpoint has none (its model was no zoo model)."""
+    path = Path(path)
+    if path.is_dir():
+        return read_train_state(path).get("spec")
+    if path.suffix == ".safetensors":
+        from zoo.io import read_spec
+
+        return read_spec(path).model_dump(mode="json")
+    return load_checkpoint(path, mmap=True).get("spec")
+
+
+# ------------------------------------------------------------------- sharded checkpoints (DCP)
 @contextlib.contextmanager
 def single_process_dcp(alone: bool = True) -> Iterator[None]:
     """Silence DCP's warning that it reads or writes in one process when there is no process group
@@ -256,6 +308,108 @@ def read_sharded_tensors(path: str | os.PathLike, key: str = "model") -> dict[st
     return template
 
 
+def _states(model: nn.Module, optimizer: torch.optim.Optimizer | None, ema: nn.Module | None) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        tensors = {"model": get_model_state_dict(model)}
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        tensors = {"model": model_state, "optimizer": optim_state}
+    if ema is not None:
+        tensors["ema"] = get_model_state_dict(ema)
+    return tensors
+
+
+def save_sharded_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any,
+    step: int,
+    state: Mapping[str, Any],
+    config: Mapping[str, Any] | None,
+    ema: nn.Module | None,
+    dist: Dist,
+    spec: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a sharded checkpoint folder at ``path``; every process calls it (collective). The
+    arguments are :func:`save_checkpoint`'s."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    if dist.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    with single_process_dcp(not dist.enabled):
+        dcp.save(_states(model, optimizer, ema), checkpoint_id=str(tmp), no_dist=not dist.enabled)
+    if dist.is_main:
+        meta: dict[str, Any] = {"step": int(step), "rng": rng_state(), "state": dict(state), "world_size": dist.world_size}
+        if scheduler is not None:
+            meta["scheduler"] = scheduler.state_dict()
+        if config is not None:
+            meta["config"] = dict(config)
+        if spec is not None:
+            meta["spec"] = dict(spec)
+        with atomic_write(tmp / TRAIN_STATE) as f:
+            torch.save(meta, f)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    dist.barrier()
+    return path
+
+
+def read_train_state(path: str | os.PathLike) -> dict[str, Any]:
+    """A sharded checkpoint's ``train_state.pt`` (no arbitrary unpickling)."""
+    path = Path(path)
+    try:
+        return torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{str(path)!r} is not a complete sharded checkpoint (no {TRAIN_STATE})") from None
+    except Exception as e:
+        raise CheckpointError(f"cannot read {str(path / TRAIN_STATE)!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def load_sharded_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    ema: nn.Module | None,
+    dist: Dist,
+    config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Load a sharded checkpoint into ``model``/``optimizer``/``ema`` (any sharding, any number of
+    processes; collective) and return its train state (step, state, rng, scheduler, config)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    path = Path(path)
+    meta = read_train_state(path)
+    check_compatible(str(path), saved_shapes(path), model, meta.get("config"), config)
+    if ema is not None and not saved_shapes(path, "ema"):
+        raise CheckpointError(f"{str(path)!r} has no EMA weights; resume with run.ema=null")
+    tensors = _states(model, optimizer, ema)
+    with single_process_dcp(not dist.enabled):
+        dcp.load(tensors, checkpoint_id=str(path), no_dist=not dist.enabled)
+    if optimizer is None:
+        set_model_state_dict(model, tensors["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optimizer"])
+    if ema is not None:
+        set_model_state_dict(ema, tensors["ema"])
+    return meta
+
+
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(data, Mapping):
         out: dict[str, Any] = {}
@@ -291,3 +445,36 @@ def check_compatible(source: str, saved: Mapping[str, tuple[int, ...]], model: n
                                                                  for k in differ[:5]))
     raise CheckpointError(f"{source} holds another model than this run builds: " + "; ".join(problems)
                           + "; resume with the config it was trained with, or start a new run (another run.out_dir)")
+
+
+def restore_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, ema: nn.Module | None,
+                       dist: Dist, config: Mapping[str, Any] | None = None, sharded: bool = False) -> dict[str, Any]:
+    """Load a checkpoint (a file or a sharded folder) into a run's model, optimizer and EMA (``sharded``:
+    the model is under FSDP, each process keeps its shards of a file's whole tensors); returns the
+    checkpoint's train state (step, state, rng, scheduler, config). Refuses another model's checkpoint
+    naming what differs (:func:`check_compatible`)."""
+    if path.is_dir():
+        return load_sharded_checkpoint(path, model=model, optimizer=optimizer, ema=ema, dist=dist, config=config)
+    ckpt = load_checkpoint(path, map_location=dist.device)
+    check_compatible(str(path), {k: tuple(v.shape) for k, v in ckpt["model"].items()}, model, ckpt.get("config"), config)
+    if ema is not None and "ema" not in ckpt:
+        raise CheckpointError(f"{path} has no EMA weights; resume with run.ema=null")
+    if sharded:  # whole tensors in the file: every process keeps its shards of them
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, ckpt["model"], options=full)
+        names = {id(p): n for n, p in model.named_parameters()}  # torch numbers parameters group by group
+        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        saved = ckpt["optimizer"]
+        by_name = {"state": {order[int(i)]: v for i, v in saved["state"].items()},
+                   "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, by_name, options=full)
+        if ema is not None:
+            set_model_state_dict(ema, ckpt["ema"], options=full)
+        return ckpt
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if ema is not None:
+        ema.load_state_dict(ckpt["ema"])
+    return ckpt

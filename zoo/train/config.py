@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from zoo.spec import SpecError, apply_overrides, read_yaml
+from zoo.validation import validation_message
 
 __all__ = [
     "Config", "ConfigError", "OptimConfig", "ScheduleConfig", "RunConfig", "load_config", "parse_args",
@@ -106,7 +107,7 @@ class RunConfig(Config):
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="how several processes share the work: ddp replicates the model on every process; fsdp "
-        "shards parameters, gradients and optimizer state over them (PyTorch FSDP2; zoo.train.sharding)")
+        "shards parameters, gradients and optimizer state over them (PyTorch FSDP2; zoo.train.fsdp)")
     offload: bool = Field(False, description="fsdp only: keep the sharded parameters, gradients and optimizer state "
                           "in CPU memory (for GPU runs)")
     activation_checkpointing: bool = Field(False, description="recompute each block's activations in the backward "
@@ -127,19 +128,6 @@ class RunConfig(Config):
 
 
 # ------------------------------------------------------------------------------------ loading
-def _format(err: ValidationError, source: str) -> ConfigError:
-    lines = []
-    for e in err.errors(include_url=False):
-        loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key; remove it or check its spelling"
-        elif e["type"] not in ("value_error", "missing"):
-            msg = f"{msg} (got {e['input']!r})"
-        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
-    return ConfigError(f"invalid config {source}:\n" + "\n".join(lines))
-
-
 def load_config(cls: type[C], path: str | Path | None = None, overrides: Iterable[str] = ()) -> C:
     """``cls`` from a YAML file (or its defaults when ``path`` is None) plus ``a.b=value`` overrides."""
     data: Any = {}
@@ -166,7 +154,7 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: Iterabl
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise _format(e, source) from None
+        raise ConfigError(validation_message(e, f"config {source}")) from None
 
 
 def config_to_yaml(cfg: Config) -> str:

@@ -4,8 +4,9 @@
         model = dist.wrap(model)             # DistributedDataParallel when world_size > 1
         dist.print("only rank 0 prints")
 
-Backends: NCCL on GPU, gloo on CPU. Data sharding uses torch's ``DistributedSampler`` (training)
-and a strided slice (evaluation, no padding duplicates); metrics are summed with ``all_reduce``.
+Backends: NCCL on GPU, gloo on CPU. Each process reads its share of the data through torch's
+``DistributedSampler`` (training) or a strided slice (``eval_indices``: evaluation, no padding
+duplicates); metrics are summed with ``all_reduce``.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class Dist:
             data, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
 
-    def shard(self, n: int) -> range:
-        """This rank's items of ``n`` for evaluation: every ``world_size``-th, no item twice."""
+    def eval_indices(self, n: int) -> range:
+        """This rank's items of ``n`` for evaluation (or decoding): every ``world_size``-th from its rank,
+        so every item is seen once over all ranks, none twice and none dropped."""
         return range(self.rank, n, self.world_size)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

@@ -1,12 +1,14 @@
-"""The one training loop every recipe feeds: ``fit(cfg, dist, model, task)``.
+"""The one training loop every recipe feeds: ``fit(model, task, optim=..., schedule=..., run=..., dist=...)``.
 
 A recipe describes its data and loss as a :class:`Task`; the loop owns everything else, once:
-the optimizer and schedule (``cfg.optim``, ``cfg.schedule``), bf16 autocast, gradient accumulation,
+the optimizer and schedule (``optim``, ``schedule``), bf16 autocast, gradient accumulation,
 clipping, DDP (``no_sync`` on all but the last micro-batch) or FSDP2 (``run.strategy: fsdp``, see
-zoo.train.sharding), activation checkpointing, the EMA of the weights, a time budget, periodic
+zoo.train.fsdp), activation checkpointing, the EMA of the weights, a time budget, periodic
 evaluation, atomic checkpoints with exact resume (model, optimizer, schedule, EMA, RNG, data position,
-the running log window, the clock; one file, or a sharded DCP folder under fsdp that resumes on any
-number of processes), the metrics log and its plot, and progress.
+the running log window, the clock, the model's spec; one file, or a sharded DCP folder under fsdp that
+resumes on any number of processes), the metrics log and its plot, and progress. A run that cannot
+go on raises :class:`~zoo.train.errors.TrainError` (a :class:`~zoo.train.checkpoint.CheckpointError`
+for a checkpoint it cannot resume from).
 
     class MyTask(Task):
         def steps(self, epoch): ...                     # optimizer steps in this epoch
@@ -14,7 +16,8 @@ number of processes), the metrics log and its plot, and progress.
         def loss(self, model, batch, step): ...         # (loss, {"tokens": n, ...})
         def evaluate(self, model): ...                  # {"loss": ..., "ppl": ...}
 
-    result = fit(cfg, dist, model, MyTask(), total_steps=2000, resume=path_or_None)
+    result = fit(model, MyTask(), optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist,
+                 total_steps=2000, resume=path_or_None)
 
 Loss scaling: ``loss`` returns the batch's loss summed over ``count(batch)`` units (target tokens,
 images); by default ``count`` is 1 and the loss is the batch's mean. The loop backpropagates
@@ -29,25 +32,25 @@ excluded); the default logs ``<key>_per_s`` for each.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from zoo.train.checkpoint import (CheckpointError, check_compatible, checkpoint_name, latest_checkpoint, load_checkpoint,
-                                  prune_checkpoints, restore_rng, rng_state, save_checkpoint, unwrap)
+from zoo.train.checkpoint import (checkpoint_name, model_spec, prune_checkpoints, restore_checkpoint, restore_rng,
+                                  rng_state, save_checkpoint, save_sharded_checkpoint, unwrap)
+from zoo.train.config import OptimConfig, RunConfig, ScheduleConfig
 from zoo.train.distributed import Dist
+from zoo.train.errors import TrainError
+from zoo.train.fsdp import apply_fsdp, full_parameters, gathered, set_activation_checkpointing
 from zoo.train.metrics import MetricsLog, Progress, plot_metrics
 from zoo.train.optim import EMA, autocast, build_optimizer, build_scheduler, resolve_precision
 from zoo.train.runtime import attention_kernels
-from zoo.train.sharded import load_sharded_checkpoint, save_sharded_checkpoint
-from zoo.train.sharding import full_parameters, gathered, set_activation_checkpointing, shard
 
-__all__ = ["Task", "ListTask", "Fitted", "fit", "resolve_resume"]
+__all__ = ["Task", "ListTask", "Fitted", "fit"]
 
 
 class Task:
@@ -147,18 +150,6 @@ class Fitted:
         return {k[4:]: v for k, v in self.valid.items() if k.startswith("ema_")}
 
 
-def resolve_resume(resume: str | None, out_dir: Path, *, required: bool = True) -> Path | None:
-    """The checkpoint ``--resume`` means: ``latest`` = the newest in ``out_dir``, else a path."""
-    if resume is None:
-        return None
-    if resume == "latest":
-        found = latest_checkpoint(out_dir)
-        if found is None and required:
-            raise SystemExit(f"--resume: no checkpoint in {out_dir}; start without --resume")
-        return found
-    return Path(resume)
-
-
 def _fmt(values: dict[str, Any]) -> str:
     flat = " ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, (int, float)))
     rows = "".join(f"; {k}: " + " ".join(f"{a} {b:.4g}" for a, b in v.items()) for k, v in values.items()
@@ -166,45 +157,46 @@ def _fmt(values: dict[str, Any]) -> str:
     return flat + rows
 
 
-def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int, resume: Path | None = None,
-        out_dir: Path | None = None, config: dict | None = None, minutes: float | None = None,
-        d_model: int | None = None, info: dict[str, Any] | None = None) -> Fitted:
-    """Train ``model`` (already on ``dist.device``) for ``total_steps`` optimizer steps.
+def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleConfig, run: RunConfig, dist: Dist,
+        total_steps: int, resume: Path | None = None, config: Mapping[str, Any] | None = None,
+        minutes: float | None = None, d_model: int | None = None, info: Mapping[str, Any] | None = None) -> Fitted:
+    """Train ``model`` (already on ``dist.device``) on ``task`` for ``total_steps`` optimizer steps.
 
-    ``cfg`` has ``optim``, ``schedule`` and ``run`` (zoo.train.config); ``resume`` is a checkpoint to
-    continue from; ``config`` is stored in each checkpoint; ``minutes`` stops the run early when that
-    much wall-clock has passed (a cooldown in ``cfg.schedule`` then follows the clock); ``d_model``
-    is for the inverse-sqrt schedule; ``info`` is logged once at step 0 of a fresh run.
+    ``optim``, ``schedule`` and ``run`` are the recipe's configs (zoo.train.config): the run writes
+    its checkpoints, ``metrics.jsonl`` and ``curves.png`` to ``run.out_dir``; ``resume`` is a checkpoint
+    to continue from (:func:`~zoo.train.checkpoint.resolve_resume`); ``config`` (the recipe's whole
+    config as plain data) and the model's spec are stored in each checkpoint; ``minutes`` stops the run
+    early when that much wall-clock has passed (a cooldown in ``schedule`` then follows the clock);
+    ``d_model`` is for the inverse-sqrt schedule; ``info`` is logged once at step 0 of a fresh run.
+    Raises :class:`~zoo.train.errors.TrainError` where the run cannot go on.
     """
-    run = cfg.run
-    out_dir = Path(out_dir or run.out_dir)
+    out_dir = Path(run.out_dir)
     device = dist.device
     world = dist.world_size
     budget = minutes * 60 if minutes else None
     clock = {"elapsed": 0.0}  # the same on every process, so a cooldown that follows the clock agrees
     fsdp = run.strategy == "fsdp"
     sharded = fsdp and dist.enabled  # one process has nothing to shard: it trains the plain model
+    spec = model_spec(model)  # recorded in every checkpoint (None for a wrapper around a zoo model)
     try:
         if run.activation_checkpointing:
             set_activation_checkpointing(model)
         ema = EMA(model, run.ema) if run.ema else None  # copied before sharding: FSDP modules cannot be copied
         if sharded:
-            shard(model, dist, precision=resolve_precision(run.precision, device), offload=run.offload)
+            apply_fsdp(model, dist, precision=resolve_precision(run.precision, device), offload=run.offload)
             if ema is not None:
-                shard(ema.module, dist, offload=run.offload)  # fp32, sharded like the model's master weights
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.schedule, total_steps, d_model=d_model, done=None if budget is None else
-                                (lambda s: max(s / total_steps, clock["elapsed"] / budget)))
+                apply_fsdp(ema.module, dist, offload=run.offload)  # fp32, sharded like the model's master weights
+        optimizer = build_optimizer(model, optim)
+        scheduler = build_scheduler(optimizer, schedule, total_steps, d_model=d_model, done=None if budget is None else
+                                    (lambda s: max(s / total_steps, clock["elapsed"] / budget)))
+    except ValueError as e:  # settings this model or machine cannot take: the message names them
+        raise TrainError(str(e)) from None
     step, epoch, pos, elapsed_before = 0, 0, 0, 0.0
     window: dict[str, float] = {}
     valid: dict[str, Any] = {}
     if resume is not None:
-        try:
-            ckpt = _restore(resume, model, optimizer, ema, dist, config, sharded)
-        except CheckpointError as e:
-            raise SystemExit(f"--resume: {e}") from None
+        ckpt = restore_checkpoint(Path(resume), model=model, optimizer=optimizer, ema=ema, dist=dist, config=config,
+                                  sharded=sharded)
         scheduler.load_state_dict(ckpt["scheduler"])
         st = ckpt["state"]
         step, epoch, pos = int(ckpt["step"]), int(st["epoch"]), int(st["pos"])
@@ -225,7 +217,7 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
         train_model = dist.wrap(train_model)
     per_epoch = task.steps(0)
     if per_epoch < 1:
-        raise SystemExit(f"{task.name}: an epoch makes no full optimizer step on {world} process(es) "
+        raise TrainError(f"{task.name}: an epoch makes no full optimizer step on {world} process(es) "
                          f"(grad_accum {run.grad_accum}); use more data or a smaller batch")
     eval_every = run.eval_every or per_epoch
     ckpt_every = run.checkpoint_every or per_epoch
@@ -260,12 +252,13 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
             state["rng_ranks"] = dist.gather_object(rng_state())
         if fsdp:
             save_sharded_checkpoint(out_dir / checkpoint_name(step, sharded=True), model=model, optimizer=optimizer,
-                                    scheduler=scheduler, step=step, state=state, config=config, ema=ema, dist=dist)
+                                    scheduler=scheduler, step=step, state=state, config=config, ema=ema, dist=dist,
+                                    spec=spec)
             if dist.is_main:
                 prune_checkpoints(out_dir, run.keep_checkpoints)
         elif dist.is_main:
             save_checkpoint(out_dir / checkpoint_name(step), model=model, optimizer=optimizer, scheduler=scheduler,
-                            step=step, state=state, config=config, ema=ema)
+                            step=step, state=state, config=config, ema=ema, spec=spec)
             prune_checkpoints(out_dir, run.keep_checkpoints)
         dist.barrier()
 
@@ -294,8 +287,8 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
                     stats["loss"] += float(loss.detach())
                     for k, v in extra.items():
                         stats[k] = stats.get(k, 0.0) + float(v)
-                if cfg.optim.clip_grad:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad)
+                if optim.clip_grad:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -348,38 +341,3 @@ def fit(cfg: Any, dist: Dist, model: nn.Module, task: Task, *, total_steps: int,
         final_ema = gathered(ema.module) if ema is not None else None
     return Fitted(model=final_model, ema=final_ema, step=step, epoch=epoch, valid=valid,
                   train_seconds=train_seconds, elapsed=clock["elapsed"], stopped_early=stopped, sums=totals, log=log)
-
-
-def _restore(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ema: EMA | None, dist: Dist,
-             config: dict | None, sharded: bool) -> dict[str, Any]:
-    """Load a checkpoint (a file or a sharded folder) into the run's objects; returns its train state."""
-    if path.is_dir():
-        return load_sharded_checkpoint(path, model=model, optimizer=optimizer, ema=ema, dist=dist, config=config)
-    ckpt = load_checkpoint(path, map_location=dist.device)
-    check_compatible(str(path), {k: tuple(v.shape) for k, v in ckpt["model"].items()}, model, ckpt.get("config"), config)
-    if ema is not None and "ema" not in ckpt:
-        raise CheckpointError(f"{path} has no EMA weights; resume with run.ema=null")
-    if sharded:  # whole tensors in the file: every process keeps its shards of them
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
-        full = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, ckpt["model"], options=full)
-        names = {id(p): n for n, p in model.named_parameters()}  # torch numbers parameters group by group
-        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-        saved = ckpt["optimizer"]
-        by_name = {"state": {order[int(i)]: v for i, v in saved["state"].items()},
-                   "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
-        set_optimizer_state_dict(model, optimizer, by_name, options=full)
-        if ema is not None:
-            set_model_state_dict(ema, ckpt["ema"], options=full)
-        return ckpt
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    if ema is not None:
-        ema.load_state_dict(ckpt["ema"])
-    return ckpt
-
-
-def perplexity(nll: float) -> float:
-    """exp(nll), capped so a diverged run logs a number, not inf."""
-    return math.exp(min(nll, 50.0))

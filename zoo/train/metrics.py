@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from zoo.atomic import atomic_write_text
 
-__all__ = ["MetricsLog", "read_metrics", "plot_metrics", "Progress"]
+__all__ = ["MetricsLog", "read_metrics", "series_styles", "metrics_figure", "plot_metrics", "Progress", "perplexity"]
 
 
 class MetricsLog:
@@ -55,6 +55,11 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def perplexity(nll: float) -> float:
+    """exp(nll), capped so a diverged run logs a number, not inf."""
+    return math.exp(min(nll, 50.0))
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a metrics log (a torn last line from a crash is ignored)."""
     out = []
@@ -66,34 +71,51 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
-def plot_metrics(
-    path: str | os.PathLike,
-    out: str | os.PathLike,
-    panels: Sequence[tuple[str, Sequence[str]]],
-    *,
-    title: str | None = None,
-    log_y: Iterable[str] = (),
-) -> Path:
-    """A PNG with one panel per ``(title, ["split/metric", ...])``, x = step.
+LINE_STYLES = ("-", "--", ":", "-.")
 
-    Example: ``[("loss", ["train/loss", "valid/loss"]), ("BLEU", ["valid/bleu"])]``.
-    """
+
+def series_styles(panels: Sequence[tuple[str, Sequence[str]]]) -> dict[tuple[int, str], tuple[str, str]]:
+    """The (colour, line style) of each ``(panel index, "split/metric")`` series of a figure.
+
+    A split (``train``, ``valid``, ``valid_<domain>``) has one colour in every panel, in the order the
+    splits first appear; several metrics of one split in a panel (``valid/top1`` and ``valid/top5``)
+    share its colour and differ by line style."""
+    from matplotlib import rcParams
+
+    cycle = rcParams["axes.prop_cycle"].by_key()["color"]
+    colours: dict[str, str] = {}
+    styles = {}
+    for i, (_, series) in enumerate(panels):
+        seen: dict[str, int] = {}
+        for key in series:
+            split = key.split("/", 1)[0]
+            colour = colours.setdefault(split, cycle[len(colours) % len(cycle)])
+            styles[(i, key)] = (colour, LINE_STYLES[seen.get(split, 0) % len(LINE_STYLES)])
+            seen[split] = seen.get(split, 0) + 1
+    return styles
+
+
+def metrics_figure(records: Sequence[dict[str, Any]], panels: Sequence[tuple[str, Sequence[str]]], *,
+                   title: str | None = None, log_y: Iterable[str] = ()):
+    """A matplotlib figure with one panel per ``(title, ["split/metric", ...])`` of ``records``, x = step,
+    styled by :func:`series_styles`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_metrics(path)
     log_y = set(log_y)
+    styles = series_styles(panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    for ax, (name, series) in zip(axes[0], panels):
+    for i, (ax, (name, series)) in enumerate(zip(axes[0], panels)):
         for key in series:
             split, metric = key.split("/", 1)
             pts = [(r["step"], r[metric]) for r in records
                    if r.get("split") == split and isinstance(r.get(metric), (int, float))]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3, label=key)
+                colour, style = styles[(i, key)]
+                ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3, label=key, color=colour, linestyle=style)
         ax.set_title(name)
         ax.set_xlabel("step")
         if name in log_y:
@@ -104,6 +126,24 @@ def plot_metrics(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_metrics(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    panels: Sequence[tuple[str, Sequence[str]]],
+    *,
+    title: str | None = None,
+    log_y: Iterable[str] = (),
+) -> Path:
+    """A PNG of :func:`metrics_figure` over the metrics log at ``path``.
+
+    Example: ``[("loss", ["train/loss", "valid/loss"]), ("BLEU", ["valid/bleu"])]``.
+    """
+    import matplotlib.pyplot as plt
+
+    fig = metrics_figure(read_metrics(path), panels, title=title, log_y=log_y)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -68,7 +68,7 @@ def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, d_model: int | N
     s = step + 1
     if cfg.kind == "inverse_sqrt":
         if d_model is None:
-            raise ValueError("schedule inverse_sqrt needs d_model")
+            raise ValueError("schedule inverse_sqrt needs d_model (the model's width): pass fit(d_model=...)")
         factor = d_model ** -0.5 * min(s ** -0.5, s * cfg.warmup ** -1.5)
     elif cfg.warmup and s <= cfg.warmup:
         factor = s / cfg.warmup

@@ -9,9 +9,9 @@ from typing import Sequence
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from zoo.train.config import Config
-from zoo.train.distributed import Dist
-from zoo.train.loop import ListTask
+from zoo.data import bpe
+from zoo.data import text as T
+from zoo.train import Config, Dist, ListTask
 
 __all__ = ["TextDataConfig", "load_text", "get_tokenizer", "LengthBatched", "eval_batches"]
 
@@ -32,8 +32,6 @@ class TextDataConfig(Config):
 
 def load_text(cfg: TextDataConfig):
     """(train, valid, source description) per ``cfg``."""
-    from zoo.data import text as T
-
     if cfg.text:
         data, source = T.read_text_files(cfg.text), ", ".join(map(str, cfg.text))
     else:
@@ -47,19 +45,17 @@ def load_text(cfg: TextDataConfig):
 def get_tokenizer(cfg: TextDataConfig, train_texts: Sequence[str], out_dir: Path, dist: Dist, *, resume: bool):
     """The given tokenizer.json; on resume the run's own; else a byte-level BPE trained on the
     training texts by rank 0 and written to ``out_dir/tokenizer.json``. Returns (tokenizer, how)."""
-    from zoo.data import text as T
-
     if cfg.tokenizer is not None:
-        return T.load_bpe(cfg.tokenizer), f"from {cfg.tokenizer}"
+        return bpe.load_bpe(cfg.tokenizer, specials=T.SPECIALS), f"from {cfg.tokenizer}"
     path = out_dir / "tokenizer.json"
     if resume and path.is_file():
-        return T.load_bpe(path), f"from {path}"
+        return bpe.load_bpe(path, specials=T.SPECIALS), f"from {path}"
     if dist.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        tok = T.train_bpe(train_texts, cfg.vocab_size, min_frequency=cfg.min_frequency)
+        tok = bpe.train_bpe(train_texts, cfg.vocab_size, specials=T.SPECIALS, min_frequency=cfg.min_frequency)
         tok.save(str(path))
     dist.barrier()
-    return T.load_bpe(path), "trained on the training split"
+    return bpe.load_bpe(path, specials=T.SPECIALS), "trained on the training split"
 
 
 class LengthBatched(ListTask):

@@ -2,7 +2,7 @@
 checkpointing (``run.activation_checkpointing``).
 
     set_activation_checkpointing(model)          # every zoo Stack recomputes its blocks in backward
-    shard(model, dist, precision="bf16")         # fully_shard each block, then the root, in place
+    apply_fsdp(model, dist, precision="bf16")    # fully_shard each block, then the root, in place
     with full_parameters(model):                 # all parameters gathered: evaluate, decode, ...
         ...
     plain = gathered(model)                      # an unsharded copy (zoo models), the same on every rank
@@ -28,7 +28,7 @@ from zoo.train.distributed import Dist
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
-__all__ = ["stacks", "set_activation_checkpointing", "shard", "full_parameters", "gathered"]
+__all__ = ["stacks", "set_activation_checkpointing", "apply_fsdp", "full_parameters", "gathered"]
 
 
 def stacks(model: nn.Module) -> list[Stack]:
@@ -54,13 +54,13 @@ def _fsdp():
     return fully_shard, FSDPModule, MixedPrecisionPolicy, CPUOffloadPolicy
 
 
-def shard(model: nn.Module, dist: Dist, *, precision: str = "fp32", offload: bool = False) -> nn.Module:
+def apply_fsdp(model: nn.Module, dist: Dist, *, precision: str = "fp32", offload: bool = False) -> nn.Module:
     """Apply FSDP2 to ``model`` in place over all of ``dist``'s processes: one unit per block, then the
     root. Build the optimizer afterwards (its parameters become sharded DTensors)."""
     import torch.distributed as td
 
     if not td.is_initialized():
-        raise ValueError("shard: FSDP needs a process group; run under torchrun (one process alone trains unsharded)")
+        raise ValueError("apply_fsdp: FSDP needs a process group; run under torchrun (one process alone trains unsharded)")
     if offload and dist.device.type != "cuda":
         raise ValueError(f"run.offload: moves sharded state from GPU to CPU memory, but this run is on {dist.device}; "
                          "set run.offload=false")

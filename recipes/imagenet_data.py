@@ -26,9 +26,7 @@ from zoo.data.images import (
     load_fashion_mnist,
     normalize,
 )
-from zoo.train.config import Config
-from zoo.train.distributed import Dist
-from zoo.train.optim import autocast
+from zoo.train import Config, Dist, autocast
 
 __all__ = ["ImageDataConfig", "TensorImages", "FolderImages", "evaluate_images"]
 
@@ -86,9 +84,9 @@ class TensorImages:
             yield normalize(x, FASHION_MNIST_MEAN, FASHION_MNIST_STD), self.train_y[idx], 0
 
     def valid_batches(self) -> Iterator[tuple[Tensor, Tensor, int]]:
-        shard = torch.tensor(list(self.dist.shard(self.n_valid)), dtype=torch.long)
-        for i in range(0, len(shard), self.cfg.eval_batch_size):
-            idx = shard[i:i + self.cfg.eval_batch_size]
+        mine = torch.tensor(list(self.dist.eval_indices(self.n_valid)), dtype=torch.long)
+        for i in range(0, len(mine), self.cfg.eval_batch_size):
+            idx = mine[i:i + self.cfg.eval_batch_size]
             yield normalize(self.valid_x[idx], FASHION_MNIST_MEAN, FASHION_MNIST_STD), self.valid_y[idx], 0
 
 
@@ -150,7 +148,7 @@ class FolderImages:
         yield from itertools.islice(loader, self.batches_per_epoch - start)
 
     def valid_batches(self) -> Iterator[tuple[Tensor, Tensor, int]]:
-        subset = torch.utils.data.Subset(self.valid_set, list(self.dist.shard(self.n_valid)))
+        subset = torch.utils.data.Subset(self.valid_set, list(self.dist.eval_indices(self.n_valid)))
         yield from self._loader(subset, None, self.cfg.eval_batch_size, 0)
 
 
