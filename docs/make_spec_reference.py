@@ -83,6 +83,10 @@ GLOSSARY: dict[str, str] = {
 }
 
 
+# catalog sections whose heading is not the kind (a kind that two registries share)
+CATALOG_ANCHORS = {("head", "none"): "no-head"}
+
+
 def anchor(heading: str) -> str:
     """The fragment GitHub gives a heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -305,7 +309,8 @@ def render() -> str:
         for kinds, cls in builtin_kinds(part):
             doc = own_doc(cls, (base,)) if cls is not base else ""
             heading = ", ".join(kinds)
-            catalog = f"Math and use: [component catalog](components.md#{anchor(heading)})."
+            target = CATALOG_ANCHORS.get((part, heading), anchor(heading))
+            catalog = f"Math and use: [component catalog](components.md#{target})."
             out += [f"#### {heading}", "", f"`zoo.spec.{cls.__name__}`. {doc} {catalog}".replace("  ", " "), ""]
             out += field_table(cls) + [""]
     return "\n".join(line.rstrip() for line in out).rstrip() + "\n"

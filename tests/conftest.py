@@ -37,7 +37,7 @@ def example_inputs(model, batch: int = 3, length: int = 9, seed: int = 0) -> tup
         return (torch.randn(batch, spec.in_channels, spec.image_size, spec.image_size, generator=g),)
     tokens = torch.randint(0, spec.vocab_size, (batch, length), generator=g)
     if spec.family == "encoder_decoder":
-        return (torch.randint(0, spec.source_vocab_size, (batch, length + 2), generator=g), tokens)
+        return (torch.randint(0, spec.src_vocab_size, (batch, length + 2), generator=g), tokens)
     return (tokens,)
 
 

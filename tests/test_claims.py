@@ -93,8 +93,8 @@ def canonical(spec: FamilySpec) -> dict:
     (mha with n_kv_heads null is gqa with n_kv_heads = n_heads), the free fields left out."""
     sizes = {"n_layers", "n_encoder_layers", "n_decoder_layers", "src_vocab_size"}  # the stacks and vocabularies say
     data = spec.model_dump(mode="json", exclude=set(FREE) | {"block", "layers", "pool"} | sizes)
-    if hasattr(spec, "source_vocab_size"):
-        data["source_vocab_size"] = spec.source_vocab_size
+    if hasattr(spec, "src_vocab_size"):
+        data["src_vocab_size"] = spec.src_vocab_size
     if hasattr(spec, "pool"):
         data["pool"] = {"kind": spec.pool.kind, "bias": getattr(spec.pool, "bias", None)}
     for name in spec.stacks():
@@ -108,9 +108,9 @@ def _layer(spec: FamilySpec, layer) -> dict:
         att = getattr(layer.block, field)
         if att is None and field == "cross_attention":
             att = layer.block.cross
-        if hasattr(att, "kv_heads"):
+        if hasattr(att, "n_kv_heads"):
             d = spec.d_model
-            b[field] = {**att.model_dump(mode="json"), "kind": "-", "n_kv_heads": att.kv_heads, "head_dim": att.qk_size(d),
+            b[field] = {**att.model_dump(mode="json"), "kind": "-", "n_kv_heads": att.n_kv_heads, "head_dim": att.qk_size(d),
                         "v_head_dim": att.v_size(d), "out_bias": att.has_out_bias}
     if hasattr(layer.block.ffn, "hidden_size"):
         b["ffn"] = {**b["ffn"], "hidden": layer.block.ffn.hidden_size(spec.d_model)}

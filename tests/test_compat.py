@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 import zoo
 from zoo.io import read_spec
+from zoo.spec import SpecNote
 
 FIXTURES = Path(__file__).parent / "fixtures" / "v0.1"
 NAMES = sorted(p.stem for p in FIXTURES.glob("*.safetensors") if p.stem != "outputs")
@@ -53,3 +54,24 @@ def test_old_yaml_reads_to_the_model_in_the_file(name, saved):
     model = zoo.build(spec, seed=0).eval()
     zoo.load_weights(model, FIXTURES / f"{name}.safetensors")
     torch.testing.assert_close(_run(model, name, saved), saved[f"{name}.output"], rtol=0, atol=2e-6)
+
+
+def test_old_yaml_notes_each_renamed_field_in_one_line():
+    with pytest.warns(SpecNote) as notes:
+        spec = zoo.load_spec(FIXTURES / "decoder-parallel.yaml")
+    lines = [str(n.message) for n in notes]
+    assert lines == [f"file '{FIXTURES / 'decoder-parallel.yaml'}': block.parallel is block.kind: parallel (with its "
+                     f"shared_norm) since zoo 0.2; write the new field"]
+    assert spec.block.kind == "parallel" and spec.block.shared_norm is False
+    with pytest.warns(SpecNote) as notes:
+        zoo.load_spec(FIXTURES / "vit-pre.yaml")
+    assert [str(n.message).split(": ", 1)[1] for n in notes] == [
+        "block.norm.placement: pre is block.kind: pre since zoo 0.2; write the new field",
+        "num_classes is head.num_classes (head: {kind: linear, num_classes: N}) since zoo 0.2; write the new field"]
+
+
+def test_old_files_load_without_notes():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpecNote)
+        for name in NAMES:
+            zoo.load(FIXTURES / f"{name}.safetensors")

@@ -109,7 +109,7 @@ def test_attention_equals_reference_math(n_kv_heads, causal, padded, T, grad, pa
     pad = torch.ones(B, T, dtype=torch.bool)
     if padded:
         pad[0, -2:] = False
-    mask, is_causal = attention_mask(q_len=T, k_len=T, causal=causal, key_padding=pad if padded else None)
+    mask, is_causal = attention_mask(q_len=T, k_len=T, causal=causal, padding_mask=pad if padded else None)
     out = attn(x, mask=mask, is_causal=is_causal)
     assert len(calls) == (path == "zoo" and (grad or T >= A._MIN_QUERIES))
     q, k, v = attn.qkv(x).split([H * K, n_kv_heads * K, n_kv_heads * V], dim=-1)
@@ -158,7 +158,7 @@ def test_cross_attention_reads_memory_and_its_padding():
 
 
 def test_causal_mask_with_more_keys_than_queries():
-    mask, _ = attention_mask(q_len=2, k_len=5, causal=True, key_padding=torch.ones(1, 5, dtype=torch.bool))
+    mask, _ = attention_mask(q_len=2, k_len=5, causal=True, padding_mask=torch.ones(1, 5, dtype=torch.bool))
     assert mask[0, 0].tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
     assert attention_mask(q_len=4, k_len=4, causal=True) == (None, True)
 

@@ -1,6 +1,8 @@
-"""docs/extending.md's walk-through, run as a user would: the new FFN in its own module, a spec file
-naming it, then the doc's script. The new part must be used, get the scaled residual init, and count
-in zoo.summary's FLOPs."""
+"""docs/extending.md's walk-throughs, run as a user would: the new FFN and the new block kind in their
+own modules, spec files naming them, then the doc's scripts. The new FFN must be used, get the scaled
+residual init, and count in zoo.summary's FLOPs; the new block kind must compute its formula and
+work wherever a built-in kind does (summary, files, activation checkpointing, FSDP, layer patterns,
+the converters' refusals)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def walkthrough(tmp_path, monkeypatch):
                 (tmp_path / name).write_text(block, encoding="utf-8")
                 files.append(name)
     script = [b for b in _blocks(text, "python") if not _file_name(b, "py")]
-    assert "my_parts.py" in files and "my-model.yaml" in files, f"the walk-through's files: {files}"
+    assert {"my_parts.py", "my-model.yaml", "my_blocks.py", "my-deep.yaml"} <= set(files), f"the walk-through's files: {files}"
     assert script, "docs/extending.md has no script after its module"
     saved = {name: (dict(r._specs), dict(r._builders)) for name, r in REGISTRIES.items()}
     monkeypatch.chdir(tmp_path)
@@ -57,6 +59,7 @@ def walkthrough(tmp_path, monkeypatch):
         yield namespace
     finally:
         sys.modules.pop("my_parts", None)
+        sys.modules.pop("my_blocks", None)
         for name, (specs, builders) in saved.items():
             r = zoo.registry(name)
             r._specs.clear(), r._specs.update(specs)
@@ -119,3 +122,94 @@ def test_undeclared_parts_fall_back_on_names():
     assert parts.residual_out(nn.Linear(4, 4)) == ()
     assert parts.flops(FFN(), 3) == 3 * 2 * (4 * 8 + 8 * 4)
     assert parts.head_sizes(Attn(), 4) == (1, 1, 4, 4)
+
+
+# ------------------------------------------------------------------------------- the block kind
+def test_the_block_kind_computes_its_formula(walkthrough):
+    deep = zoo.build("my-deep.yaml", seed=1).eval()
+    block, alpha = deep.stack.blocks[0], deep.spec.block.alpha
+    x = torch.randn(2, 7, deep.spec.d_model)
+    tokens = torch.zeros(2, 7, dtype=torch.long)
+    ctx = deep.stack.context(deep.position, tokens, None, causal=True).layers[0]
+    with torch.no_grad():
+        h = block.attn_norm(alpha * x + block.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos,
+                                                   positions=ctx.positions))
+        assert torch.allclose(block(x, ctx), block.ffn_norm(alpha * h + block.ffn(h)), atol=1e-6)
+
+
+def test_the_block_kind_counts_like_a_builtin(walkthrough):
+    deep, post = zoo.load_spec("my-deep.yaml"), zoo.load_spec("my-deep.yaml", ["block.kind=post"])
+    a, b = summarize(deep, seq=16), summarize(post, seq=16)
+    assert a.flops_forward == b.flops_forward and a.parts == b.parts  # the same parts, arranged otherwise
+    assert a.activation_bytes == b.activation_bytes and a.kv_cache_bytes == b.kv_cache_bytes
+    assert walkthrough["deep_cost"].flops_forward == a.flops_forward
+
+
+def test_the_block_kind_in_layer_patterns_and_converters(walkthrough):
+    from zoo.interop import ConversionError, to_hf
+
+    mixed = zoo.build("my-deep.yaml", ["layers=[{at: 0, block: {kind: post}}]"], seed=0)
+    assert type(mixed.stack.blocks[0]).__name__ == "PostNormBlock"
+    assert all(type(b).__name__ == "DeepNormBlock" for b in mixed.stack.blocks[1:])
+    with pytest.raises(ConversionError, match="block.kind='deepnorm'"):
+        to_hf(zoo.build("my-deep.yaml", device="meta"))
+
+
+def test_the_block_kind_under_fsdp(walkthrough, tmp_path):
+    """One process in a gloo group: FSDP2 wraps each DeepNorm block as a unit, and the gradients are
+    those of the plain model."""
+    import torch.distributed as td
+
+    from zoo.train import Dist, apply_fsdp
+
+    plain = zoo.build("my-deep.yaml", seed=0)
+    sharded = zoo.build("my-deep.yaml", seed=0)
+    tokens = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(0))
+    plain(tokens).logsumexp(-1).mean().backward()
+    td.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        apply_fsdp(sharded, Dist())
+        from torch.distributed.fsdp import FSDPModule
+
+        assert all(isinstance(b, FSDPModule) for b in sharded.stack.blocks)
+        sharded(tokens).logsumexp(-1).mean().backward()
+        for (name, p), q in zip(sharded.named_parameters(), plain.parameters()):
+            assert torch.allclose(p.grad.full_tensor(), q.grad, atol=1e-6), name
+    finally:
+        td.destroy_process_group()
+
+
+def test_a_registered_family_gets_a_summary():
+    """A family of the user's own, subclassing zoo.models.Family, is counted without editing zoo."""
+    from typing import Literal
+
+    from zoo.models import Family
+    from zoo.models.common import build_stack, init_weights
+    from zoo.spec import FamilySpec
+
+    class BagSpec(FamilySpec):
+        family: Literal["bag"] = "bag"
+
+    class Bag(Family):  # vectors in, vectors out: x [B, T, D] -> the blocks
+        def __init__(self, spec):
+            super().__init__()
+            self.spec = spec
+            self.stack = build_stack(spec, max_len=64)
+            init_weights(self, spec)
+
+    saved = {name: (dict(r._specs), dict(r._builders)) for name, r in REGISTRIES.items()}
+    try:
+        zoo.register("family", "bag", spec=BagSpec)(Bag)
+        spec = zoo.parse_spec({"family": "bag", "d_model": 32, "n_layers": 2, "position": {"kind": "none"},
+                               "block": {"attention": {"kind": "mha", "n_heads": 4}, "ffn": {"kind": "relu", "hidden": 48}}})
+        s = summarize(spec, seq=10)
+        ffn = 2 * (32 * 48 + 48 * 32)
+        attention = 2 * 4 * 32 * 32 + 2 * 10 * 4 * (8 + 8)  # projections, scores and weighted sum per token
+        assert s.flops_forward == 2 * (ffn + attention)
+        assert s.parts["attention"] == 2 * (4 * 32 * 32 + 4 * 32) and s.parts["ffn"] == 2 * (32 * 48 * 2 + 48 + 32)
+        assert s.activation_bytes > 0 and s.kv_cache_bytes_per_token is None
+    finally:
+        for name, (specs, builders) in saved.items():
+            r = zoo.registry(name)
+            r._specs.clear(), r._specs.update(specs)
+            r._builders.clear(), r._builders.update(builders)

@@ -142,7 +142,7 @@ def test_llama_both_ways(kw):
     hf = llama(**kw)
     model = from_hf(hf)
     att = model.spec.block.attention
-    assert att.kv_heads == hf.config.num_key_value_heads and att.qk_size(model.spec.d_model) == hf.config.head_dim
+    assert att.n_kv_heads == hf.config.num_key_value_heads and att.qk_size(model.spec.d_model) == hf.config.head_dim
     x, mask = tokens(length=12), left_padding(length=12)
     with torch.no_grad():
         assert max_diff(model(x), hf(x).logits) < ATOL

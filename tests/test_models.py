@@ -19,12 +19,12 @@ PLACEMENTS = ["pre", "post"]
 ATTENTIONS = {"mha": [], "gqa": ["block.attention.n_kv_heads=2"], "mqa": []}
 
 
-def combo_overrides(position: str, ffn: str, norm: str, placement: str, attention: str) -> list[str]:
+def combo_overrides(position: str, ffn: str, norm: str, block: str, attention: str) -> list[str]:
     return [
         f"position.kind={position}",
         f"block.ffn.kind={ffn}",
         f"block.norm.kind={norm}",
-        f"block.norm.placement={placement}",
+        f"block.kind={block}",
         f"block.attention.kind={attention}",
         *ATTENTIONS[attention],
     ]
@@ -50,9 +50,9 @@ def output_shape(model, inputs) -> tuple:
     return (*tokens.shape, spec.vocab_size)
 
 
-@pytest.mark.parametrize("family,position,ffn,norm,placement,attention", CASES, ids=IDS)
-def test_combination(family, position, ffn, norm, placement, attention):
-    model = tiny_model(family, combo_overrides(position, ffn, norm, placement, attention))
+@pytest.mark.parametrize("family,position,ffn,norm,block,attention", CASES, ids=IDS)
+def test_combination(family, position, ffn, norm, block, attention):
+    model = tiny_model(family, combo_overrides(position, ffn, norm, block, attention))
     assert model.spec.position.kind == position and model.spec.block.ffn.kind == ffn
     check_invariants(model)
 

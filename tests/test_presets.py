@@ -89,7 +89,7 @@ def test_table3_deltas(row):
 def test_llama_small_shape():
     spec = zoo.load_spec("llama-small")
     assert (spec.position.kind, spec.block.ffn.kind, spec.block.norm.kind, spec.block.kind) == ("rope", "swiglu", "rmsnorm", "pre")
-    assert spec.block.attention.kv_heads == 4 and not spec.block.attention.bias and not spec.block.ffn.bias
+    assert spec.block.attention.n_kv_heads == 4 and not spec.block.attention.bias and not spec.block.ffn.bias
     model = zoo.build(spec, device="meta")
     assert not any(name.endswith(".bias") for name, _ in model.named_parameters())
     assert model.stack.blocks[0].attn.qkv.weight.shape == (768 + 2 * 4 * 64, 768)

@@ -114,7 +114,7 @@ def test_yaml_files(tmp_path):
     good = tmp_path / "m.yaml"
     good.write_text("family: decoder\nd_model: 64\nblock:\n  attention: {kind: mqa, n_heads: 4}\n")
     spec = load_spec(good)
-    assert spec.block.attention.kv_heads == 1 and spec.d_model == 64
+    assert spec.block.attention.n_kv_heads == 1 and spec.d_model == 64
     dup = tmp_path / "dup.yaml"
     dup.write_text("family: decoder\nd_model: 64\nd_model: 128\n")
     with pytest.raises(SpecError, match="duplicate key 'd_model'"):
@@ -143,7 +143,7 @@ def test_overrides_parse_yaml_values_and_changing_kind_drops_foreign_keys():
         ["block.attention.kind=gqa", "block.attention.n_kv_heads=4", "position.kind=rope", "block.ffn.kind=swiglu",
          "block.norm.eps=1e-6", "head.tied=false"],
     )
-    assert spec.block.attention.kind == "gqa" and spec.block.attention.kv_heads == 4
+    assert spec.block.attention.kind == "gqa" and spec.block.attention.n_kv_heads == 4
     assert spec.position.kind == "rope" and spec.block.ffn.kind == "swiglu"
     assert spec.block.ffn.hidden == 3072 and spec.block.ffn.bias is True  # kept: swiglu knows them
     assert spec.block.norm.eps == 1e-6 and spec.head.tied is False

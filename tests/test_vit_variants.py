@@ -46,6 +46,8 @@ VARIANTS = {
     "dynamic size, class token with a position": {"dynamic_img_size": True},
     "dynamic size, map, no positions": {"dynamic_img_size": True, "pos_embed": "none", "global_pool": "map",
                                         "class_token": False},
+    "no head (num_classes=0): pooled features": {"num_classes": 0, "reg_tokens": 1},
+    "no head, avg pool, fc_norm": {"num_classes": 0, "global_pool": "avg", "fc_norm": True},
 }
 OTHER_SIZES = [(56, 24), (16, 32), (64, 64)]  # larger, smaller, non-square: positions resampled both ways
 

@@ -54,13 +54,13 @@ class _Parser(argparse.ArgumentParser):
 def _components(spec) -> str:
     b = spec.block
     att = b.attention
-    heads = f"{att.kind} {att.n_heads}h" + (f"/{att.kv_heads}kv" if att.kv_heads != att.n_heads else "")
+    heads = f"{att.kind} {att.n_heads}h" + (f"/{att.n_kv_heads}kv" if att.n_kv_heads != att.n_heads else "")
     return f"{spec.position.kind}, {heads}, {b.ffn.kind}, {b.norm.kind} {b.kind}" + (" + layer patterns" if spec.layers else "")
 
 
 def _layer_text(layer, model_position) -> str:
     b, att = layer.block, layer.block.attention
-    heads = f"{att.kind} {att.n_heads}h" + (f"/{att.kv_heads}kv" if att.kv_heads != att.n_heads else "")
+    heads = f"{att.kind} {att.n_heads}h" + (f"/{att.n_kv_heads}kv" if att.n_kv_heads != att.n_heads else "")
     window = f" window {att.window}" if getattr(att, "window", None) is not None else ""
     pos = layer.position or model_position
     own = "" if layer.position is None else " (its own)"

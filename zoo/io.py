@@ -234,7 +234,7 @@ def _spec_of(header: FileHeader) -> FamilySpec:
     except json.JSONDecodeError as e:
         raise LoadError(f"{name!r}: the spec in its metadata is not valid JSON ({e}){hint}") from None
     try:
-        return parse_spec(data, source=f"in {name!r}")
+        return parse_spec(data, source=f"in {name!r}", notes=False)  # a file cannot be rewritten by hand
     except SpecError as e:
         raise LoadError(f"{name!r}: cannot use the spec in its metadata: {one_line(e)}{hint}") from None
 

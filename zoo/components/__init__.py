@@ -10,6 +10,8 @@ from zoo.components.block import (
     PostNormBlock,
     PostSublayerNormBlock,
     PreNormBlock,
+    build_norm,
+    build_sublayers,
 )
 from zoo.components.dropout import Dropout
 from zoo.components.embedding import PatchEmbedding, TokenEmbedding
@@ -30,7 +32,7 @@ from zoo.components.position import (
 from zoo.components.stack import Stack, StackContext
 
 __all__ = [
-    "Attention", "attention_mask", "Block", "BlockContext", "LayerScale", "PreNormBlock", "PostNormBlock",
+    "Attention", "attention_mask", "Block", "BlockContext", "build_norm", "build_sublayers", "LayerScale", "PreNormBlock", "PostNormBlock",
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
     "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
     "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",

@@ -185,12 +185,12 @@ def attention_mask(
     q_len: int,
     k_len: int,
     causal: bool,
-    key_padding: Tensor | None = None,
+    padding_mask: Tensor | None = None,
     bias: Tensor | None = None,
     window: int | None = None,
     device: torch.device | None = None,
 ) -> tuple[Tensor | None, bool]:
-    """Combine causality, key padding ([B, S], True = real), an additive bias ([B|1, H, T, S]) and a
+    """Combine causality, the keys' ``padding_mask`` ([B, S], True = real), an additive bias ([B|1, H, T, S]) and a
     sliding ``window`` (causal only: each query sees itself and the ``window - 1`` keys before it).
 
     Returns ``(mask, is_causal)`` for SDPA. With nothing to combine, the mask is None and causality is
@@ -201,7 +201,7 @@ def attention_mask(
     padding (generation's) that is the same as counting real tokens.
     """
     local = causal and window is not None and window < k_len
-    if key_padding is None and bias is None and not local and (not causal or q_len in (1, k_len)):
+    if padding_mask is None and bias is None and not local and (not causal or q_len in (1, k_len)):
         return None, causal and q_len > 1
     allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     if causal:
@@ -209,8 +209,8 @@ def attention_mask(
     if local:
         allowed = allowed.triu(diagonal=k_len - q_len - window + 1)  # key j > query i - window
     allowed = allowed[None, None]  # (1, 1, T, S)
-    if key_padding is not None:
-        allowed = allowed & key_padding[:, None, None, :].to(torch.bool)  # (B, 1, T, S)
+    if padding_mask is not None:
+        allowed = allowed & padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, T, S)
         if q_len == k_len:
             allowed = allowed | torch.eye(q_len, dtype=torch.bool, device=allowed.device)
     if bias is None:
@@ -226,7 +226,7 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
     return Attention(
         dim,
         n_heads=spec.n_heads,
-        n_kv_heads=spec.kv_heads,
+        n_kv_heads=spec.n_kv_heads,
         head_dim=spec.qk_size(d_model),
         v_head_dim=spec.v_size(d_model),
         bias=spec.bias,

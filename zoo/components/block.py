@@ -108,6 +108,14 @@ class Block(nn.Module):
         """The sub-layers: self-attention, cross-attention (if any), FFN."""
         return [p for p in (self.attn, self.cross_attn, self.ffn) if p is not None]
 
+    def attend(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
+        """Self-attention over ``x`` [B, T, D] with the layer's mask and positions (and cache)."""
+        return self.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos, positions=ctx.positions, cache=cache)
+
+    def attend_memory(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
+        """Cross-attention from ``x`` to the encoder's memory (``ctx.memory``)."""
+        return self.cross_attn(x, ctx.memory, mask=ctx.memory_mask, cache=cache)
+
     def branches(self) -> list[tuple[str, nn.Module, list[nn.Module], nn.Module]]:
         """Each sub-layer's residual branch: (its name, the sub-layer, the norms on the branch whose
         inputs the backward pass keeps, its layer scale)."""
@@ -145,17 +153,17 @@ def _width(block: Block) -> int:
 
 class PreNormBlock(Block):
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
-        x = x + self.ls_attn(self.drop(_self(self, self.attn_norm(x), ctx, cache)))
+        x = x + self.ls_attn(self.drop(self.attend(self.attn_norm(x), ctx, cache)))
         if self.cross_attn is not None:
-            x = x + self.ls_cross(self.drop(_cross(self, self.cross_norm(x), ctx, cache)))
+            x = x + self.ls_cross(self.drop(self.attend_memory(self.cross_norm(x), ctx, cache)))
         return x + self.ls_ffn(self.drop(self.ffn(self.ffn_norm(x))))
 
 
 class PostNormBlock(Block):
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
-        x = self.attn_norm(x + self.ls_attn(self.drop(_self(self, x, ctx, cache))))
+        x = self.attn_norm(x + self.ls_attn(self.drop(self.attend(x, ctx, cache))))
         if self.cross_attn is not None:
-            x = self.cross_norm(x + self.ls_cross(self.drop(_cross(self, x, ctx, cache))))
+            x = self.cross_norm(x + self.ls_cross(self.drop(self.attend_memory(x, ctx, cache))))
         return self.ffn_norm(x + self.ls_ffn(self.drop(self.ffn(x))))
 
 
@@ -163,9 +171,9 @@ class PostSublayerNormBlock(Block):
     """The norm on each sub-layer's output, inside the residual branch (OLMo 2; Swin V2)."""
 
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
-        x = x + self.ls_attn(self.drop(self.attn_norm(_self(self, x, ctx, cache))))
+        x = x + self.ls_attn(self.drop(self.attn_norm(self.attend(x, ctx, cache))))
         if self.cross_attn is not None:
-            x = x + self.ls_cross(self.drop(self.cross_norm(_cross(self, x, ctx, cache))))
+            x = x + self.ls_cross(self.drop(self.cross_norm(self.attend_memory(x, ctx, cache))))
         return x + self.ls_ffn(self.drop(self.ffn_norm(self.ffn(x))))
 
 
@@ -184,15 +192,7 @@ class ParallelBlock(Block):
     def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
         h = self.attn_norm(x)
         ffn_in = h if self.ffn_norm is None else self.ffn_norm(x)
-        return x + self.ls_attn(self.drop(_self(self, h, ctx, cache))) + self.ls_ffn(self.drop(self.ffn(ffn_in)))
-
-
-def _self(block: Block, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
-    return block.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos, positions=ctx.positions, cache=cache)
-
-
-def _cross(block: Block, x: Tensor, ctx: BlockContext, cache: LayerCache | None) -> Tensor:
-    return block.cross_attn(x, ctx.memory, mask=ctx.memory_mask, cache=cache)
+        return x + self.ls_attn(self.drop(self.attend(h, ctx, cache))) + self.ls_ffn(self.drop(self.ffn(ffn_in)))
 
 
 # ------------------------------------------------------------------------------------------ builders

@@ -70,7 +70,7 @@ class KVCache:
         self.capacity = capacity
         self.layers = [LayerCache(self, self.slides(w)) for w in windows]
         self.start = self.end = 0  # the new tokens occupy [start, end)
-        self.key_mask: Tensor | None = None  # (B, C) True = real token; None: no padding seen
+        self.padding_mask: Tensor | None = None  # (B, C) True = real token; None: no padding seen
         self.key_positions: Tensor | None = None  # (B, C) with padding; else positions are 0..end-1
         self.next_position: Tensor | None = None  # (B,) real tokens so far, with padding
 
@@ -99,27 +99,27 @@ class KVCache:
                 f"make the cache with a larger capacity"
             )
         self.start, self.end = self.end, self.end + length
-        if padding_mask is None and self.key_mask is None:
+        if padding_mask is None and self.padding_mask is None:
             positions = torch.arange(self.start, self.end, device=device)
             return positions, torch.arange(self.end, device=device), None
-        if self.key_mask is None:  # first padding: earlier tokens were all real
-            self.key_mask = torch.ones(batch, self.capacity, dtype=torch.bool, device=device)
+        if self.padding_mask is None:  # first padding: earlier tokens were all real
+            self.padding_mask = torch.ones(batch, self.capacity, dtype=torch.bool, device=device)
             self.key_positions = torch.arange(self.capacity, device=device).expand(batch, -1).clone()
             self.next_position = torch.full((batch,), self.start, dtype=torch.long, device=device)
         if padding_mask is None:
             padding_mask = torch.ones(batch, length, dtype=torch.bool, device=device)
         positions = self.next_position[:, None] + (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
         self.next_position = self.next_position + padding_mask.sum(dim=1)
-        self.key_mask[:, self.start : self.end] = padding_mask
+        self.padding_mask[:, self.start : self.end] = padding_mask
         self.key_positions[:, self.start : self.end] = positions
-        return positions, self.key_positions[:, : self.end], self.key_mask[:, : self.end]
+        return positions, self.key_positions[:, : self.end], self.padding_mask[:, : self.end]
 
     def reorder(self, index: Tensor) -> None:
         """Select rows (beam search): row i becomes old row index[i]. Cross-attention keys are left as
         they are: beams of one source share them."""
         for layer in self.layers:
             layer.reorder(index)
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask.index_select(0, index)
+        if self.padding_mask is not None:
+            self.padding_mask = self.padding_mask.index_select(0, index)
             self.key_positions = self.key_positions.index_select(0, index)
             self.next_position = self.next_position.index_select(0, index)

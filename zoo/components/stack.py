@@ -91,9 +91,9 @@ class Stack(nn.Module):
         device = tokens.device
         if cache is None:
             positions = key_positions = positions_for(padding_mask, T, device)
-            key_mask = padding_mask
+            key_padding = padding_mask
         else:
-            positions, key_positions, key_mask = cache.extend(padding_mask, T, B, device)
+            positions, key_positions, key_padding = cache.extend(padding_mask, T, B, device)
         length = key_positions.shape[-1]
         for pos in [position, *self.positions] if check_length else []:
             if pos.max_len is not None and length > pos.max_len:
@@ -105,10 +105,11 @@ class Stack(nn.Module):
         for window, own, heads in self.variants:
             pos = position if own < 0 else self.positions[own]
             start = cache.offset(window) if cache is not None else 0
-            keys, kmask = key_positions[..., start:], None if key_mask is None else key_mask[:, start:]
+            keys = key_positions[..., start:]
+            padding = None if key_padding is None else key_padding[:, start:]
             bias = pos.bias(heads, positions, keys)
-            mask, is_causal = attention_mask(q_len=T, k_len=keys.shape[-1], causal=causal, key_padding=kmask, bias=bias,
-                                             window=window, device=device)
+            mask, is_causal = attention_mask(q_len=T, k_len=keys.shape[-1], causal=causal, padding_mask=padding,
+                                             bias=bias, window=window, device=device)
             made.append(BlockContext(pos=pos, positions=positions, mask=mask, is_causal=is_causal))
         return StackContext(positions=positions, layers=tuple(made[v] for v in self.variant_of))
 

@@ -291,7 +291,7 @@ def timm_kwargs(s: FamilySpec) -> dict:
     qk, pool = att.qk_norm, getattr(s, "pool", None)
     check_claims(s, CLAIMS, TO, "timm's VisionTransformer")
     problems = [
-        ("block.attention.n_kv_heads", att.kv_heads, att.kv_heads == att.n_heads, "timm's ViT has multi-head attention only"),
+        ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads, "timm's ViT has multi-head attention only"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's ViT head size is d_model / n_heads"),
         ("block.ffn.kind", ffn.kind, ffn.kind in ("gelu", "relu", "silu"), "timm's ViT MLP is two-layer (gelu, relu or silu)"),

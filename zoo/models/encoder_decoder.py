@@ -38,7 +38,7 @@ class EncoderDecoder(Family):
         if spec.share_embeddings:
             self.src_emb = self.tgt_emb
         else:
-            self.src_emb = token_embedding(spec, spec.source_vocab_size)
+            self.src_emb = token_embedding(spec, spec.src_vocab_size)
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.src_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.tgt_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
@@ -51,7 +51,7 @@ class EncoderDecoder(Family):
 
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         """Source ids [B, S] -> memory [B, S, D]."""
-        check_tokens(src, "src", vocab_size=self.spec.source_vocab_size)
+        check_tokens(src, "src", vocab_size=self.spec.src_vocab_size)
         src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
         ctx = self.encoder.context(self.position, src, src_padding_mask, causal=False, name="src")
         x = self.drop(self.src_emb_norm(self.position.add(self.src_emb(src), ctx.positions)))

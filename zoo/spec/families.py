@@ -5,9 +5,9 @@ encoder-decoder and ViT, with the cross-field rules that name the field and the 
 from __future__ import annotations
 
 import math
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_serializer, model_validator
 
 from zoo.registry import registry
 from zoo.spec.base import Dispatch, Rate, Spec, register_specs
@@ -249,12 +249,27 @@ class EncoderDecoderSpec(TextSpec):
     family: Literal["encoder_decoder"] = "encoder_decoder"
     n_encoder_layers: PositiveInt | None = Field(None, description="default: n_layers")
     n_decoder_layers: PositiveInt | None = Field(None, description="default: n_layers")
-    src_vocab_size: PositiveInt | None = Field(None, description="default: vocab_size (a shared vocabulary)")
+    src_vocab_size: PositiveInt | None = Field(None, description="the source vocabulary; default: vocab_size (a "
+                                               "shared vocabulary); left out of a written spec when it is vocab_size")
     share_embeddings: bool = Field(True, description="source and target embeddings are one matrix")
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="xavier"))
 
     def stacks(self) -> dict[str, tuple[int, bool]]:
         return {"encoder": (self.encoder_layers, False), "decoder": (self.decoder_layers, True)}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _source_vocabulary(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("src_vocab_size") is None:
+            data = {**data, "src_vocab_size": data.get("vocab_size", cls.model_fields["vocab_size"].default)}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _leave_out_a_shared_vocabulary(self, handler: Any) -> dict:
+        data = handler(self)
+        if self.src_vocab_size == self.vocab_size:
+            data["src_vocab_size"] = None
+        return data
 
     @model_validator(mode="after")
     def _check_sharing(self) -> EncoderDecoderSpec:
@@ -274,9 +289,6 @@ class EncoderDecoderSpec(TextSpec):
     def decoder_layers(self) -> int:
         return self.n_decoder_layers or self.n_layers
 
-    @property
-    def source_vocab_size(self) -> int:
-        return self.src_vocab_size or self.vocab_size
 
 
 class ConvStemSpec(Spec):

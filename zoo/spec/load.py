@@ -174,8 +174,9 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
 
 
 # ------------------------------------------------------------------------------------ public API
-def parse_spec(data: Mapping[str, Any] | FamilySpec, *, source: str = "") -> FamilySpec:
-    """Validate a mapping as a model spec (any registered family)."""
+def parse_spec(data: Mapping[str, Any] | FamilySpec, *, source: str = "", notes: bool = True) -> FamilySpec:
+    """Validate a mapping as a model spec (any registered family). Fields spelled as zoo 0.1 spelled
+    them are read as today's (:mod:`zoo.spec.migrate`), each with a ``SpecNote`` where ``notes``."""
     if isinstance(data, FamilySpec):
         return data
     if not isinstance(data, Mapping):
@@ -187,7 +188,7 @@ def parse_spec(data: Mapping[str, Any] | FamilySpec, *, source: str = "") -> Fam
     except RegistryError as e:
         raise SpecError(f"spec {source}: family: {e}") from None
     try:
-        return cls.model_validate(migrate(dict(data), source))
+        return cls.model_validate(migrate(dict(data), source, notes=notes))
     except ValidationError as e:
         raise _format_errors(e, source or "") from None
 

@@ -33,7 +33,9 @@ def _caller_level() -> int:
     return level
 
 
-def _note(source: str, old: str, new: str) -> None:
+def _note(source: str | None, old: str, new: str) -> None:
+    if source is None:  # notes off
+        return
     where = f"{source}: " if source else ""
     warnings.warn(f"{where}{old} is {new} since zoo 0.2; write the new field", SpecNote, stacklevel=_caller_level())
 
@@ -51,8 +53,10 @@ def _block(block: dict, source: str) -> None:
         block["shared_norm"] = bool(parallel.get("shared_norm", False))
 
 
-def migrate(data: dict[str, Any], source: str = "") -> dict[str, Any]:
-    """``data`` with 0.1's field names rewritten (a copy), or ``data`` itself when it has none."""
+def migrate(data: dict[str, Any], source: str = "", *, notes: bool = True) -> dict[str, Any]:
+    """``data`` with 0.1's field names rewritten (a copy), or ``data`` itself when it has none; a
+    note per field unless ``notes`` is off (a file written by zoo 0.1, which nobody edits)."""
+    source = source if notes else None
     old_block = isinstance(data.get("block"), dict) and (
         "parallel" in data["block"] or "placement" in (data["block"].get("norm") or {})
     )

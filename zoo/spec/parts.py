@@ -9,9 +9,9 @@ part's kind."""
 from __future__ import annotations
 
 import math
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 
@@ -39,7 +39,11 @@ class QKNormSpec(Spec):
 
 class AttentionSpec(ComponentSpec):
     """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1).
-    ``window`` makes causal self-attention local (sliding-window attention, Mistral)."""
+    ``window`` makes causal self-attention local (sliding-window attention, Mistral).
+
+    ``n_kv_heads`` may be left out but for gqa (mqa: 1; other kinds: ``n_heads``): it reads back as
+    that number, and a spec written out leaves it out again, so an override of ``n_heads`` carries
+    to it."""
 
     kind: Literal["mha", "gqa", "mqa"] = "mha"
     n_heads: PositiveInt = 8
@@ -65,6 +69,21 @@ class AttentionSpec(ComponentSpec):
             )
         return window
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kv_heads_of_the_kind(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("n_kv_heads") is None and data.get("kind") != "gqa":
+            n_heads = data.get("n_heads", cls.model_fields["n_heads"].default)
+            data = {**data, "n_kv_heads": 1 if data.get("kind") == "mqa" else n_heads}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _leave_out_the_kinds_kv_heads(self, handler: Any) -> dict:
+        data = handler(self)
+        if self.kind != "gqa" and self.n_kv_heads == (1 if self.kind == "mqa" else self.n_heads):
+            data["n_kv_heads"] = None
+        return data
+
     @model_validator(mode="after")
     def _check_heads(self) -> AttentionSpec:
         h, g = self.n_heads, self.n_kv_heads
@@ -78,12 +97,6 @@ class AttentionSpec(ComponentSpec):
             divisors = [d for d in range(1, h + 1) if h % d == 0]
             raise ValueError(f"n_heads ({h}) must be divisible by n_kv_heads ({g}); choose n_kv_heads from {divisors}")
         return self
-
-    @property
-    def kv_heads(self) -> int:
-        if self.n_kv_heads is not None:
-            return self.n_kv_heads
-        return 1 if self.kind == "mqa" else self.n_heads
 
     @property
     def has_out_bias(self) -> bool:

@@ -156,7 +156,7 @@ def plain_attention(spec: FamilySpec, where: str, *, cross_too: bool = False) ->
         if att is None:
             continue
         require(att.kind in BUILTIN_ATTENTION, where, f"block.{field}.kind", att.kind, "only zoo's built-in attention converts")
-        require(att.kv_heads == att.n_heads, where, f"block.{field}.n_kv_heads", att.kv_heads,
+        require(att.n_kv_heads == att.n_heads, where, f"block.{field}.n_kv_heads", att.n_kv_heads,
                 "this architecture has multi-head attention only (n_kv_heads == n_heads)")
         sizes = (att.qk_size(d), att.v_size(d))
         require(d % att.n_heads == 0 and sizes == (d // att.n_heads,) * 2, where, f"block.{field}.head_dim", sizes,

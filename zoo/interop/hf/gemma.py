@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.claims import Claims, one_of
 from zoo.interop.common import unsupported
 from zoo.interop.hf.base import require
 from zoo.interop.hf.llama import Llama

@@ -82,7 +82,7 @@ class GPTNeoX(Architecture):
         require(s.position.kind == "rope", where, "position.kind", s.position.kind, "GPT-NeoX has rotary positions")
         layernorm(s, where, s.block.kind)
         require(att.kind in BUILTIN_ATTENTION, where, "block.attention.kind", att.kind, "only zoo's built-in attention converts")
-        require(att.kv_heads == att.n_heads, where, "block.attention.n_kv_heads", att.kv_heads,
+        require(att.n_kv_heads == att.n_heads, where, "block.attention.n_kv_heads", att.n_kv_heads,
                 "GPT-NeoX has multi-head attention only (n_kv_heads == n_heads)")
         sizes = (att.qk_size(d), att.v_size(d))
         require(d % att.n_heads == 0 and sizes == (d // att.n_heads,) * 2, where, "block.attention.head_dim", sizes,

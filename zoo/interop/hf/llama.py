@@ -104,7 +104,7 @@ class Llama(Architecture):
                     f"{cls.name}'s head size is hidden_size / num_attention_heads ({d} / {att.n_heads})")
         c = {
             "vocab_size": s.vocab_size, "hidden_size": d, "intermediate_size": s.block.ffn.hidden_size(d),
-            "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads, "num_key_value_heads": att.kv_heads,
+            "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads, "num_key_value_heads": att.n_kv_heads,
             "hidden_act": act_name(s.block.ffn, cls.acts, where), "max_position_embeddings": s.max_seq_len,
             "rms_norm_eps": s.block.norm.eps, "rope_parameters": {"rope_type": "default", "rope_theta": s.position.base},
             "attention_dropout": s.dropout.attention, "initializer_range": s.init.std, "tie_word_embeddings": s.head.tied,

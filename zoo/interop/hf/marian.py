@@ -96,7 +96,7 @@ class Marian(Architecture):
         require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
                 f"Marian's dropout is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
         c = {
-            "vocab_size": s.source_vocab_size, "decoder_vocab_size": s.vocab_size, "d_model": s.d_model,
+            "vocab_size": s.src_vocab_size, "decoder_vocab_size": s.vocab_size, "d_model": s.d_model,
             "max_position_embeddings": s.max_seq_len, "encoder_layers": s.encoder_layers,
             "decoder_layers": s.decoder_layers, "encoder_attention_heads": s.block.attention.n_heads,
             "decoder_attention_heads": s.block.attention.n_heads, "encoder_ffn_dim": s.block.ffn.hidden_size(s.d_model),
@@ -107,7 +107,7 @@ class Marian(Architecture):
         }
         for field in ("pad_token_id", "decoder_start_token_id"):  # Marian's convention: the last id pads
             if field not in given:
-                c[field] = min(s.vocab_size, s.source_vocab_size) - 1
+                c[field] = min(s.vocab_size, s.src_vocab_size) - 1
         return c
 
     @staticmethod
