@@ -5,8 +5,9 @@ block's ``kind`` says. Each kind is one small class registered in the ``block`` 
     x = x + drop(attn(norm(x)))       x = norm(x + drop(attn(x)))     x = x + drop(norm(attn(x)))
     x = x + drop(ffn(norm(x)))        x = norm(x + drop(ffn(x)))      x = x + drop(norm(ffn(x)))
 
-    parallel (GPT-J, GPT-NeoX, PaLM)
-    x = x + drop(attn(norm1(x))) + drop(ffn(norm2(x)))     (one shared norm with shared_norm)
+    parallel (GPT-J, GPT-NeoX, PaLM)                        sandwich (Gemma 2, Gemma 3)
+    x = x + drop(attn(norm1(x))) + drop(ffn(norm2(x)))      x = x + drop(post1(attn(norm1(x))))
+    (one shared norm with shared_norm)                      x = x + drop(post2(ffn(norm2(x))))
 
 With layer scale (CaiT, DeiT III) each sub-layer's output is multiplied by a learned per-channel
 vector before the add: ``x + ls(drop(attn(...)))``.
@@ -145,6 +146,31 @@ class Block(nn.Module):
         return elements, masks
 
 
+class SandwichNormBlock(Block):
+    """A norm before and after each sub-layer (Gemma 2 and 3): the sub-layer reads a normalised
+    input, as Pre-Norm, and what it adds is normalised too, as ``post_sublayer``. ``*_post_norm``:
+    the norms after the sub-layers."""
+
+    def __init__(self, *, attn_post_norm: nn.Module, ffn_post_norm: nn.Module, cross_post_norm: nn.Module | None = None,
+                 **parts) -> None:
+        super().__init__(**parts)
+        self.attn_post_norm, self.ffn_post_norm = attn_post_norm, ffn_post_norm
+        if self.cross_attn is not None:
+            self.cross_post_norm = cross_post_norm
+
+    def branches(self) -> list[tuple[str, nn.Module, list[nn.Module], nn.Module]]:
+        out = [("attn", self.attn, [self.attn_norm, self.attn_post_norm], self.ls_attn)]
+        if self.cross_attn is not None:
+            out.append(("cross", self.cross_attn, [self.cross_norm, self.cross_post_norm], self.ls_cross))
+        return out + [("ffn", self.ffn, [self.ffn_norm, self.ffn_post_norm], self.ls_ffn)]
+
+    def forward(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
+        x = x + self.ls_attn(self.drop(self.attn_post_norm(self.attend(self.attn_norm(x), ctx, cache))))
+        if self.cross_attn is not None:
+            x = x + self.ls_cross(self.drop(self.cross_post_norm(self.attend_memory(self.cross_norm(x), ctx, cache))))
+        return x + self.ls_ffn(self.drop(self.ffn_post_norm(self.ffn(self.ffn_norm(x)))))
+
+
 def _width(block: Block) -> int:
     """The model width: the input features of the FFN's first linear (or of any linear in it)."""
     linear = next((m for m in block.ffn.modules() if isinstance(m, nn.Linear)), None)
@@ -252,3 +278,11 @@ def _parallel(spec, *, dim: int, dropout, cross: bool = False, **_) -> Block:
     subs = build_sublayers(spec, dim=dim, dropout=dropout, cross=False)
     return ParallelBlock(**subs, attn_norm=build_norm(spec, dim),
                          ffn_norm=None if spec.shared_norm else build_norm(spec, dim))
+
+
+@register("block", "sandwich")
+def _sandwich(spec, *, dim: int, dropout, cross: bool = False, **_) -> Block:
+    subs = build_sublayers(spec, dim=dim, dropout=dropout, cross=cross)
+    post = dict(attn_post_norm=build_norm(spec, dim), cross_post_norm=build_norm(spec, dim) if cross else None,
+                ffn_post_norm=build_norm(spec, dim))
+    return SandwichNormBlock(**subs, **_norms(spec, dim, cross), **post)

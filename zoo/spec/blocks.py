@@ -1,8 +1,8 @@
 """The specs of one layer and of layers that differ.
 
 A **block** is a registered part like any other: ``block.kind`` picks how a layer arranges its
-sub-layers, norms and residuals (``pre``, ``post``, ``post_sublayer``, ``parallel``, or a kind a
-user registers), and each kind's spec class declares what the rest of zoo needs to know of it:
+sub-layers, norms and residuals (``pre``, ``post``, ``post_sublayer``, ``parallel``, ``sandwich``,
+or a kind a user registers), and each kind's spec class declares what the rest of zoo needs to know of it:
 
 * ``final_norm``: the stack ends with a norm (a Pre-Norm stack would end unnormalised without it;
   a Post-Norm stack already ends in one);
@@ -38,7 +38,7 @@ from zoo.spec.parts import AnyAttention, AnyFFN, AnyNorm, AnyPosition, Attention
 
 __all__ = [
     "AnyBlock", "BlockSpec", "Layer", "LayerPattern", "ParallelBlockSpec", "PostBlockSpec", "PostSublayerBlockSpec",
-    "PreBlockSpec", "merge_parts", "resolve", "select_layers",
+    "PreBlockSpec", "SandwichBlockSpec", "merge_parts", "resolve", "select_layers",
 ]
 
 
@@ -108,10 +108,17 @@ class ParallelBlockSpec(BlockSpec):
     shared_norm: bool = Field(False, description="one norm feeds attention and FFN (GPT-J, PaLM); false: each has its own (GPT-NeoX)")
 
 
+class SandwichBlockSpec(BlockSpec):
+    """A norm before and after each sub-layer (Gemma 2 and 3; "sandwich" norms, Ding et al. 2021,
+    CogView): ``x = x + drop(norm2(sublayer(norm1(x))))``; the stack ends with a norm."""
+
+    kind: Literal["sandwich"] = "sandwich"
+
+
 AnyBlock = Annotated[ComponentSpec, Dispatch("block", default="pre")]
 
 register_specs("block", BlockSpec, {"pre": PreBlockSpec, "post": PostBlockSpec, "post_sublayer": PostSublayerBlockSpec,
-                                    "parallel": ParallelBlockSpec})
+                                    "parallel": ParallelBlockSpec, "sandwich": SandwichBlockSpec})
 
 
 # ------------------------------------------------------------------------------------ layer patterns
