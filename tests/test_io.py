@@ -356,7 +356,7 @@ def test_spec_from_a_newer_zoo(tmp_path, saved):
     unknown = _rewrite(saved, tmp_path / "xpos.safetensors",
                        metadata={**meta, "zoo.version": "9.0.0", "zoo.spec": json.dumps(spec)})
     message = _load_error(unknown, "cannot use the spec in its metadata: .*unknown position kind 'xpos'")
-    assert message.endswith("(written by zoo 9.0.0, newer than this zoo 0.1.0; upgrade zoo)")
+    assert message.endswith(f"(written by zoo 9.0.0, newer than this zoo {zoo.__version__}; upgrade zoo)")
     garbled = _rewrite(saved, tmp_path / "json.safetensors", metadata={**meta, "zoo.spec": '{"family": "decoder",'})
     _load_error(garbled, "the spec in its metadata is not valid JSON")
 

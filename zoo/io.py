@@ -45,7 +45,7 @@ __all__ = [
     "read_spec", "tie_groups",
 ]
 
-FORMAT = 1  # bump when a file changes in a way an older zoo cannot read
+FORMAT = 2  # bump when a file changes in a way an older zoo cannot read (2: block.kind and head, zoo 0.2)
 KEY_FORMAT, KEY_VERSION, KEY_SPEC, KEY_TIED = "zoo.format", "zoo.version", "zoo.spec", "zoo.tied"
 
 # safetensors dtype names -> torch names and sizes in bytes
