@@ -139,15 +139,16 @@ def test_settings_the_run_cannot_take_are_train_errors(tmp_path):
         fit(model(), task, **cfg(tmp_path), total_steps=1, resume=tmp_path / "ckpt-0000009.pt")
 
 
-def test_the_documented_task_trains(tmp_path):
-    # docs/training.md's example runs as written and learns the least-squares fit
+def test_the_documented_task_trains(tmp_path, monkeypatch):
+    # docs/training.md's example runs as written (tests/test_doc_blocks.py) and learns the least-squares fit
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
-    scope = {"OUT": tmp_path, "__name__": "docs_training"}
+    monkeypatch.chdir(tmp_path)
+    scope = {"__name__": "docs_training"}
     exec(compile(code, "docs/training.md", "exec"), scope)
     fitted = scope["fitted"]
     assert fitted.step == 60
-    first = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "valid"][0]
+    first = [r for r in read_metrics(tmp_path / scope["OUT"] / "metrics.jsonl") if r["split"] == "valid"][0]
     assert fitted.valid["mse"] < first["mse"] / 4  # it learns

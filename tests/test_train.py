@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -255,3 +256,32 @@ def test_ema_tracks_the_average():
         model.weight.add_(1.0)
     ema.update(model)
     torch.testing.assert_close(ema.module.weight, start + 0.5)
+
+
+def test_config_files_layer_over_the_recipe_defaults(tmp_path, capsys):
+    class Cfg(T.Config):
+        optim: T.OptimConfig = T.OptimConfig()
+        run: T.RunConfig = T.RunConfig()
+
+    recipe, mine = tmp_path / "recipe.yaml", tmp_path / "mine.yaml"
+    recipe.write_text("optim:\n  lr: 2.0e-3\n  betas: [0.9, 0.95]\nrun:\n  seed: 5\n  log_every: 7\n")
+    mine.write_text("optim:\n  lr: 5.0e-4\nrun: {seed: 9}\n")
+    cfg, _ = T.parse_args(Cfg, ["--config", str(mine), "run.log_every=3"], default=recipe)
+    # mine.yaml changes lr and seed only: betas stay the recipe's, log_every comes from the command line
+    assert (cfg.optim.lr, cfg.optim.betas, cfg.run.seed, cfg.run.log_every) == (5e-4, (0.9, 0.95), 9, 3)
+    assert cfg.optim.weight_decay == T.OptimConfig().weight_decay  # in no file: the class default
+
+    with pytest.raises(SystemExit) as done:
+        T.parse_args(Cfg, ["--config", str(mine), "run.log_every=3", "--print-config", "--sources"], default=recipe)
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    origin = dict(re.findall(r"^\s*(\w+): .*# (.+)$", shown, flags=re.M))
+    assert origin["lr"] == str(mine) and origin["seed"] == str(mine)
+    assert origin["betas"] == "recipe.yaml (the recipe's defaults)"
+    assert origin["log_every"] == "command line" and origin["weight_decay"] == "default (Cfg)"
+    # the annotated YAML still reads back to the same config
+    assert Cfg.model_validate(__import__("yaml").safe_load(shown)) == cfg
+
+    with pytest.raises(SystemExit):
+        T.parse_args(Cfg, ["--sources"], default=recipe)
+    assert "--sources goes with --print-config" in capsys.readouterr().err

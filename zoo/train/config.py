@@ -5,12 +5,14 @@
         optim: OptimConfig = OptimConfig()
         run: RunConfig = RunConfig()
 
-    cfg, args = parse_args(MyConfig, default="recipes/my.yaml")   # [--config F] [--resume] [k=v ...]
+    cfg, args = parse_args(MyConfig, default="recipes/my.yaml")   # [--config F ...] [--resume] [k=v ...]
     cfg = load_config(MyConfig, "my.yaml", ["optim.lr=3e-4", "run.seed=1"])
 
 Overrides and YAML are read exactly as model specs are (:func:`zoo.spec.apply_overrides`,
 :func:`zoo.spec.read_yaml`): values are YAML (``4``, ``0.1``, ``true``, ``null``, ``[0.9, 0.98]``),
-duplicate keys and unknown fields are errors that name the field.
+duplicate keys and unknown fields are errors that name the field. Files layer: a recipe reads its own
+YAML first, then each ``--config`` file over it (mappings merge key by key, so a file holds only what
+it changes, as Hydra and torchtune's overrides do), then the overrides.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence, TypeVar
+from typing import Iterable, Literal, Sequence, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -128,66 +130,146 @@ class RunConfig(Config):
 
 
 # ------------------------------------------------------------------------------------ loading
-def load_config(cls: type[C], path: str | Path | None = None, overrides: Iterable[str] = ()) -> C:
-    """``cls`` from a YAML file (or its defaults when ``path`` is None) plus ``a.b=value`` overrides."""
-    data: Any = {}
-    source = "(defaults)"
-    if path is not None:
-        source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read config {source}: {e.strerror or e}") from None
-        try:
-            data = read_yaml(text, f"config {source}") or {}
-        except SpecError as e:
-            raise ConfigError(str(e)) from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config {source} must hold a mapping of fields, got {type(data).__name__}")
+Sources = dict[str, str]  # dotted key -> where its value came from
+
+
+def _layer(base: dict, over: dict, source: str, sources: Sources, prefix: str = "") -> dict:
+    """``over`` laid over ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            below = out.get(key)
+            if not isinstance(below, dict):
+                below = {}
+                sources.pop(path, None)
+            out[key] = _layer(below, value, source, sources, path + ".")
+        else:
+            out[key] = value
+            for old in [k for k in sources if k == path or k.startswith(path + ".")]:
+                del sources[old]
+            sources[path] = source
+    return out
+
+
+def _read(path: str | Path) -> dict:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config {source}: {e.strerror or e}") from None
+    try:
+        data = read_yaml(text, f"config {source}") or {}
+    except SpecError as e:
+        raise ConfigError(str(e)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {source} must hold a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def load_config(
+    cls: type[C], path: str | Path | Sequence[str | Path] | None = None, overrides: Iterable[str] = (),
+    *, sources: Sources | None = None,
+) -> C:
+    """``cls`` from its defaults, then each YAML file of ``path`` in order (one path or a list: a later
+    file's keys replace an earlier one's, mappings merge key by key, keys it leaves out keep their
+    values), then ``a.b=value`` overrides. Pass a dict as ``sources`` to learn where each set value
+    came from (dotted key -> file or "command line"); keys absent from it are the class defaults."""
+    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
+    found: Sources = {} if sources is None else sources
+    data: dict = {}
+    for file in paths:
+        data = _layer(data, _read(file), str(file), found)
+    names = " + ".join(map(str, paths)) or "(defaults)"
     overrides = list(overrides)
     if overrides:
         try:
             data = apply_overrides(data, overrides)
         except SpecError as e:
             raise ConfigError(str(e)) from None
-        source += f" with {' '.join(overrides)}"
+        for key in (o.partition("=")[0].strip() for o in overrides):
+            for old in [k for k in found if k == key or k.startswith(key + ".")]:
+                del found[old]
+            found[key] = "command line"
+        names += f" with {' '.join(overrides)}"
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(validation_message(e, f"config {source}")) from None
+        raise ConfigError(validation_message(e, f"config {names}")) from None
 
 
-def config_to_yaml(cfg: Config) -> str:
-    """Every field of ``cfg`` as YAML, readable back by :func:`load_config`."""
+def config_to_yaml(cfg: Config, sources: Sources | None = None) -> str:
+    """Every field of ``cfg`` as YAML, readable back by :func:`load_config`; with ``sources`` (from
+    :func:`load_config`), each value ends in a comment saying where it came from."""
     import yaml
 
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    data = cfg.model_dump(mode="json")
+    if sources is None:
+        return yaml.safe_dump(data, sort_keys=False)
+    default = f"default ({type(cfg).__name__})"
+
+    def lines(node: dict, prefix: str, indent: str) -> list[tuple[str, str]]:
+        out = []
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and value:
+                out.append((f"{indent}{key}:", ""))
+                out += lines(value, path + ".", indent + "  ")
+            else:
+                flow = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).removesuffix("...\n").strip()
+                origin = next((sources[p] for p in _prefixes(path) if p in sources), default)
+                out.append((f"{indent}{key}: {flow}", f"  # {origin}"))
+        return out
+
+    rows = lines(data, "", "")
+    width = min(48, max(len(text) for text, _ in rows))
+    return "".join(f"{text.ljust(width) if origin else text}{origin}\n" for text, origin in rows)
+
+
+def _prefixes(path: str) -> list[str]:
+    parts = path.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 def parse_args(
     cls: type[C], argv: Sequence[str] | None = None, *, default: str | Path | None = None, description: str = ""
 ) -> tuple[C, argparse.Namespace]:
-    """The command line of a recipe: ``[--config FILE] [--resume [CKPT]] [--print-config] [key=value ...]``.
+    """The command line of a recipe: ``[--config FILE ...] [--resume [CKPT]] [--print-config [--sources]]
+    [key=value ...]``.
 
-    ``--resume`` alone continues from the newest checkpoint in ``run.out_dir``; with a path, from that
-    file. A bad config prints one line and exits with status 2.
+    The recipe's own YAML (``default``) is read first; each ``--config`` file is laid over it in order
+    (a file holds only what it changes), then the ``key=value`` overrides. ``--resume`` alone continues
+    from the newest checkpoint in ``run.out_dir``; with a path, from that file. A bad config prints one
+    line and exits with status 2.
     """
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=3e-4")
-    parser.add_argument("--config", default=default, help=f"YAML config (default: {default})")
+    shown = Path(default).name if default is not None else None
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help=f"YAML laid over the recipe's defaults ({shown}): it holds only the keys it changes; "
+                             "repeat to layer several")
     parser.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                         help="continue from the newest checkpoint in run.out_dir, or from CKPT")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--sources", action="store_true",
+                        help="with --print-config: say where each value came from (a file, the command line, a default)")
     args = parser.parse_args(argv)
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"overrides look like key.path=value, got {bad[0]!r}")
+    if args.sources and not args.print_config:
+        parser.error("--sources goes with --print-config")
+    files = ([] if default is None else [default]) + args.config
+    sources: Sources = {}
     try:
-        cfg = load_config(cls, args.config, args.overrides)
+        cfg = load_config(cls, files, args.overrides, sources=sources)
     except ConfigError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.print_config:
-        print(config_to_yaml(cfg), end="")
+        if default is not None:
+            label = f"{Path(default).name} (the recipe's defaults)"
+            sources = {k: label if v == str(default) else v for k, v in sources.items()}
+        print(config_to_yaml(cfg, sources if args.sources else None), end="")
         raise SystemExit(0)
     return cfg, args
