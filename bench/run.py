@@ -135,8 +135,18 @@ def write_docs(rows: list[Row], peaks: dict[str, float], env: dict, out_md: Path
             body.append(extra.read_text())
     if notes.exists():
         body.append(notes.read_text())
-    out_md.write_text("\n".join(body))
+    out_md.write_text(_render_generated("\n".join(body)))
     plot(rows, out_md.with_suffix(".png"))
+
+
+def _render_generated(text: str) -> str:
+    """The page with its generated regions (numbers from bench/results) rendered: docs/make_docs.py."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_docs", ROOT / "docs" / "make_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.render(text)
 
 
 def usable_precisions(requested: list[str], tiny: bool, device: str = "cpu") -> list[str]:

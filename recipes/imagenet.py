@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a zoo Vision Transformer on image classification.
 
-    python recipes/imagenet.py                                   # embedded default: Fashion-MNIST (expected ~10 min on 2 CPU cores)
+    python recipes/imagenet.py                                   # embedded default: Fashion-MNIST (~14 min on 2 CPU cores)
     python recipes/imagenet.py data.path=/data/imagenet model=vit-small-16 --config imagenet-vit-s16.yaml
     torchrun --nproc_per_node 8 recipes/imagenet.py data.path=/data/imagenet ...   # DDP, same script
     python recipes/imagenet.py --resume                          # continue from the newest checkpoint
@@ -44,15 +44,15 @@ DEFAULT_CONFIG = Path(__file__).with_suffix(".yaml")
 
 # ------------------------------------------------------------------------------------- config
 class TrainConfig(Config):
-    epochs: PositiveInt = 8
+    epochs: PositiveInt = Field(8, description="passes over the training images")
     max_steps: PositiveInt | None = Field(None, description="stop after this many optimizer steps (schedule included)")
     warmup_epochs: NonNegativeFloat | None = Field(None, description="warmup in epochs; overrides schedule.warmup")
-    label_smoothing: NonNegativeFloat = 0.1
+    label_smoothing: NonNegativeFloat = Field(0.1, description="cross-entropy label smoothing")
 
 
 class RecipeConfig(Config):
-    model: str = "vitc-fashion-mnist-7"
-    model_overrides: list[str] = []
+    model: str = Field("vitc-fashion-mnist-7", description="a preset name or a spec file")
+    model_overrides: list[str] = Field([], description="key=value overrides of the model spec")
     data: ImageDataConfig = ImageDataConfig()
     train: TrainConfig = TrainConfig()
     optim: OptimConfig = OptimConfig(lr=1e-3)

@@ -38,20 +38,20 @@ class ImageDataConfig(Config):
     fashion_mnist_dir: Path | None = Field(None, description="Fashion-MNIST files; default: the Debian package's folder")
     cache_dir: Path | None = Field(None, description="where the decoded Fashion-MNIST tensors are cached")
     batch_size: PositiveInt = Field(256, description="global batch, split over processes")
-    eval_batch_size: PositiveInt = 1000
+    eval_batch_size: PositiveInt = Field(1000, description="evaluation batch per process")
     workers: NonNegativeInt | None = Field(None, description="DataLoader workers per process (image folders); "
                                            "default: the CPU cores this process may use, at most 8")
     train_limit: PositiveInt | None = Field(None, description="use only the first N training images")
     valid_limit: PositiveInt | None = Field(None, description="evaluate on the first N validation images")
     # the tensor default's augmentation
-    crop_padding: NonNegativeInt = 0
-    flip: bool = True
+    crop_padding: NonNegativeInt = Field(0, description="Fashion-MNIST: random crop with this zero padding (0: off)")
+    flip: bool = Field(True, description="Fashion-MNIST: random horizontal flip")
     # image folders: timm's pipeline
     image_size: PositiveInt | None = Field(None, description="crop size; default: the model's image_size")
-    auto_augment: str | None = "rand-m9-mstd0.5-inc1"
-    re_prob: NonNegativeFloat = 0.25
-    interpolation: str = "bicubic"
-    crop_pct: float = Field(0.875, gt=0.0, le=1.0)
+    auto_augment: str | None = Field("rand-m9-mstd0.5-inc1", description="image folders: timm's RandAugment policy; null: off")
+    re_prob: NonNegativeFloat = Field(0.25, description="image folders: random-erasing probability")
+    interpolation: str = Field("bicubic", description="image folders: resize interpolation")
+    crop_pct: float = Field(0.875, gt=0.0, le=1.0, description="image folders: evaluation centre crop, a fraction of the resize")
     mixup: NonNegativeFloat = Field(0.0, description="Mixup alpha (0: off); DeiT 0.8")
     cutmix: NonNegativeFloat = Field(0.0, description="CutMix alpha (0: off); DeiT 1.0")
 

@@ -53,22 +53,22 @@ DEFAULT_CONFIG = Path(__file__).with_name("lm.yaml")
 
 
 class TrainConfig(Config):
-    steps: PositiveInt = 1000
+    steps: PositiveInt = Field(1000, description="optimizer steps")
     batch_size: PositiveInt = Field(32, description="blocks per micro-batch per process")
     block_len: PositiveInt = Field(128, description="tokens of context per block")
 
 
 class SampleConfig(Config):
-    prompts: list[str] = ["a", "the act of", "a person who"]
-    max_new_tokens: PositiveInt = 40
-    temperature: PositiveFloat = 0.8
-    top_p: float = Field(0.9, gt=0.0, le=1.0)
-    seed: int = 0
+    prompts: list[str] = Field(["a", "the act of", "a person who"], description="texts the model continues after training")
+    max_new_tokens: PositiveInt = Field(40, description="tokens sampled after each prompt")
+    temperature: PositiveFloat = Field(0.8, description="sampling temperature")
+    top_p: float = Field(0.9, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of tokens with this mass")
+    seed: int = Field(0, description="seeds the sampling")
 
 
 class LMConfig(Config):
     model: str = Field("llama-tiny", description="a decoder preset or spec YAML")
-    model_overrides: list[str] = []
+    model_overrides: list[str] = Field([], description="key=value overrides of the model spec")
     data: TextDataConfig = TextDataConfig()
     train: TrainConfig = TrainConfig()
     sample: SampleConfig = SampleConfig()

@@ -1,7 +1,7 @@
 """Pre-train a BERT-style encoder with masked language modelling, report masked-token accuracy
 against a most-frequent-token baseline, then fine-tune its classification head on labelled text.
 
-    python recipes/mlm.py                                    # the embedded default: WordNet glosses, CPU, ~8 min
+    python recipes/mlm.py                                    # the embedded default: WordNet glosses, CPU, ~7 min
     python recipes/mlm.py finetune.train=train.tsv finetune.valid=valid.tsv   # your labelled text<TAB>label
     python recipes/mlm.py finetune.enabled=false data.text=[corpus/]          # pre-training only
     torchrun --nproc_per_node 8 recipes/mlm.py --config my.yaml
@@ -54,30 +54,30 @@ PAD_ID, EOS_ID, CLS_ID, MASK_ID = (T.SPECIALS.index(s) for s in (T.PAD, T.EOS, T
 
 
 class TrainConfig(Config):
-    steps: PositiveInt = 1000
+    steps: PositiveInt = Field(1000, description="pre-training optimizer steps")
     batch_size: PositiveInt = Field(128, description="texts per micro-batch per process")
     max_len: PositiveInt = Field(64, description="tokens per example, <cls> and <eos> included (longer texts are cut)")
     mask_prob: float = Field(0.15, gt=0.0, lt=1.0, description="share of tokens selected for prediction")
 
 
 class FinetuneConfig(Config):
-    enabled: bool = True
+    enabled: bool = Field(True, description="fine-tune a classifier after pre-training")
     train: Path | None = Field(None, description="labelled TSV (text<TAB>label); null: WordNet gloss -> part of speech")
     valid: Path | None = Field(None, description="labelled TSV; null: the WordNet valid split, or a share of finetune.train")
     valid_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="held out of finetune.train when finetune.valid is null")
     train_limit: PositiveInt | None = Field(None, description="use only N training examples")
-    steps: PositiveInt = 300
-    batch_size: PositiveInt = 64
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    eval_every: PositiveInt | None = None
-    checkpoint_every: PositiveInt | None = None
+    steps: PositiveInt = Field(300, description="fine-tuning optimizer steps")
+    batch_size: PositiveInt = Field(64, description="labelled texts per step")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="the classifier's dropout")
+    eval_every: PositiveInt | None = Field(None, description="steps between evaluations; default: once an epoch")
+    checkpoint_every: PositiveInt | None = Field(None, description="steps between checkpoints; default: once an epoch")
     optim: OptimConfig = OptimConfig(lr=3e-4, weight_decay=0.01)
     schedule: ScheduleConfig = ScheduleConfig(warmup=30)
 
 
 class MLMConfig(Config):
     model: str = Field("bert-mini", description="an encoder preset or spec YAML")
-    model_overrides: list[str] = []
+    model_overrides: list[str] = Field([], description="key=value overrides of the model spec")
     data: TextDataConfig = TextDataConfig()
     train: TrainConfig = TrainConfig()
     finetune: FinetuneConfig = FinetuneConfig()

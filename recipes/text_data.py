@@ -23,10 +23,10 @@ class TextDataConfig(Config):
     wordnet_dir: Path = Field(Path("/usr/share/wordnet"), description="Debian's wordnet-base data.{noun,verb,adj,adv}")
     tokenizer: Path | None = Field(None, description="an existing tokenizer.json (with <pad> <eos> <cls> <mask>) instead of training BPE")
     vocab_size: PositiveInt = Field(8192, description="byte-level BPE vocabulary trained on the training split")
-    min_frequency: PositiveInt = 2
+    min_frequency: PositiveInt = Field(2, description="BPE: merge only pairs seen at least this often")
     valid_fraction: PositiveFloat = Field(0.02, lt=1.0, description="texts held out for validation")
     max_valid: PositiveInt | None = Field(5000, description="at most this many validation texts")
-    split_seed: int = 1234
+    split_seed: int = Field(1234, description="seeds the train/valid split (kept apart from run.seed)")
     limit: PositiveInt | None = Field(None, description="use only the first N texts (quick runs, tests)")
 
 

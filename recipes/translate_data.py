@@ -28,10 +28,10 @@ class TranslationDataConfig(Config):
         "messages from German gettext catalogs), stories (game dialogue and narrative), both (ding+messages), all, "
         "or domains joined by '+'; training uses their union, valid and test are scored per domain"))
     catalogs: Path | None = Field(None, description="folder of the German catalogs (default: where tools/install-data puts them)")
-    src_lang: str = "en"
-    tgt_lang: str = "de"
+    src_lang: str = Field("en", description="the source language (its file suffix in data.path)")
+    tgt_lang: str = Field("de", description="the target language")
     vocab_size: PositiveInt = Field(6000, description="shared source-target BPE vocabulary")
-    min_frequency: PositiveInt = 2
+    min_frequency: PositiveInt = Field(2, description="BPE: merge only pairs seen at least this often")
     tokenizer: Path | None = Field(None, description="an existing tokenizer.json to use instead of training BPE")
     max_len: PositiveInt = Field(128, description="tokens per sentence (longer ones are truncated)")
     oversample: dict[str, PositiveInt] = Field(default_factory=dict, description=(
@@ -39,7 +39,7 @@ class TranslationDataConfig(Config):
         "domain more of the updates"))
     valid: PositiveInt = Field(500, description="embedded corpus: held-out validation pairs per domain")
     test: PositiveInt = Field(1000, description="embedded corpus: held-out test pairs per domain")
-    split_seed: int = 1234
+    split_seed: int = Field(1234, description="seeds the train/valid/test split (kept apart from run.seed)")
     train_limit: PositiveInt | None = Field(None, description="use only the first N training pairs")
     valid_limit: PositiveInt | None = Field(None, description="use only the first N validation pairs (per domain)")
     test_limit: PositiveInt | None = Field(None, description="use only the first N test pairs (per domain)")

@@ -38,11 +38,11 @@ DECODE_KEYS = ("length_penalty", "alpha", "max_len_a", "max_len_b", "batch_token
 class DecodeConfig(Config):
     """How the recipe decodes (its ``decode``): beam search, the BLEU curve during training, the final scores."""
 
-    beams: PositiveInt = 4
-    length_penalty: Literal["gnmt", "hf", "none"] = "gnmt"
-    alpha: NonNegativeFloat = 0.6
-    max_len_a: NonNegativeFloat = 1.0
-    max_len_b: int = 50
+    beams: PositiveInt = Field(4, description="beam size (1: greedy)")
+    length_penalty: Literal["gnmt", "hf", "none"] = Field("gnmt", description="gnmt: ((5 + |Y|) / 6)^alpha; hf: |Y|^alpha; none")
+    alpha: NonNegativeFloat = Field(0.6, description="the length penalty's exponent")
+    max_len_a: NonNegativeFloat = Field(1.0, description="at most a * source length + b tokens")
+    max_len_b: int = Field(50, description="at most a * source length + b tokens")
     batch_tokens: PositiveInt = Field(4000, description="source tokens x beams per decoding batch")
     eval_beams: PositiveInt = Field(1, description="beams for the BLEU curve during training (1: greedy)")
     eval_bleu: bool = Field(True, description="decode valid at each evaluation for the BLEU curve")

@@ -128,3 +128,11 @@ def test_shipped_table3_rows_are_valid_specs():
     assert counts["C-N1"] < counts["C-N2"] < counts["base"] < counts["C-N4"]
     assert counts["C-d128"] < counts["base"] < counts["C-d512"] < counts["big"]
     assert counts["E-learned"] > counts["base"]  # a learned table instead of fixed sinusoids
+
+
+def test_a_metric_no_run_reports_is_named(tmp_path):
+    path, _, _ = _grid(tmp_path, "  base: []\n")
+    path.write_text(path.read_text().replace("metrics: [valid_ppl, valid_bleu]", "metrics: [valid_ppl, valid/last.bleu]"))
+    with pytest.raises(AblationError, match=r"metrics: 'valid/last.bleu' is in no row's results.json; its keys: "
+                                            r"params, valid_bleu, valid_ppl, wall_seconds"):
+        run_grid(path, tmp_path / "out", echo=lambda *_: None)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import zoo
 from zoo.registry import REGISTRIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,3 +67,57 @@ def test_guide_lists_every_builtin_kind():
         listed = set(re.findall(r"`([^`]+)`", row.group(1)))
         builtin = {kind for kinds, _ in GEN.builtin_kinds(part) for kind in kinds}
         assert listed == builtin, f"docs/guide.md lists {part} kinds {sorted(listed)}, the registry has {sorted(builtin)}"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MAKE = _load("make_docs")
+
+
+def test_generated_regions_are_current():
+    """Numbers from bench/results and the recipes' settings tables match what they are made from."""
+    stale = MAKE.stale()
+    assert not stale, f"generated regions are stale in {stale}; run `python docs/make_docs.py` and commit the result"
+    regions = [m["name"] for f in MAKE.FILES for m in MAKE.REGION.finditer(f.read_text(encoding="utf-8"))]
+    assert {"bench-summary", "bench-line", "bench-compare", "recipe-settings", "ablation-rows"} <= set(regions)
+
+
+def test_a_region_renders_from_its_source(tmp_path):
+    # an independent count: the rows of a grid file, and a bench line read off a two-row result
+    (tmp_path / "g.yaml").write_text("rows:\n  a: []\n  b: [x=1]\n  c: [x=2]\n")
+    text = f"has <!-- generated: ablation-rows {tmp_path / 'g.yaml'} -->99<!-- /generated --> rows"
+    assert MAKE.render(text) == f"has <!-- generated: ablation-rows {tmp_path / 'g.yaml'} -->3<!-- /generated --> rows"
+    rows = [{"workload": "m train", "precision": "fp32", "seconds": {"zoo": 1.0, "HF": 1.5}},
+            {"workload": "m infer", "precision": "bf16", "seconds": {"zoo": 2.0, "HF": 1.0}}]
+    (tmp_path / "r.json").write_text(__import__("json").dumps({"rows": rows}))
+    assert MAKE.bench_summary(str(tmp_path / "r.json")) == "- against HF: training 1.50x fp32; inference 0.50x bf16"
+
+
+def test_every_recipe_setting_is_described():
+    """--help and the settings tables say what each key does."""
+    import sys
+
+    from zoo.train import load_config, settings
+
+    sys.path.insert(0, str(ROOT / "recipes"))
+    try:
+        for recipe, cls in MAKE.RECIPES.items():
+            module = importlib.import_module(recipe)
+            cfg = load_config(getattr(module, cls), ROOT / "recipes" / f"{recipe}.yaml")
+            bare = [key for key, _, description in settings(cfg) if not description]
+            assert not bare, f"recipes/{recipe}.py: settings without a description: {bare}"
+    finally:
+        sys.path.remove(str(ROOT / "recipes"))
+
+
+def test_guide_lists_every_preset():
+    text = (DOCS / "guide.md").read_text(encoding="utf-8")
+    table = text[text.index("| preset | family | what |"):]
+    table = table[: table.index("\n\n")]
+    listed = set(re.findall(r"`([\w.-]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:])))
+    assert listed == set(zoo.preset_names()), f"docs/guide.md's presets table: missing {set(zoo.preset_names()) - listed}"

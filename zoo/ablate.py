@@ -9,7 +9,7 @@ An ablation file (YAML)::
       base: []
       A-h1: [model.block.attention.n_heads=1]
       E-learned: [model.position.kind=learned]
-    metrics: [valid_ppl, valid_bleu]      # keys of the run's results.json shown in the table
+    metrics: [params, valid/last.ppl, valid/last.bleu]   # keys of the run's results.json (dots reach inside)
     reference: base                       # the row drawn as a reference line
 
 Each row runs the recipe as ``python RECIPE BASE... ROW... run.out_dir=OUT/<row>-<hash>`` with the
@@ -50,7 +50,8 @@ class AblationFile(BaseModel):
     recipe: str = Field(description="the recipe script each row runs")
     base: list[str] = Field(default_factory=list, description="overrides every row gets")
     rows: dict[str, list[str]] = Field(description="row name -> its overrides")
-    metrics: list[str] = Field(default_factory=lambda: ["valid_ppl", "valid_bleu"])
+    metrics: list[str] = Field(["params"], min_length=1, description="keys of each run's results.json shown in the "
+                               "table and plot; a dotted path reaches into nested results (valid/last.bleu)")
     reference: str | None = Field(None, description="the row drawn as a reference line (default: the first)")
     model_overrides: str | None = Field(
         None, description="the recipe's list field for model-spec overrides: `model.a.b=c` entries of base and rows "
@@ -166,7 +167,20 @@ def run_grid(path: str | os.PathLike, out: str | os.PathLike, *, jobs: int = 1, 
                 failures.append(str(e))
     if failures:
         raise AblationError(f"{len(failures)} row(s) failed; first: {failures[0]}")
-    return [records[n] for n in names]
+    done = [records[n] for n in names]
+    missing = [m for m in grid.metrics if all(metric(r["results"], m) is None for r in done)]
+    if missing:
+        keys = sorted({k for r in done for k in _keys(r["results"])})
+        raise AblationError(f"metrics: {missing[0]!r} is in no row's results.json; its keys: {', '.join(keys)}")
+    return done
+
+
+def _keys(results: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every key path of ``results`` that :func:`metric` reads (nested dicts joined with dots)."""
+    out = []
+    for k, v in results.items():
+        out += _keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+    return out
 
 
 def metric(results: dict[str, Any], key: str) -> Any:

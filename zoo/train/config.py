@@ -39,7 +39,7 @@ from zoo.validation import validation_message
 
 __all__ = [
     "Config", "ConfigError", "OptimConfig", "ScheduleConfig", "RunConfig", "load_config", "parse_args",
-    "config_to_yaml",
+    "config_to_yaml", "settings",
 ]
 
 C = TypeVar("C", bound="Config")
@@ -59,12 +59,12 @@ class OptimConfig(Config):
     """Adam(W). Weight decay is decoupled (AdamW) and skips norms, biases, position tables and class
     tokens (see :func:`zoo.train.param_groups`). ``clip_grad``: max global gradient norm, or null."""
 
-    name: Literal["adamw", "adam"] = "adamw"
-    lr: PositiveFloat = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: PositiveFloat = 1e-8
-    weight_decay: NonNegativeFloat = 0.05
-    clip_grad: PositiveFloat | None = 1.0
+    name: Literal["adamw", "adam"] = Field("adamw", description="adamw: decoupled weight decay; adam: L2 added to the gradient")
+    lr: PositiveFloat = Field(1e-3, description="peak learning rate (inverse_sqrt: a factor on the paper's schedule)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam's moment decays")
+    eps: PositiveFloat = Field(1e-8, description="Adam's epsilon")
+    weight_decay: NonNegativeFloat = Field(0.05, description="on matrices only (not norms, biases, position tables)")
+    clip_grad: PositiveFloat | None = Field(1.0, description="max global gradient norm; null: no clipping")
 
 
 class ScheduleConfig(Config):
@@ -79,9 +79,10 @@ class ScheduleConfig(Config):
     and that runs out first, so a run stopped by the clock still ends annealed.
     """
 
-    kind: Literal["cosine", "inverse_sqrt", "constant"] = "cosine"
-    warmup: NonNegativeInt = 0
-    min_lr_ratio: NonNegativeFloat = 0.0
+    kind: Literal["cosine", "inverse_sqrt", "constant"] = Field(
+        "cosine", description="cosine (warmup, then down to min_lr_ratio), inverse_sqrt (the paper's) or constant")
+    warmup: NonNegativeInt = Field(0, description="optimizer steps of linear warmup")
+    min_lr_ratio: NonNegativeFloat = Field(0.0, description="cosine: where it ends, a fraction of optim.lr")
     cooldown: float = Field(0.0, ge=0.0, le=1.0, description="the last fraction of the run (steps or time budget, "
                             "whichever runs out first) over which the lr falls linearly to 0; 0: none")
 
@@ -96,7 +97,7 @@ class RunConfig(Config):
     """How a run executes: where it writes, precision, devices, logging, checkpoints."""
 
     out_dir: Path = Field(Path("runs/run"), description="checkpoints, metrics.jsonl, plots, the exported model")
-    seed: int = 0
+    seed: int = Field(0, description="seeds the weights, data order, dropout and augmentation")
     device: str = Field("auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="bf16: autocast on CPU and GPU; auto: bf16 where the hardware runs it natively "
@@ -114,13 +115,13 @@ class RunConfig(Config):
                           "in CPU memory (for GPU runs)")
     activation_checkpointing: bool = Field(False, description="recompute each block's activations in the backward "
                                            "pass instead of keeping them (less memory, ~1/3 more compute)")
-    log_every: PositiveInt = 50
+    log_every: PositiveInt = Field(50, description="steps between train-loss log lines and metrics.jsonl rows")
     eval_every: PositiveInt | None = Field(None, description="steps between evaluations; default: once an epoch")
     checkpoint_every: PositiveInt | None = Field(None, description="steps between checkpoints; default: once an epoch")
     keep_checkpoints: PositiveInt = Field(2, description="how many periodic checkpoints to keep (newest)")
     ema: float | None = Field(None, gt=0.0, lt=1.0, description="decay of an EMA of the weights (e.g. 0.999), or null")
     progress: bool = Field(True, description="a progress bar on rank 0 (off when stderr is not a terminal: log lines)")
-    plot: bool = True
+    plot: bool = Field(True, description="write curves.png at each evaluation")
 
     @model_validator(mode="after")
     def _check_strategy(self) -> RunConfig:
@@ -231,6 +232,37 @@ def _prefixes(path: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
+def settings(cfg: Config) -> list[tuple[str, str, str]]:
+    """(dotted key, value as YAML, description) of every setting of ``cfg``, in the config's order:
+    what a recipe's ``--help`` and the recipes' settings tables show."""
+    import yaml
+
+    def rows(node: BaseModel, prefix: str) -> list[tuple[str, str, str]]:
+        out = []
+        for name, info in type(node).model_fields.items():
+            value = getattr(node, name)
+            if isinstance(value, BaseModel):
+                out += rows(value, f"{prefix}{name}.")
+                continue
+            shown = yaml.safe_dump(node.model_dump(mode="json")[name], default_flow_style=True, width=1 << 16)
+            out.append((f"{prefix}{name}", shown.removesuffix("...\n").strip(), info.description or ""))
+        return out
+
+    return rows(cfg, "")
+
+
+def _help_settings(cls: type[C], default: str | Path | None) -> str:
+    try:
+        cfg = load_config(cls, default)
+    except ConfigError as e:
+        return f"settings: the defaults do not load ({e})"
+    lines = ["settings and their defaults (set any with key=value; --print-config --sources shows where each "
+             "value comes from):"]
+    for key, value, description in settings(cfg):
+        lines.append(f"  {key}={value}" + (f"\n      {description}" if description else ""))
+    return "\n".join(lines)
+
+
 def parse_args(
     cls: type[C], argv: Sequence[str] | None = None, *, default: str | Path | None = None, description: str = ""
 ) -> tuple[C, argparse.Namespace]:
@@ -242,7 +274,8 @@ def parse_args(
     from the newest checkpoint in ``run.out_dir``; with a path, from that file. A bad config prints one
     line and exits with status 2.
     """
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, epilog=_help_settings(cls, default),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=3e-4")
     shown = Path(default).name if default is not None else None
     parser.add_argument("--config", action="append", default=[], metavar="FILE",

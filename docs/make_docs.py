@@ -1,0 +1,175 @@
+"""Rewrite the generated regions of README.md and docs/: numbers and tables that come from measured
+results (bench/results/*.json) or from the code (the recipes' config classes), never typed by hand.
+
+A region is marked in the markdown source, on its own lines or inline::
+
+    <!-- generated: bench-summary bench/results/2026-11-25_1920_UTC.json -->
+    ...
+    <!-- /generated -->
+
+    the grid has <!-- generated: ablation-rows recipes/ablations/table3.yaml -->26<!-- /generated --> rows
+
+Run ``python docs/make_docs.py`` after a benchmark run or a change of a recipe's settings;
+tests/test_docs.py fails while any region differs from what this renders.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REGION = re.compile(r"<!-- generated: (?P<name>[\w-]+)(?P<args>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
+FILES = [ROOT / "README.md", ROOT / "bench" / "NOTES.md", *sorted((ROOT / "docs").rglob("*.md"))]
+RECIPES = {"translate": "TranslateConfig", "imagenet": "RecipeConfig", "lm": "LMConfig", "mlm": "MLMConfig"}
+
+
+# ---------------------------------------------------------------------------------- benchmarks
+def _rows(path: str) -> list[dict]:
+    return json.loads((ROOT / path).read_text(encoding="utf-8"))["rows"]
+
+
+def _ratio(row: dict, peer: str) -> float:
+    zoo = "zoo" if "zoo" in row["seconds"] else "zoo compiled"
+    return row["seconds"][peer] / row["seconds"][zoo]
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
+
+
+def _kind(row: dict) -> str:
+    name = row["workload"]
+    if "torch.compile" in name:
+        return "compile"
+    return "train" if name.endswith(" train") else "infer" if name.endswith(" infer") else "decode"
+
+
+def _groups(rows: list[dict]) -> dict[tuple[str, str, str], list[float]]:
+    """(peer, kind, precision) -> ratios, in the order rows appear."""
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for row in rows:
+        for peer in row["seconds"]:
+            if not peer.startswith("zoo"):
+                out.setdefault((peer, _kind(row), row["precision"]), []).append(_ratio(row, peer))
+    return out
+
+
+def bench_summary(path: str) -> str:
+    """One line per peer: the span of zoo / peer over the run's rows, by kind and precision."""
+    rows, groups = _rows(path), _groups(_rows(path))
+    lines = []
+    for peer in dict.fromkeys(p for p, _, _ in groups):
+        parts = []
+        for kind, word in [("train", "training"), ("infer", "inference")]:
+            spans = [f"{_span(v)} {prec}" for (p, k, prec), v in groups.items() if p == peer and k == kind]
+            if spans:
+                parts.append(f"{word} {', '.join(spans)}")
+        decode = [f"{r['workload']} {_ratio(r, peer):.2f}x" for r in rows if _kind(r) == "decode" and peer in r["seconds"]]
+        parts += decode
+        lines.append(f"- against {peer}: " + "; ".join(parts))
+    compiled = [r for r in rows if _kind(r) == "compile"]
+    lines += [f"- {r['workload']} ({r['precision']}): {_ratio(r, 'zoo eager'):.2f}x zoo eager" for r in compiled]
+    return "\n".join(lines)
+
+
+def bench_line(path: str) -> str:
+    """The README's one sentence: training, inference and decoding spans of a run."""
+    groups, rows = _groups(_rows(path)), _rows(path)
+    train = {prec: [x for (p, k, pr), v in groups.items() if k == "train" and pr == prec for x in v] for prec in ("fp32", "bf16")}
+    infer = [x for (p, k, _), v in groups.items() if k == "infer" for x in v]
+    decode = ", ".join(f"{r['workload'].replace('GPT-2 small ', 'GPT-2 ').replace('Transformer base ', '')} "
+                       f"{_ratio(r, p):.2f}x" for r in rows if _kind(r) == "decode" for p in r["seconds"] if p != "zoo")
+    return (f"training {_span(train['fp32'])} the peers in fp32 and {_span(train['bf16'])} in bf16, "
+            f"inference {_span(infer)}, decoding {decode}")
+
+
+def bench_compare(folder: str) -> str:
+    """A table of zoo / peer before and after a change: run 1 of each side, and the mean of every run
+    holding the row (``before-N.json``, ``after-N.json`` in ``folder``)."""
+    runs = {side: [_rows(str(p.relative_to(ROOT))) for p in sorted((ROOT / folder).glob(f"{side}-*.json"))]
+            for side in ("before", "after")}
+
+    def ratios(side: str) -> dict[tuple[str, str, str], list[float]]:
+        out: dict[tuple[str, str, str], list[float]] = {}
+        for rows in runs[side]:
+            for row in rows:
+                for peer in row["seconds"]:
+                    if not peer.startswith("zoo"):
+                        out.setdefault((row["workload"], row["precision"], peer), []).append(_ratio(row, peer))
+                if _kind(row) == "compile":
+                    out.setdefault((row["workload"], row["precision"], "zoo eager"), []).append(_ratio(row, "zoo eager"))
+        return out
+
+    before, after = ratios("before"), ratios("after")
+    lines = ["| workload | precision | peer | before | after | runs | mean before | mean after |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for key in after:
+        if key not in before:
+            continue
+        b, a = before[key], after[key]
+        n = min(len(a), len(b))
+        means = (f"{statistics.mean(b):.2f}x | {statistics.mean(a):.2f}x" if n > 1 else "– | –")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {b[0]:.2f}x | {a[0]:.2f}x | {n} | {means} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- recipes
+def recipe_settings(recipe: str) -> str:
+    """A recipe's settings as its ``--help`` lists them: every key, its default (the recipe's YAML over
+    the config class), and the field's description."""
+    sys.path.insert(0, str(ROOT / "recipes"))
+    try:
+        module = importlib.import_module(recipe)
+    finally:
+        sys.path.remove(str(ROOT / "recipes"))
+    from zoo.train import load_config, settings
+
+    cfg = load_config(getattr(module, RECIPES[recipe]), ROOT / "recipes" / f"{recipe}.yaml")
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for key, value, description in settings(cfg):
+        lines.append(f"| `{key}` | `{value}` | {description.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def ablation_rows(path: str) -> str:
+    import yaml
+
+    return str(len(yaml.safe_load((ROOT / path).read_text(encoding="utf-8"))["rows"]))
+
+
+GENERATORS: dict[str, Callable[..., str]] = {
+    "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare,
+    "recipe-settings": recipe_settings, "ablation-rows": ablation_rows,
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated region rendered afresh (block regions keep their own lines)."""
+    def one(m: re.Match) -> str:
+        body = GENERATORS[m["name"]](*m["args"].split())
+        inline = "\n" not in m["body"]
+        fresh = body if inline else f"\n{body}\n"
+        return f"<!-- generated: {m['name']}{m['args']} -->{fresh}<!-- /generated -->"
+
+    return REGION.sub(one, text)
+
+
+def stale() -> list[str]:
+    """The files whose generated regions differ from a fresh render."""
+    return [str(f.relative_to(ROOT)) for f in FILES if render(t := f.read_text(encoding="utf-8")) != t]
+
+
+if __name__ == "__main__":
+    for file in FILES:
+        text = file.read_text(encoding="utf-8")
+        fresh = render(text)
+        if fresh != text:
+            file.write_text(fresh, encoding="utf-8")
+            print(f"rewrote {file.relative_to(ROOT)}")
