@@ -121,3 +121,22 @@ def test_guide_lists_every_preset():
     table = table[: table.index("\n\n")]
     listed = set(re.findall(r"`([\w.-]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:])))
     assert listed == set(zoo.preset_names()), f"docs/guide.md's presets table: missing {set(zoo.preset_names()) - listed}"
+
+
+@pytest.mark.parametrize("recipe", sorted(MAKE.RECIPES))
+def test_recipe_help_lists_every_setting_with_its_default(recipe, capsys):
+    import sys
+
+    from zoo.train import load_config, parse_args, settings
+
+    sys.path.insert(0, str(ROOT / "recipes"))
+    try:
+        cls = getattr(importlib.import_module(recipe), MAKE.RECIPES[recipe])
+    finally:
+        sys.path.remove(str(ROOT / "recipes"))
+    default = ROOT / "recipes" / f"{recipe}.yaml"
+    with pytest.raises(SystemExit):
+        parse_args(cls, ["--help"], default=default)
+    shown = capsys.readouterr().out
+    for key, value, _ in settings(load_config(cls, default)):
+        assert f"  {key}={value}\n" in shown, f"recipes/{recipe}.py --help does not list {key}={value}"
