@@ -80,10 +80,14 @@ class Dist:
         return range(self.rank, n, self.world_size)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """Sum (or max/min) ``tensor`` over ranks, in place; returns it. A no-op when alone."""
+        """Sum (or max/min) ``tensor`` over ranks, in place; returns it. A no-op when alone. A CPU
+        tensor on GPU processes travels through this process's GPU (NCCL reduces GPU tensors only)."""
         if self.enabled:
             ops = {"sum": td.ReduceOp.SUM, "max": td.ReduceOp.MAX, "min": td.ReduceOp.MIN}
-            td.all_reduce(tensor, op=ops[op])
+            moved = tensor.to(self.device) if self.device.type == "cuda" and tensor.device.type != "cuda" else tensor
+            td.all_reduce(moved, op=ops[op])
+            if moved is not tensor:
+                tensor.copy_(moved)
         return tensor
 
     def sync_buffers(self, *modules: nn.Module) -> None:

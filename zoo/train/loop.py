@@ -22,7 +22,9 @@ for a checkpoint it cannot resume from).
 Loss scaling: ``loss`` returns the batch's loss summed over ``count(batch)`` units (target tokens,
 images); by default ``count`` is 1 and the loss is the batch's mean. The loop backpropagates
 ``loss * world_size / (the step's total count over all micro-batches and processes)``, so a step's
-gradient is the mean over its units on any number of processes, as DDP averages gradients.
+gradient is the mean over its units on any number of processes, as DDP averages gradients. The
+logged train loss is the same mean, of the values: the losses of a log window's micro-batches summed
+over all processes, over their units counted once each (the progress bar shows rank 0's share alone).
 
 Every value ``loss`` returns in its stats dict is summed over a log window and all processes and
 handed to ``Task.train_values`` with the window's training seconds (evaluation and checkpoints
@@ -273,9 +275,9 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
             while pos < n_steps and step < total_steps:
                 t_step = time.perf_counter()
                 group = list(next(groups))
-                counts = torch.tensor([sum(task.count(b) for b in group)], dtype=torch.float64)
-                total = float(dist.all_reduce(counts)[0]) if dist.enabled else float(counts[0])
-                stats = {"loss": 0.0, "count": float(counts[0])}
+                mine = float(sum(task.count(b) for b in group))  # this process's units: the window sums them
+                total = float(dist.all_reduce(torch.tensor([mine], dtype=torch.float64))[0])  # (in place)
+                stats = {"loss": 0.0, "count": mine}
                 for j, batch in enumerate(group):
                     if sharded:  # FSDP's no_sync: reduce-scatter the gradients after the last micro-batch only
                         model.set_requires_gradient_sync(j == len(group) - 1)
