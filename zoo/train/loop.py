@@ -8,7 +8,9 @@ evaluation, atomic checkpoints with exact resume (model, optimizer, schedule, EM
 the running log window, the clock, the model's spec; one file, or a sharded DCP folder under fsdp that
 resumes on any number of processes), the metrics log and its plot, and progress. A run that cannot
 go on raises :class:`~zoo.train.errors.TrainError` (a :class:`~zoo.train.checkpoint.CheckpointError`
-for a checkpoint it cannot resume from).
+for a checkpoint it cannot resume from), and so does a ``run`` option that would have no effect on this
+run's processes or device (``run.offload`` on one process or CPU, ``run.attention=efficient`` off CUDA,
+a forced kernel torch cannot run for the model, bf16 on a GPU without it).
 
     class MyTask(Task):
         def steps(self, epoch): ...                     # optimizer steps in this epoch
@@ -159,6 +161,41 @@ def _fmt(values: dict[str, Any]) -> str:
     return flat + rows
 
 
+def refuse_what_cannot_apply(run: RunConfig, dist: Dist) -> None:
+    """A :class:`~zoo.train.errors.TrainError` naming the first ``run`` option that would have no effect,
+    or no way to work, on this run's processes and device (``run.device``'s own checks are
+    :func:`~zoo.train.distributed.distributed`'s; FSDP's and checkpointing's are raised where applied)."""
+    device = dist.device
+    if run.offload and device.type != "cuda":
+        raise TrainError(f"run.offload: moves sharded state from GPU to CPU memory, but this run is on {device}; "
+                         "set run.offload=false")
+    if run.offload and not dist.enabled:
+        raise TrainError("run.offload: offloads FSDP's shards, but one process trains the whole model unsharded; "
+                         "run under torchrun with several processes, or set run.offload=false")
+    if run.attention == "efficient" and device.type != "cuda":
+        raise TrainError(f"run.attention: efficient is a CUDA kernel, but this run is on {device}; "
+                         "use run.attention=default, math or flash")
+    if (run.precision == "bf16" and device.type == "cuda" and torch.cuda.is_available()
+            and not torch.cuda.is_bf16_supported()):
+        raise TrainError(f"run.precision: bf16, but {torch.cuda.get_device_name(device)} has no bf16; "
+                         "use run.precision=fp32 (or auto)")
+
+
+@contextlib.contextmanager
+def _forced_kernel(run: RunConfig, device: torch.device) -> Iterator[None]:
+    """``run.attention``'s kernel for the block; torch finding no such kernel for the model is a
+    TrainError naming the field."""
+    with attention_kernels(run.attention):
+        try:
+            yield
+        except RuntimeError as e:
+            if run.attention == "default" or not any(t in str(e) for t in ("No available kernel", "No viable backend")):
+                raise
+            precision = resolve_precision(run.precision, device)
+            raise TrainError(f"run.attention: torch has no {run.attention} attention kernel for this model on {device} "
+                             f"in {precision} (dropout and masks count too); use run.attention=default or math") from None
+
+
 def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleConfig, run: RunConfig, dist: Dist,
         total_steps: int, resume: Path | None = None, config: Mapping[str, Any] | None = None,
         minutes: float | None = None, d_model: int | None = None, info: Mapping[str, Any] | None = None) -> Fitted:
@@ -180,6 +217,9 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
     fsdp = run.strategy == "fsdp"
     sharded = fsdp and dist.enabled  # one process has nothing to shard: it trains the plain model
     spec = model_spec(model)  # recorded in every checkpoint (None for a wrapper around a zoo model)
+    refuse_what_cannot_apply(run, dist)
+    if run.threads:
+        torch.set_num_threads(run.threads)
     try:
         if run.activation_checkpointing:
             set_activation_checkpointing(model)
@@ -268,7 +308,7 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
     clock["elapsed"] = elapsed_before
     stopped = False
     model.train()
-    with attention_kernels(run.attention):
+    with _forced_kernel(run, device):
         while step < total_steps and not stopped:
             n_steps = task.steps(epoch)
             groups = task.epoch(epoch, pos)
