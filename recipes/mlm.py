@@ -241,7 +241,14 @@ class MLMTask(LengthBatched):
                                     mlm_batch([self.rows[i] for i in batch], self.cfg.train.mask_prob, self.V, self._gen[1]))
         logits = model(inputs, pad_mask)
         sel = labels != -100
-        return F.cross_entropy(logits[sel].float(), labels[sel]), {"tokens": float(pad_mask.sum())}
+        loss = F.cross_entropy(logits[sel].float(), labels[sel])
+        masked = float(sel.sum())
+        return loss, {"tokens": float(pad_mask.sum()), "masked_loss": float(loss.detach()) * masked, "masked": masked}
+
+    def train_values(self, sums: dict[str, float], seconds: float) -> dict[str, float]:
+        """A micro-batch's gradient is its masked tokens' mean loss (each micro-batch weighs the same);
+        the logged loss is the mean over every masked token of the window on all processes."""
+        return {"loss": sums["masked_loss"] / max(sums["masked"], 1.0), "tokens_per_s": sums["tokens"] / max(seconds, 1e-9)}
 
     def evaluate(self, model) -> dict[str, float]:
         device = self.dist.device

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from zoo.atomic import atomic_write_text
+from zoo.cli import positive_int
 from zoo.data import bpe
 from zoo.data.translation import BOS_ID, EOS, EOS_ID, PAD_ID, SPECIALS, Pairs, collate, token_batches
 from zoo.generate import generate
@@ -308,15 +309,15 @@ def translate_stdin(argv: list[str], prog: str = "translate") -> int:
     parser = argparse.ArgumentParser(prog=prog,
                                      description="translate stdin line by line with an exported model")
     parser.add_argument("--model", required=True, metavar="DIR", help="the exported folder (run.out_dir/model)")
-    parser.add_argument("--beams", type=int, default=None, help="beam size (default: the model's)")
-    parser.add_argument("--batch", type=int, default=1, metavar="N", help="lines translated together (default 1)")
+    parser.add_argument("--beams", type=positive_int, default=None, help="beam size (default: the model's)")
+    parser.add_argument("--batch", type=positive_int, default=1, metavar="N", help="lines translated together (default 1)")
     args = parser.parse_args(argv)
     try:
         tr = Translator(args.model)
     except (OSError, ValueError) as e:
         print(f"{parser.prog}: error: {one_line(e)}", file=sys.stderr)
         return 2
-    if args.beams:
+    if args.beams is not None:
         tr.decode["beams"] = args.beams
     buf: list[str] = []
     for line in sys.stdin:

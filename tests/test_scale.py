@@ -17,8 +17,8 @@ import zoo
 from zoo.components.parts import saved_per_token  # noqa: F401 (the summary reads parts' declarations)
 from zoo.summary import activation_bytes, summarize, training_memory
 from zoo.train import (CheckpointError, Dist, ListTask, OptimConfig, RunConfig, ScheduleConfig, average_checkpoints,
-                       fit, latest_checkpoint, list_checkpoints, read_metrics, read_train_state, save_sharded_checkpoint,
-                       set_activation_checkpointing)
+                       fit, latest_checkpoint, list_checkpoints, read_metrics, read_train_state, resolve_resume,
+                       save_sharded_checkpoint, set_activation_checkpointing)
 from zoo.train.config import ConfigError, load_config
 
 TINY = {
@@ -180,11 +180,16 @@ def test_fsdp_alone_writes_sharded_checkpoints_that_resume_exactly(tmp_path):
 def test_half_written_sharded_checkpoints_are_never_resumed(tmp_path):
     fit(model(), Tokens(), **cfg(tmp_path, strategy="fsdp", checkpoint_every=3), total_steps=3)
     good = latest_checkpoint(tmp_path)
-    shutil.copytree(good, tmp_path / "ckpt-0000009.dcp.tmp")  # killed before the rename
-    (tmp_path / "ckpt-0000012.dcp").mkdir()  # no metadata, no train state
+    shutil.copytree(good, tmp_path / "ckpt-0000009.dcp.tmp")  # killed before the rename: no checkpoint
+    assert list_checkpoints(tmp_path) == [good] and resolve_resume("latest", tmp_path) == good
+    (tmp_path / "ckpt-0000012.dcp").mkdir()  # damaged after the fact: refused by name, never skipped
     shutil.copytree(good, tmp_path / "ckpt-0000015.dcp")
     (tmp_path / "ckpt-0000015.dcp" / ".metadata").unlink()
-    assert latest_checkpoint(tmp_path) == good
+    with pytest.raises(CheckpointError) as e:
+        resolve_resume("latest", tmp_path)
+    assert str(e.value) == (f"--resume: cannot read the newest checkpoint, {tmp_path / 'ckpt-0000015.dcp'}: it is "
+                            f"incomplete: no .metadata in the folder; delete it, or resume from the newest whole one: "
+                            f"--resume {good}")
 
 
 def test_averaging_sharded_checkpoints(tmp_path):

@@ -61,10 +61,12 @@ def cut_at(run_dir: Path, step: int, into: Path) -> Path:
 
 
 def check_fsdp_matches_ddp(fsdp: Path, ddp: Path, n: int) -> None:
+    """The first ``n`` train losses agree within 0.1% (in bf16, where the CPU runs it natively, FSDP
+    computes with bf16 copies of the weights and DDP under autocast: their roundings differ)."""
     a, b = losses(fsdp)[:n], losses(ddp)[:n]
     assert len(a) == len(b) == n and [s for s, _ in a] == [s for s, _ in b]
     for (_, x), (_, y) in zip(a, b):
-        assert abs(x - y) < 1e-3, (a, b)
+        assert abs(x - y) < 1e-3 * abs(y), (a, b)
 
 
 # --------------------------------------------------------------------------------------- lm
@@ -111,7 +113,7 @@ def test_lm_fsdp_killed_and_resumed_equals_uninterrupted_and_reshards(wordnet, t
     run("lm", lm_args(wordnet, from_file, "train.steps=8", *FSDP) + ["--resume", str(ckpt)])
     assert [s for s, _ in losses(from_file)] == [s for s, _ in losses(ddp)]
     for (_, x), (_, y) in zip(losses(from_file)[4:], losses(ddp)[4:]):
-        assert abs(x - y) < 1e-3, (losses(from_file), losses(ddp))
+        assert abs(x - y) < 1e-3 * abs(y), (losses(from_file), losses(ddp))
 
     # the two-process sharded checkpoint resumes on one process
     one = tmp_path / "one"

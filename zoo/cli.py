@@ -50,6 +50,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+def positive_int(text: str) -> int:
+    """argparse ``type=`` of a count (processes, tokens, jobs, beams): a whole number, at least 1;
+    argparse names the option in the error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 # ------------------------------------------------------------------------------------- formatting
 def _components(spec) -> str:
     b = spec.block
@@ -206,7 +218,7 @@ def _summary(args, console: Console) -> None:
 
         if args.dtype not in ("fp32", "bf16"):
             raise ValueError(f"--dtype {args.dtype}: training memory is planned for fp32 or bf16 (mixed precision) runs")
-        plan = training_memory(spec, processes=args.shard or 1, strategy=args.strategy or "ddp",
+        plan = training_memory(spec, processes=1 if args.shard is None else args.shard, strategy=args.strategy or "ddp",
                                checkpointing=args.checkpointing, batch=args.batch, seq=args.seq, precision=args.dtype)
     if args.json:
         out = s.to_dict() | ({"training_memory": plan.to_dict()} if plan is not None else {})
@@ -365,7 +377,7 @@ def _ablate_parser(sub) -> argparse.ArgumentParser:
         "resumes. See docs/recipes/ablation.md for the file format."))
     p.add_argument("grid", metavar="GRID", help="the ablation YAML file")
     p.add_argument("-o", "--out", default=None, metavar="DIR", help="where runs and results go (default: runs/ablate/<grid name>)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="rows run at once (default 1)")
+    p.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="rows run at once (default 1)")
     p.add_argument("--only", nargs="+", default=None, metavar="ROW", help="run these rows only")
     p.add_argument("--table", default=None, metavar="PATH",
                    help="write the table (.md and .csv) and plot (.png) here (default: OUT/table)")
@@ -400,12 +412,12 @@ def _parser() -> argparse.ArgumentParser:
 
     spec_command("show", "the resolved spec as YAML")
     summary = spec_command("summary", "parameters by part, FLOPs, activation memory and KV cache, on the meta device")
-    summary.add_argument("--batch", type=int, default=1, metavar="B", help="batch size for memory estimates (default 1)")
-    summary.add_argument("--seq", type=int, default=None, metavar="T",
+    summary.add_argument("--batch", type=positive_int, default=1, metavar="B", help="batch size for memory estimates (default 1)")
+    summary.add_argument("--seq", type=positive_int, default=None, metavar="T",
                          help="tokens per sequence (default: max_seq_len; a ViT's is fixed)")
     summary.add_argument("--dtype", choices=DTYPES, default="fp32", help="bytes per element for memory (default fp32)")
     summary.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    summary.add_argument("--shard", type=int, default=None, metavar="N",
+    summary.add_argument("--shard", type=positive_int, default=None, metavar="N",
                          help="plan training memory per process for N processes (with --strategy)")
     summary.add_argument("--strategy", choices=["ddp", "fsdp"], default=None, help="how the processes share the model (default ddp)")
     summary.add_argument("--checkpointing", action="store_true", help="plan with activation checkpointing")

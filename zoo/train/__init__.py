@@ -10,7 +10,9 @@ from zoo.train.checkpoint import (
     CheckpointError,
     average_checkpoints,
     average_state_dicts,
+    check_checkpoint,
     checkpoint_name,
+    checkpoint_problem,
     checkpoint_spec,
     latest_checkpoint,
     list_checkpoints,
@@ -47,7 +49,8 @@ from zoo.train.optim import (EMA, autocast, bf16_is_fast, build_optimizer, build
 from zoo.train.runtime import attention_kernels, tune_malloc
 
 __all__ = [
-    "CheckpointError", "average_checkpoints", "average_state_dicts", "checkpoint_name", "checkpoint_spec",
+    "CheckpointError", "average_checkpoints", "average_state_dicts", "check_checkpoint", "checkpoint_name",
+    "checkpoint_problem", "checkpoint_spec",
     "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_sharded_checkpoint", "model_spec",
     "prune_checkpoints", "read_train_state", "resolve_resume", "restore_rng", "rng_state", "save_checkpoint",
     "save_sharded_checkpoint", "unwrap", "Config", "ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig",

@@ -11,7 +11,8 @@ A checkpoint is one file ``ckpt-<step>.pt``, or a folder ``ckpt-<step>.dcp`` wri
 ``torch.distributed.checkpoint`` (DCP) with every process writing its own shards
 (:func:`save_sharded_checkpoint`, what ``run.strategy: fsdp`` writes). Either is written under a
 temporary name in the same folder and renamed over the target, so a crash mid-write never leaves a
-half checkpoint under a checkpoint's name. Loading uses ``torch.load(weights_only=True)``: tensors,
+half checkpoint under a checkpoint's name; one damaged afterwards is named with its missing part
+before anything reads it (zoo.train.integrity). Loading uses ``torch.load(weights_only=True)``: tensors,
 numbers, strings, lists and dicts only, never arbitrary pickled objects. RNG states (Python, torch
 CPU and CUDA) travel with the checkpoint so dropout and data order continue exactly where they
 stopped. A checkpoint of a zoo model records its spec (``model.spec`` as JSON data), so ``zoo
@@ -40,22 +41,18 @@ from torch import Tensor, nn
 
 from zoo.atomic import atomic_write
 from zoo.train.distributed import Dist
-from zoo.train.errors import TrainError
+from zoo.train.errors import CheckpointError
+from zoo.train.integrity import TRAIN_STATE, check_checkpoint, checkpoint_problem
 
 __all__ = [
     "CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
     "prune_checkpoints", "average_checkpoints", "average_state_dicts", "rng_state", "restore_rng", "unwrap",
     "checkpoint_name", "check_compatible", "model_spec", "checkpoint_spec", "resolve_resume", "restore_checkpoint",
     "save_sharded_checkpoint", "load_sharded_checkpoint", "read_train_state", "read_sharded_tensors", "saved_shapes",
-    "saved_tensors", "single_process_dcp", "TRAIN_STATE",
+    "saved_tensors", "single_process_dcp", "TRAIN_STATE", "check_checkpoint", "checkpoint_problem",
 ]
 
 _NAME = re.compile(r"^ckpt-(\d+)\.(pt|dcp)$")
-TRAIN_STATE = "train_state.pt"  # a sharded checkpoint's step, counters, RNG, schedule, config and spec
-
-
-class CheckpointError(TrainError):
-    """A checkpoint that cannot be read or used; the message names the file."""
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -146,8 +143,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """A checkpoint written by :func:`save_checkpoint`, as a dict (no arbitrary unpickling); ``mmap``
     maps the tensors from the file instead of reading them (cheap when only a few are needed)."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {str(path)!r}")
+    if path.is_dir():
+        raise CheckpointError(f"{str(path)!r} is a sharded checkpoint folder, not a .pt file")
+    check_checkpoint(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # truncated, corrupt, not a checkpoint
@@ -158,22 +156,19 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
-    """The complete periodic checkpoints in ``out_dir`` (``ckpt-<step>.pt`` files, ``ckpt-<step>.dcp``
-    folders), oldest first."""
+    """The periodic checkpoints in ``out_dir`` (``ckpt-<step>.pt`` files, ``ckpt-<step>.dcp`` folders),
+    oldest first; a name is only ever given to a whole checkpoint, so one that is incomplete was
+    damaged afterwards: it is listed, and reading it is a :class:`CheckpointError` that names it
+    (:func:`~zoo.train.integrity.check_checkpoint`). Temporary ``*.tmp`` writes are not listed."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in out_dir.iterdir() if (m := _NAME.match(p.name)) and _complete(p)]
+    found = [(int(m.group(1)), p) for p in out_dir.iterdir() if (m := _NAME.match(p.name))]
     return [p for _, p in sorted(found)]
 
 
-def _complete(path: Path) -> bool:
-    if path.suffix == ".pt":
-        return path.is_file()
-    return (path / ".metadata").is_file() and (path / TRAIN_STATE).is_file()
-
-
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    """The newest checkpoint in ``out_dir``, whole or not (see :func:`list_checkpoints`)."""
     found = list_checkpoints(out_dir)
     return found[-1] if found else None
 
@@ -191,15 +186,25 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
 
 
 def resolve_resume(resume: str | None, out_dir: Path, *, required: bool = True) -> Path | None:
-    """The checkpoint ``--resume`` means: ``latest`` = the newest in ``out_dir``, else a path."""
+    """The checkpoint ``--resume`` means: ``latest`` = the newest in ``out_dir``, else a path; checked
+    whole (:func:`~zoo.train.integrity.check_checkpoint`). An incomplete newest checkpoint is refused,
+    naming it and the newest whole one, never skipped."""
     if resume is None:
         return None
-    if resume == "latest":
-        found = latest_checkpoint(out_dir)
-        if found is None and required:
+    if resume != "latest":
+        return check_checkpoint(resume)
+    found = list_checkpoints(out_dir)
+    if not found:
+        if required:
             raise CheckpointError(f"--resume: no checkpoint in {out_dir}; start without --resume")
-        return found
-    return Path(resume)
+        return None
+    problem = checkpoint_problem(found[-1])
+    if problem is not None:
+        whole = next((p for p in reversed(found[:-1]) if checkpoint_problem(p) is None), None)
+        fix = f"resume from the newest whole one: --resume {whole}" if whole else "start without --resume"
+        raise CheckpointError(f"--resume: cannot read the newest checkpoint, {found[-1]}: {problem}; delete it, "
+                              f"or {fix}")
+    return found[-1]
 
 
 def average_state_dicts(states: Iterable[Mapping[str, Tensor]], names: Iterable[str] | None = None) -> dict[str, Tensor]:
@@ -297,9 +302,7 @@ def read_sharded_tensors(path: str | os.PathLike, key: str = "model") -> dict[st
     """The whole ``key`` tensors of a sharded checkpoint folder, read in this process alone."""
     import torch.distributed.checkpoint as dcp
 
-    path = Path(path)
-    if not _complete(path):
-        raise CheckpointError(f"{str(path)!r} is not a complete sharded checkpoint (no .metadata or {TRAIN_STATE})")
+    path = check_checkpoint(path)
     template = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in saved_tensors(path, key).items()}
     if not template:
         raise CheckpointError(f"{str(path)!r} holds no {key!r} tensors")
@@ -369,12 +372,14 @@ def save_sharded_checkpoint(
 
 
 def read_train_state(path: str | os.PathLike) -> dict[str, Any]:
-    """A sharded checkpoint's ``train_state.pt`` (no arbitrary unpickling)."""
+    """A sharded checkpoint's ``train_state.pt`` (no arbitrary unpickling), once the folder is found
+    whole (:func:`~zoo.train.integrity.check_checkpoint`)."""
     path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no sharded checkpoint folder at {str(path)!r}")
+    check_checkpoint(path)
     try:
         return torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{str(path)!r} is not a complete sharded checkpoint (no {TRAIN_STATE})") from None
     except Exception as e:
         raise CheckpointError(f"cannot read {str(path / TRAIN_STATE)!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 

@@ -31,6 +31,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -98,21 +99,26 @@ class RunConfig(Config):
 
     out_dir: Path = Field(Path("runs/run"), description="checkpoints, metrics.jsonl, plots, the exported model")
     seed: int = Field(0, description="seeds the weights, data order, dropout and augmentation")
-    device: str = Field("auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
+    device: str = Field("auto", description="auto (cuda when available, else cpu), cpu, cuda (under torchrun: each "
+                        "process its LOCAL_RANK's GPU), cuda:N (one process only)")
     precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="bf16: autocast on CPU and GPU; auto: bf16 where the hardware runs it natively "
         "(GPUs with bf16, CPUs with AVX-512/AMX), else fp32")
     compile: bool = Field(False, description="torch.compile the model for training")
     attention: Literal["default", "math", "flash", "efficient"] = Field(
-        "default", description="attention kernel: default lets zoo and torch choose; math/flash/efficient force one SDPA kernel (zoo.train.attention_kernels)"
+        "default", description="attention kernel: default lets zoo and torch choose; math/flash/efficient force one SDPA "
+        "kernel (zoo.train.attention_kernels): efficient is CUDA's alone, and a kernel torch cannot run for the model "
+        "(flash with attention dropout on CPU, flash in fp32 on GPU) stops the run naming this field"
     )
-    threads: PositiveInt | None = Field(None, description="torch intra-op threads; default: torch's choice")
+    threads: PositiveInt | None = Field(None, description="torch intra-op threads per process (CPU work, on GPU runs "
+                                        "too); default: torch's choice")
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="how several processes share the work: ddp replicates the model on every process; fsdp "
-        "shards parameters, gradients and optimizer state over them (PyTorch FSDP2; zoo.train.fsdp)")
-    offload: bool = Field(False, description="fsdp only: keep the sharded parameters, gradients and optimizer state "
-                          "in CPU memory (for GPU runs)")
+        "shards parameters, gradients and optimizer state over them (PyTorch FSDP2; zoo.train.fsdp). On one process "
+        "either trains the whole model; fsdp still writes sharded checkpoints, which resume on any number of processes")
+    offload: bool = Field(False, description="fsdp on several GPU processes only: keep the sharded parameters, "
+                          "gradients and optimizer state in CPU memory; refused on CPU and on one process (no shards)")
     activation_checkpointing: bool = Field(False, description="recompute each block's activations in the backward "
                                            "pass instead of keeping them (less memory, ~1/3 more compute)")
     log_every: PositiveInt = Field(50, description="steps between train-loss log lines and metrics.jsonl rows")
@@ -122,6 +128,14 @@ class RunConfig(Config):
     ema: float | None = Field(None, gt=0.0, lt=1.0, description="decay of an EMA of the weights (e.g. 0.999), or null")
     progress: bool = Field(True, description="a progress bar on rank 0 (off when stderr is not a terminal: log lines)")
     plot: bool = Field(True, description="write curves.png at each evaluation")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, v: str) -> str:
+        kind, _, index = v.partition(":")
+        if v not in ("auto", "cpu", "cuda") and not (kind == "cuda" and index.isdigit()):
+            raise ValueError(f"{v!r} is not a device zoo trains on; use auto, cpu, cuda or cuda:N")
+        return v
 
     @model_validator(mode="after")
     def _check_strategy(self) -> RunConfig:

@@ -23,17 +23,24 @@ import torch.distributed as td
 from torch import nn
 from torch.utils.data import DistributedSampler
 
+from zoo.train.errors import TrainError
+
 __all__ = ["Dist", "distributed", "resolve_device"]
 
 
 def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto``: this process's GPU when CUDA is available, else the CPU."""
+    """``auto``: this process's GPU when CUDA is available, else the CPU. A device that cannot be had is
+    a :class:`~zoo.train.errors.TrainError` naming ``run.device``."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise TrainError(f"run.device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device {name!r} asked for, but CUDA is not available; use device=cpu")
+            raise TrainError(f"run.device: {name!r} asked for, but CUDA is not available here; use run.device=cpu "
+                             "(or auto)")
         if device.index is None:
             device = torch.device("cuda", local_rank)
     return device
@@ -80,10 +87,14 @@ class Dist:
         return range(self.rank, n, self.world_size)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """Sum (or max/min) ``tensor`` over ranks, in place; returns it. A no-op when alone."""
+        """Sum (or max/min) ``tensor`` over ranks, in place; returns it. A no-op when alone. A CPU
+        tensor on GPU processes travels through this process's GPU (NCCL reduces GPU tensors only)."""
         if self.enabled:
             ops = {"sum": td.ReduceOp.SUM, "max": td.ReduceOp.MAX, "min": td.ReduceOp.MIN}
-            td.all_reduce(tensor, op=ops[op])
+            moved = tensor.to(self.device) if self.device.type == "cuda" and tensor.device.type != "cuda" else tensor
+            td.all_reduce(moved, op=ops[op])
+            if moved is not tensor:
+                tensor.copy_(moved)
         return tensor
 
     def sync_buffers(self, *modules: nn.Module) -> None:
@@ -121,6 +132,9 @@ def distributed(device: str = "auto", *, timeout_minutes: float = 30.0) -> Itera
     """
     world = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    if world > 1 and device.startswith("cuda:"):
+        raise TrainError(f"run.device: {device} puts all {world} processes on one GPU; use run.device=cuda "
+                         "(each process takes its LOCAL_RANK's GPU; CUDA_VISIBLE_DEVICES picks which GPUs)")
     dev = resolve_device(device, local_rank)
     if world == 1:
         yield Dist(device=dev)

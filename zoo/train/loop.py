@@ -8,7 +8,9 @@ evaluation, atomic checkpoints with exact resume (model, optimizer, schedule, EM
 the running log window, the clock, the model's spec; one file, or a sharded DCP folder under fsdp that
 resumes on any number of processes), the metrics log and its plot, and progress. A run that cannot
 go on raises :class:`~zoo.train.errors.TrainError` (a :class:`~zoo.train.checkpoint.CheckpointError`
-for a checkpoint it cannot resume from).
+for a checkpoint it cannot resume from), and so does a ``run`` option that would have no effect on this
+run's processes or device (``run.offload`` on one process or CPU, ``run.attention=efficient`` off CUDA,
+a forced kernel torch cannot run for the model, bf16 on a GPU without it).
 
     class MyTask(Task):
         def steps(self, epoch): ...                     # optimizer steps in this epoch
@@ -22,7 +24,9 @@ for a checkpoint it cannot resume from).
 Loss scaling: ``loss`` returns the batch's loss summed over ``count(batch)`` units (target tokens,
 images); by default ``count`` is 1 and the loss is the batch's mean. The loop backpropagates
 ``loss * world_size / (the step's total count over all micro-batches and processes)``, so a step's
-gradient is the mean over its units on any number of processes, as DDP averages gradients.
+gradient is the mean over its units on any number of processes, as DDP averages gradients. The
+logged train loss is the same mean, of the values: the losses of a log window's micro-batches summed
+over all processes, over their units counted once each (the progress bar shows rank 0's share alone).
 
 Every value ``loss`` returns in its stats dict is summed over a log window and all processes and
 handed to ``Task.train_values`` with the window's training seconds (evaluation and checkpoints
@@ -157,6 +161,41 @@ def _fmt(values: dict[str, Any]) -> str:
     return flat + rows
 
 
+def refuse_what_cannot_apply(run: RunConfig, dist: Dist) -> None:
+    """A :class:`~zoo.train.errors.TrainError` naming the first ``run`` option that would have no effect,
+    or no way to work, on this run's processes and device (``run.device``'s own checks are
+    :func:`~zoo.train.distributed.distributed`'s; FSDP's and checkpointing's are raised where applied)."""
+    device = dist.device
+    if run.offload and device.type != "cuda":
+        raise TrainError(f"run.offload: moves sharded state from GPU to CPU memory, but this run is on {device}; "
+                         "set run.offload=false")
+    if run.offload and not dist.enabled:
+        raise TrainError("run.offload: offloads FSDP's shards, but one process trains the whole model unsharded; "
+                         "run under torchrun with several processes, or set run.offload=false")
+    if run.attention == "efficient" and device.type != "cuda":
+        raise TrainError(f"run.attention: efficient is a CUDA kernel, but this run is on {device}; "
+                         "use run.attention=default, math or flash")
+    if (run.precision == "bf16" and device.type == "cuda" and torch.cuda.is_available()
+            and not torch.cuda.is_bf16_supported()):
+        raise TrainError(f"run.precision: bf16, but {torch.cuda.get_device_name(device)} has no bf16; "
+                         "use run.precision=fp32 (or auto)")
+
+
+@contextlib.contextmanager
+def _forced_kernel(run: RunConfig, device: torch.device) -> Iterator[None]:
+    """``run.attention``'s kernel for the block; torch finding no such kernel for the model is a
+    TrainError naming the field."""
+    with attention_kernels(run.attention):
+        try:
+            yield
+        except RuntimeError as e:
+            if run.attention == "default" or not any(t in str(e) for t in ("No available kernel", "No viable backend")):
+                raise
+            precision = resolve_precision(run.precision, device)
+            raise TrainError(f"run.attention: torch has no {run.attention} attention kernel for this model on {device} "
+                             f"in {precision} (dropout and masks count too); use run.attention=default or math") from None
+
+
 def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleConfig, run: RunConfig, dist: Dist,
         total_steps: int, resume: Path | None = None, config: Mapping[str, Any] | None = None,
         minutes: float | None = None, d_model: int | None = None, info: Mapping[str, Any] | None = None) -> Fitted:
@@ -178,6 +217,9 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
     fsdp = run.strategy == "fsdp"
     sharded = fsdp and dist.enabled  # one process has nothing to shard: it trains the plain model
     spec = model_spec(model)  # recorded in every checkpoint (None for a wrapper around a zoo model)
+    refuse_what_cannot_apply(run, dist)
+    if run.threads:
+        torch.set_num_threads(run.threads)
     try:
         if run.activation_checkpointing:
             set_activation_checkpointing(model)
@@ -266,16 +308,16 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
     clock["elapsed"] = elapsed_before
     stopped = False
     model.train()
-    with attention_kernels(run.attention):
+    with _forced_kernel(run, device):
         while step < total_steps and not stopped:
             n_steps = task.steps(epoch)
             groups = task.epoch(epoch, pos)
             while pos < n_steps and step < total_steps:
                 t_step = time.perf_counter()
                 group = list(next(groups))
-                counts = torch.tensor([sum(task.count(b) for b in group)], dtype=torch.float64)
-                total = float(dist.all_reduce(counts)[0]) if dist.enabled else float(counts[0])
-                stats = {"loss": 0.0, "count": float(counts[0])}
+                mine = float(sum(task.count(b) for b in group))  # this process's units: the window sums them
+                total = float(dist.all_reduce(torch.tensor([mine], dtype=torch.float64))[0])  # (in place)
+                stats = {"loss": 0.0, "count": mine}
                 for j, batch in enumerate(group):
                     if sharded:  # FSDP's no_sync: reduce-scatter the gradients after the last micro-batch only
                         model.set_requires_gradient_sync(j == len(group) - 1)
