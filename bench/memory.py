@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from zoo.cli import positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [("ddp", False), ("ddp", True), ("fsdp", False), ("fsdp", True)]
 
@@ -146,9 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
     parser.add_argument("--checkpointing", action="store_true")
-    parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--seq", type=positive_int, default=1024)
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--steps", type=positive_int, default=3)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="peak.json")

@@ -26,6 +26,7 @@ import torch
 
 from bench import workloads as W
 from bench.common import MALLOC, Row, machine, matmul_peak
+from zoo.cli import positive_int
 from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=None,
                         help=f"{QUALITY}: the training budget of each side (default: the recipe's train.minutes)")
     parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--threads", type=positive_int, default=os.cpu_count())
     parser.add_argument("--tiny", action="store_true", help="toy sizes: checks the scripts, measures nothing")
     parser.add_argument("--device", default="cpu", help="where the workloads run: cpu (default) or cuda (GPU rows)")
     parser.add_argument("--out", type=Path, default=None, help="markdown table (default: docs/benchmarks.md unless --tiny)")
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", type=Path, default=None, metavar="JSON",
                         help="measure nothing: write the markdown table, notes and plot of an earlier run's JSON")
     args = parser.parse_args(argv)
+    if args.warmup < 0:
+        parser.error(f"--warmup: must be at least 0, got {args.warmup}")
     if args.from_json is not None:
         data = json.loads(args.from_json.read_text())
         rows = [Row(**r) for r in data["rows"]]

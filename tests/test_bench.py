@@ -82,3 +82,11 @@ def test_gpu_rows_need_cuda(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--tiny", "--only", "gpt2", "--device", "cuda"])
     assert e.value.code == 2 and "--device cuda: CUDA is not available here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,named", [(["--repeats", "0"], "--repeats"), (["--threads", "-2"], "--threads"),
+                                        (["--warmup", "-1"], "--warmup")])
+def test_counts_below_their_minimum_are_refused_by_name(argv, named, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--tiny", *argv])
+    assert e.value.code == 2 and named in capsys.readouterr().err
