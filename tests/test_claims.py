@@ -51,6 +51,19 @@ HF_CONFIGS = {  # (config class, fields): small sizes no preset has
                                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=40)),
     "GemmaForCausalLM": ("GemmaConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
                                              num_attention_heads=4, num_key_value_heads=2, head_dim=6, intermediate_size=40)),
+    "Qwen3ForCausalLM": ("Qwen3Config", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=3,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=40,
+                                             use_sliding_window=True, sliding_window=5, max_window_layers=1)),
+    "Phi3ForCausalLM": ("Phi3Config", dict(vocab_size=V, max_position_embeddings=32, hidden_size=32, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, sliding_window=5,
+                                           resid_pdrop=0.1, pad_token_id=None, rope_parameters={
+                                               "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    # backbones without a head (head: none), named in the config's architectures
+    "GPT2Model": ("GPT2Config", dict(vocab_size=V, n_positions=32, n_embd=24, n_layer=2, n_head=3, n_inner=40,
+                                     architectures=["GPT2Model"])),
+    "Qwen3Model": ("Qwen3Config", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=40,
+                                       architectures=["Qwen3Model"])),
 }
 TIMM = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5)
 # more base specs where one cannot reach a field alone (a field valid only with another changed)

@@ -450,8 +450,9 @@ def test_to_reference_refuses_what_it_cannot_express(case):
 
 
 def test_unknown_classes_are_named():
-    with pytest.raises(ConversionError, match="GPT2Model does not convert; supported: GPT2LMHeadModel, BertForMaskedLM"):
-        from_hf(transformers.GPT2Model(transformers.GPT2Config(vocab_size=V, n_embd=16, n_head=2, n_layer=1)))
+    with pytest.raises(ConversionError, match="GPT2ForSequenceClassification does not convert; supported: GPT2LMHeadModel, "
+                                              "BertForMaskedLM"):
+        from_hf(transformers.GPT2ForSequenceClassification(transformers.GPT2Config(vocab_size=V, n_embd=16, n_head=2, n_layer=1)))
     with pytest.raises(ConversionError, match="vit converts with zoo.interop.timm.to_timm"):
         to_hf(zoo.build("vit-tiny-16", TINY_VIT, device="meta"))
     with pytest.raises(ConversionError, match="n_embd follow from the zoo spec"):

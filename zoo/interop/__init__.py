@@ -2,7 +2,8 @@
 
     zoo.interop.timm   from_timm(timm_model) / to_timm(zoo_model)   timm VisionTransformer
     zoo.interop.hf     from_hf(hf_model) / to_hf(zoo_model)         GPT2LMHeadModel, BertForMaskedLM,
-                                                                    LlamaForCausalLM, MarianMTModel
+                                                                    LlamaForCausalLM, MarianMTModel, the
+                                                                    LLaMA-like decoders, their backbones
     zoo.interop.files  convert(src, dst, ...)                       files on disk (the `zoo convert` command)
 
 Each converter builds the zoo spec from the reference's configuration (and the configuration from

@@ -19,7 +19,7 @@ from typing import Any
 from zoo.interop.common import unsupported
 from zoo.spec import FamilySpec, Spec
 
-__all__ = ["ANY", "FREE", "Claims", "check_claims", "claims_family", "one_of", "predicate"]
+__all__ = ["ANY", "FREE", "Claims", "check_claims", "claims_family", "claims_value", "one_of", "predicate"]
 
 
 class _Any:
@@ -110,6 +110,12 @@ def _unclaimed(value: Any, default: Any, path: str, claims: Claims) -> Iterable[
 def claims_family(claims: Claims, family: str) -> bool:
     """Whether ``claims`` take a spec of ``family``."""
     return "family" in claims and _allowed(claims["family"], family)
+
+
+def claims_value(claims: Claims, path: str, value: Any) -> bool:
+    """Whether ``claims`` take ``value`` at ``path`` where they claim it (an unclaimed path: True, and
+    :func:`check_claims` decides by the default)."""
+    return path not in claims or _allowed(claims[path], value)
 
 
 def predicate(doc: str) -> Callable[[Callable[[Any], bool]], Callable[[Any], bool]]:

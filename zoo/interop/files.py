@@ -10,7 +10,9 @@
     a timm .safetensors checkpoint + ``timm_model``      -> a zoo .safetensors file at ``dst``
 
 An HF directory is what ``save_pretrained`` writes; it is read with ``from_pretrained(...,
-local_files_only=True)``. A timm directory is what ``timm``'s ``save_for_hf`` writes
+local_files_only=True)``, as the class its ``config.json`` names in ``architectures`` where that
+converts (a backbone such as ``LlamaModel`` becomes a zoo model with ``head: none``), else as its
+``model_type``'s class with the head. A timm directory is what ``timm``'s ``save_for_hf`` writes
 (``config.json`` with the model name and its ``model_args``, weights in ``model.safetensors``);
 ``timm.create_model("local-dir:DIR", pretrained=True)`` reads the ones written here. Nothing is
 ever downloaded. An HF checkpoint that lacks a tensor of the reference class (a ``BertModel``
@@ -134,7 +136,7 @@ def _load_hf_dir(src: Path) -> nn.Module:
 
     config = _read_json(src / "config.json")
     model_type = config.get("model_type")
-    arch = by_model_type(model_type)
+    arch = by_model_type(model_type, config.get("architectures"))  # LlamaModel named: the backbone, else the LM
     if arch is None:
         named = ", ".join(config.get("architectures") or []) or "no architectures listed"
         raise ConversionError(f"{src}: model_type {model_type!r} ({named}) does not convert; supported: {', '.join(ARCHITECTURES)}")

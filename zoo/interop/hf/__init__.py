@@ -9,9 +9,13 @@ MHA/GQA/MQA), ``BertForMaskedLM`` (zoo encoder, Post-Norm, MLM head), ``MarianMT
 encoder-decoder: Post-Norm, sinusoidal positions in the concat layout, scaled embeddings), and the
 LLaMA-like decoders ``MistralForCausalLM`` (sliding-window attention), ``Qwen2ForCausalLM`` (q/k/v
 biases, none on the output), ``GemmaForCausalLM`` (scaled embeddings, (1 + w) RMSNorm, its own
-head size) and ``Olmo2ForCausalLM`` (qk-norm, norms after each sub-layer), and
-``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel attention and FFN, LayerNorm). A rotary
-decoder converts by default to the first of these that expresses it.
+head size), ``Olmo2ForCausalLM`` (qk-norm, norms after each sub-layer), ``Qwen3ForCausalLM``
+(per-head qk-norm, its own head size, per-layer windows) and ``Phi3ForCausalLM`` (fused ``qkv_proj``
+and ``gate_up_proj``, partial rotary), and ``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel
+attention and FFN, LayerNorm). Each decoder class's backbone without its head (``GPT2Model``,
+``LlamaModel``, ..., ``Phi3Model``: :class:`~zoo.interop.hf.base.Headless`) converts to and from a
+zoo decoder with ``head: none``. A decoder converts by default to the first of these that
+expresses it (the backbones come last, and take the decoders without a head).
 
 The spec is read from the reference's config (and the config written from the spec); tensors are
 then mapped by name (:mod:`zoo.interop.common`). Tying is read from the model itself, because HF

@@ -1,23 +1,27 @@
 """What the HF converters share: the :class:`Architecture` each reference class fills in (with the
-spec fields it claims, :mod:`zoo.interop.claims`), the tables of activation names, the checks
-that refuse what a reference cannot express, and the builders of tensor rules
-(:mod:`zoo.interop.common`) for the usual layouts."""
+spec fields it claims, :mod:`zoo.interop.claims`), the :class:`Headless` converter of a reference's
+backbone without its head (HF's ``*Model``), the tables of activation names, the checks that refuse
+what a reference cannot express, and the builders of tensor rules (:mod:`zoo.interop.common`) for
+the usual layouts."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
-from zoo.spec import FamilySpec
+from zoo.spec import FamilySpec, LMHeadSpec
 
 __all__ = [
     "BUILTIN_ATTENTION",
     "GATED",
+    "TEXT_CLAIMS",
     "TWO_LAYER",
     "Architecture",
+    "Headless",
     "act_name",
     "ffn_of",
     "fused",
@@ -30,7 +34,6 @@ __all__ = [
     "same_layers",
     "token_ids",
     "weights",
-    "TEXT_CLAIMS",
 ]
 
 
@@ -46,11 +49,23 @@ class Architecture:
     config_name: ClassVar[str]  # the transformers config class
     model_type: ClassVar[str]  # the config's model_type
     claims: ClassVar[Claims] = {}  # the spec fields it expresses (zoo.interop.claims); any other is refused
+    base: ClassVar[str | None] = None  # the class of its backbone without the head (HF's *Model), if that converts
+    prefix: ClassVar[str] = ""  # the backbone's attribute in this class (HF's base_model_prefix)
 
     @classmethod
     def check_claims(cls, s: FamilySpec, where: str) -> None:
         """Refuse every field of ``s`` this class does not claim (before its own finer checks)."""
+        if cls.base is not None:
+            require(s.head.kind != "none", where, "head.kind", "none",
+                    f"{cls.name} has an LM head; a decoder without one converts to {cls.base}")
         check_claims(s, cls.claims, where, cls.name)
+
+    @classmethod
+    def headless(cls) -> type[Architecture]:
+        """The converter of this class's backbone ``base`` (a :class:`Headless`); one class per reference."""
+        if cls.base is None:
+            raise TypeError(f"{cls.name} names no backbone class (base)")
+        return _headless(cls)
 
     @classmethod
     def express(cls, s: FamilySpec, given: dict) -> dict:
@@ -85,6 +100,59 @@ class Architecture:
     @staticmethod
     def prepare_to(state: dict[str, Tensor], s: FamilySpec) -> dict[str, Tensor]:
         return state
+
+
+class Headless(Architecture):
+    """A reference's backbone without its head (HF's ``*Model``: ``LlamaModel`` for ``LlamaForCausalLM``),
+    whose output is its final norm's (``last_hidden_state``): a zoo model with ``head: none``. It
+    converts as the class with the head, ``lm``, but for the head: the same spec and config (less
+    ``tie_word_embeddings``, which only a head reads), the same tensors but the head's, named
+    without the ``prefix`` (``layers.0.mlp...`` for ``model.layers.0.mlp...``). Made by
+    :meth:`Architecture.headless`, which subclasses ``lm`` with this class first."""
+
+    lm: ClassVar[type[Architecture]]
+
+    @classmethod
+    def check_claims(cls, s: FamilySpec, where: str) -> None:
+        require(s.head.kind == "none", where, "head.kind", s.head.kind,
+                f"{cls.name} is {cls.lm.name}'s backbone without a head; a decoder with an lm head converts to {cls.lm.name}")
+        check_claims(s, cls.claims, where, cls.name)
+
+    @classmethod
+    def spec(cls, c: Any, hf: nn.Module | None) -> dict:
+        s = super().spec(c, None)  # hf decides tying, which is the head's
+        s["head"] = {"kind": "none"}
+        return s
+
+    @classmethod
+    def config(cls, s: FamilySpec, given: dict) -> dict:
+        c = super().config(s.model_copy(update={"head": LMHeadSpec(tied=False)}), given)  # the head's fields unread
+        c.pop("tie_word_embeddings", None)
+        return c
+
+    @classmethod
+    def rules(cls, s: FamilySpec) -> list[Rule]:
+        return [Rule(r.zoo, tuple(_unprefixed(n, cls.prefix) for n in r.ref), r.transpose)
+                for r in super().rules(s) if r.zoo.split(".")[0] != "head"]
+
+    @classmethod
+    def prepare_from(cls, ref: dict[str, Tensor], s: FamilySpec) -> dict[str, Tensor]:
+        full = super().prepare_from({f"{cls.prefix}.{name}": t for name, t in ref.items()}, s)
+        return {_unprefixed(name, cls.prefix): t for name, t in full.items()}
+
+
+def _unprefixed(name: str, prefix: str) -> str:
+    if not name.startswith(prefix + "."):
+        raise ValueError(f"{name!r} is not in the backbone {prefix!r}")  # a converter bug
+    return name[len(prefix) + 1:]
+
+
+@cache
+def _headless(lm: type[Architecture]) -> type[Architecture]:
+    claims = {path: claim for path, claim in lm.claims.items() if path.split(".")[0] != "head"}
+    attrs = {"name": lm.base, "lm": lm, "base": None, "claims": {**claims, "head.kind": one_of("none")},
+             "__module__": lm.__module__, "__doc__": f"{lm.base}: {lm.name}'s backbone, without its head (:class:`Headless`)."}
+    return type(f"{lm.__name__}Backbone", (Headless, lm), attrs)
 
 
 # HF activation names -> zoo FFNs. Two-layer FFNs (GPT-2, BERT, Marian) and gated ones (LLaMA's MLP).

@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 
 from zoo.build import build
-from zoo.interop.claims import claims_family
+from zoo.interop.claims import claims_family, claims_value
 from zoo.interop.common import (
     ConversionError,
     check_covered,
@@ -26,20 +26,30 @@ from zoo.interop.hf.llama import Llama
 from zoo.interop.hf.marian import Marian
 from zoo.interop.hf.mistral import Mistral
 from zoo.interop.hf.olmo2 import Olmo2
+from zoo.interop.hf.phi3 import Phi3
 from zoo.interop.hf.qwen2 import Qwen2
+from zoo.interop.hf.qwen3 import Qwen3
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
 
-# A spec converts by default to the first of these that expresses it
-ARCHS: dict[str, type[Architecture]] = {a.name: a for a in (GPT2, Bert, Llama, Marian, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma)}
+# A spec converts by default to the first of these that expresses it: the classes with heads, then
+# the backbones of those that have one (GPT2Model, LlamaModel, ...), which take the specs with head: none
+_WITH_HEADS = (GPT2, Bert, Llama, Marian, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma, Qwen3, Phi3)
+_ALL = (*_WITH_HEADS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
+ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 ARCHITECTURES = tuple(ARCHS)
+if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name and base
+    raise TypeError(f"two converters name one HF class among {[a.name for a in _ALL]}")
 
 
-def by_model_type(model_type: str | None) -> type[Architecture] | None:
+def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, mistral, qwen2, gpt_neox,
-    olmo2, gemma) is ``model_type``, or None."""
-    return next((a for a in ARCHS.values() if a.model_type == model_type), None)
+    olmo2, gemma, qwen3, phi3) is ``model_type``: the one of a class named in ``architectures`` (a
+    config's: ``["LlamaModel"]``) where there is one, else the first (the class with the head), or None."""
+    of_type = [a for a in ARCHS.values() if a.model_type == model_type]
+    named = [a for a in of_type if a.name in (architectures or ())]
+    return (named or of_type or [None])[0]
 
 
 def _arch_of_model(hf_model: nn.Module) -> type[Architecture]:
@@ -54,10 +64,11 @@ def _arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architect
         if architecture not in ARCHS:
             raise ConversionError(f"to_hf: unknown architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
         return ARCHS[architecture]
-    candidates = [a for a in ARCHS.values() if claims_family(a.claims, spec.family)]
-    if not candidates:
+    family = [a for a in ARCHS.values() if claims_family(a.claims, spec.family)]
+    if not family:
         raise ConversionError(f"to_hf: family {spec.family!r} has no HF counterpart here (a vit converts with "
                               f"zoo.interop.timm.to_timm)")
+    candidates = [a for a in family if claims_value(a.claims, "head.kind", spec.head.kind)] or family  # else the reasons
     reasons = []
     for arch in candidates:
         try:
@@ -73,18 +84,20 @@ def _arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architect
 
 
 def hf_spec(config: Any) -> FamilySpec:
-    """The zoo spec of the model an HF config describes (its ``model_type``: see :func:`by_model_type`).
-    Tying follows the config; :func:`from_hf` reads it from the model instead."""
-    arch = by_model_type(getattr(config, "model_type", None))
+    """The zoo spec of the model an HF config describes (its ``model_type`` and ``architectures``: see
+    :func:`by_model_type`; a backbone such as ``LlamaModel`` reads as ``head: none``). Tying follows
+    the config; :func:`from_hf` reads it from the model instead."""
+    arch = by_model_type(getattr(config, "model_type", None), getattr(config, "architectures", None))
     if arch is None:
-        types = ", ".join(a.model_type for a in ARCHS.values())
+        types = ", ".join(dict.fromkeys(a.model_type for a in ARCHS.values()))
         raise ConversionError(f"hf_spec: model_type {getattr(config, 'model_type', None)!r} does not convert; supported: {types}")
     return parse_spec(arch.spec(config, None), source=f"from {arch.name} config")
 
 
 def hf_config(spec: FamilySpec, architecture: str | None = None, **config: Any):
-    """The HF config of ``spec`` for ``architecture`` (default: by family). ``config`` adds fields
-    the spec does not decide (token ids, generation settings); fields the spec decides are refused."""
+    """The HF config of ``spec`` for ``architecture`` (default: by family), naming it in
+    ``architectures``. ``config`` adds fields the spec does not decide (token ids, generation
+    settings); fields the spec decides are refused."""
     import transformers
 
     arch = _arch_for_spec(spec, architecture)
@@ -92,7 +105,7 @@ def hf_config(spec: FamilySpec, architecture: str | None = None, **config: Any):
     clash = sorted(set(config) & set(fields) - {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"})
     if clash:
         raise ConversionError(f"to_hf: {', '.join(clash)} follow from the zoo spec; change the spec instead")
-    return getattr(transformers, arch.config_name)(**{**fields, **config})
+    return getattr(transformers, arch.config_name)(**{"architectures": [arch.name], **fields, **config})
 
 
 def from_hf(hf_model: nn.Module) -> nn.Module:

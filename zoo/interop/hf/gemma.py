@@ -20,6 +20,7 @@ class Gemma(Llama):
     name = "GemmaForCausalLM"
     config_name = "GemmaConfig"
     model_type = "gemma"
+    base = "GemmaModel"
     # GemmaConfig reads hidden_act "gelu" as its tanh approximation, so exact GeGLU does not convert
     acts: ClassVar[dict[tuple[str, str], str]] = {("geglu", "tanh"): "gelu_pytorch_tanh", ("swiglu", "none"): "silu"}
     claims: ClassVar[Claims] = {**Llama.claims, "block.norm.unit_offset": one_of(True), "embedding.scale": one_of(True),

@@ -1,4 +1,5 @@
-"""GPT-2: ``GPT2LMHeadModel`` <-> a zoo decoder with learned positions and LayerNorm."""
+"""GPT-2: ``GPT2LMHeadModel`` <-> a zoo decoder with learned positions and LayerNorm (``GPT2Model``, its
+backbone, <-> the same without a head)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ __all__ = ["GPT2"]
 
 class GPT2(Architecture):
     name = "GPT2LMHeadModel"
+    base = "GPT2Model"
+    prefix = "transformer"
     config_name = "GPT2Config"
     model_type = "gpt2"
     acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
@@ -39,9 +42,9 @@ class GPT2(Architecture):
         "dropout.attention": ANY,
     }
 
-    @staticmethod
-    def spec(c: Any, hf: nn.Module | None) -> dict:
-        where = "GPT2LMHeadModel -> zoo"
+    @classmethod
+    def spec(cls, c: Any, hf: nn.Module | None) -> dict:
+        where = f"{cls.name} -> zoo"
         refuse_config(c, where, {
             "scale_attn_weights": (True, "zoo always scales attention scores by 1/sqrt(head size)"),
             "scale_attn_by_inverse_layer_idx": (False, "zoo has no per-layer attention scaling"),
@@ -65,7 +68,7 @@ class GPT2(Architecture):
 
     @classmethod
     def config(cls, s: FamilySpec, given: dict) -> dict:
-        where = "zoo -> GPT2LMHeadModel"
+        where = f"zoo -> {cls.name}"
         require(s.position.kind == "learned", where, "position.kind", s.position.kind,
                 "GPT-2 has learned absolute positions (a decoder with rope converts to LlamaForCausalLM)")
         layernorm(s, where, "pre")

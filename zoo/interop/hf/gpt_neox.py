@@ -1,6 +1,7 @@
 """GPT-NeoX (Pythia): ``GPTNeoXForCausalLM`` <-> a zoo decoder with LayerNorm, a two-layer FFN, partial
 rotary positions (``position.fraction``, NeoX's ``rotary_pct``) and, by default, a parallel block
 with a norm each for attention and FFN (``block.parallel``, NeoX's ``use_parallel_residual``).
+``GPTNeoXModel``, its backbone, converts to the same without a head.
 
 NeoX fuses q, k and v head by head (rows [q_0 k_0 v_0 q_1 k_1 v_1 ...]); zoo's fused ``qkv`` is
 [q | k | v], so the converter reorders those rows both ways.
@@ -43,6 +44,8 @@ def _regroup(t: Tensor, first: int, second: int) -> Tensor:
 
 class GPTNeoX(Architecture):
     name = "GPTNeoXForCausalLM"
+    base = "GPTNeoXModel"
+    prefix = "gpt_neox"
     config_name = "GPTNeoXConfig"
     model_type = "gpt_neox"
     acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
@@ -55,9 +58,9 @@ class GPTNeoX(Architecture):
         "dropout.residual": ANY, "dropout.attention": ANY,
     }
 
-    @staticmethod
-    def spec(c: Any, hf: nn.Module | None) -> dict:
-        where = "GPTNeoXForCausalLM -> zoo"
+    @classmethod
+    def spec(cls, c: Any, hf: nn.Module | None) -> dict:
+        where = f"{cls.name} -> zoo"
         rope = rope_parameters(c, where, partial=True)
         tied = c.tie_word_embeddings if hf is None else hf.lm_head.weight is hf.gpt_neox.embed_in.weight
         return {
@@ -77,7 +80,7 @@ class GPTNeoX(Architecture):
 
     @classmethod
     def config(cls, s: FamilySpec, given: dict) -> dict:
-        where = "zoo -> GPTNeoXForCausalLM"
+        where = f"zoo -> {cls.name}"
         att, d = s.block.attention, s.d_model
         require(s.position.kind == "rope", where, "position.kind", s.position.kind, "GPT-NeoX has rotary positions")
         layernorm(s, where, s.block.kind)

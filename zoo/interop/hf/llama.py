@@ -3,7 +3,11 @@
 :class:`Llama` is also the base of the references laid out as LLaMA (``model.layers.{i}.self_attn.
 {q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``): Mistral, Qwen2, Gemma and OLMo 2 subclass it and
 override the hooks ``read`` (their config fields into the spec) and ``write`` (the spec into their
-config fields), and the class attributes that name their differences.
+config fields), and the class attributes that name their differences. Phi-3 fuses the projections
+(``qkv_proj``, ``gate_up_proj``: the class attributes ``qkv`` and ``gate_up``).
+
+Each has a backbone without the head (``LlamaModel``: ``base``), converted by
+:meth:`~zoo.interop.hf.base.Architecture.headless`.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ from zoo.interop.hf.base import (
 )
 from zoo.spec import FamilySpec
 
-__all__ = ["Llama"]
+__all__ = ["Llama", "qk_norm_rules", "rms_qk_norm"]
 
 
 class Llama(Architecture):
     name = "LlamaForCausalLM"
     config_name = "LlamaConfig"
     model_type = "llama"
+    base = "LlamaModel"
+    prefix = "model"
     acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
         ("swiglu", "none"): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_pytorch_tanh",
     }
@@ -47,13 +53,16 @@ class Llama(Architecture):
         "block.norm.kind": one_of("rmsnorm"), "block.attention.out_bias": ANY, "dropout.attention": ANY,
     }
     one_bias: ClassVar[bool] = True  # one attention_bias for q, k, v and the output projection
+    partial_rotary: ClassVar[bool] = False  # rope_parameters' partial_rotary_factor is position.fraction (else refused)
+    qkv: ClassVar[tuple[str, ...]] = ("q_proj", "k_proj", "v_proj")  # the attention's input projections, [q | k | v]
+    gate_up: ClassVar[tuple[str, ...]] = ("gate_proj", "up_proj")  # the MLP's input projections, [gate | up]
     token_defaults: ClassVar[dict[str, int | None]] = {"bos_token_id": 1, "eos_token_id": 2}
 
     # ------------------------------------------------------------------ reference -> zoo
     @classmethod
     def spec(cls, c: Any, hf: nn.Module | None) -> dict:
         where = f"{cls.name} -> zoo"
-        rope = rope_parameters(c, where)
+        rope = rope_parameters(c, where, partial=cls.partial_rotary)
         h, g, d = c.num_attention_heads, c.num_key_value_heads, c.hidden_size
         head_dim = getattr(c, "head_dim", None)
         head_dim = head_dim if head_dim and head_dim * h != d else None
@@ -63,7 +72,7 @@ class Llama(Architecture):
             "family": "decoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings, "d_model": d,
             "n_layers": c.num_hidden_layers, "head": {"kind": "lm", "bias": False, "tied": tied},
             "embedding": {"scale": False, "norm": False},
-            "position": {"kind": "rope", "base": rope.get("rope_theta", 10000.0)},
+            "position": {"kind": "rope", "base": rope.get("rope_theta", 10000.0), "fraction": rope.get("partial_rotary_factor", 1.0)},
             "block": {
                 "attention": {"kind": kind, "n_heads": h, "n_kv_heads": g if kind == "gqa" else None,
                               "head_dim": head_dim, "v_head_dim": head_dim},
@@ -111,6 +120,8 @@ class Llama(Architecture):
         }
         if cls.head_dim_field:
             c["head_dim"] = att.qk_size(d)
+        if cls.partial_rotary:
+            c["rope_parameters"]["partial_rotary_factor"] = s.position.fraction
         cls.write(s, c, where)
         token_ids(c, s.vocab_size, cls.token_defaults, given)
         return c
@@ -130,10 +141,10 @@ class Llama(Architecture):
             z, h = f"stack.blocks.{i}", f"model.layers.{i}"
             rules += [
                 rule(f"{z}.attn_norm.weight", f"{h}.{attn_norm}.weight"),
-                *fused(f"{z}.attn.qkv", [f"{h}.self_attn.{p}_proj" for p in "qkv"], bias=att.bias),
+                *fused(f"{z}.attn.qkv", [f"{h}.self_attn.{p}" for p in cls.qkv], bias=att.bias),
                 *weights(f"{z}.attn.out", f"{h}.self_attn.o_proj", bias=att.has_out_bias),
                 rule(f"{z}.ffn_norm.weight", f"{h}.{ffn_norm}.weight"),
-                *fused(f"{z}.ffn.fc1", [f"{h}.mlp.gate_proj", f"{h}.mlp.up_proj"], bias=fb),  # [gate | up]
+                *fused(f"{z}.ffn.fc1", [f"{h}.mlp.{p}" for p in cls.gate_up], bias=fb),  # [gate | up]
                 *weights(f"{z}.ffn.fc2", f"{h}.mlp.down_proj", bias=fb),
             ]
             rules += cls.layer_rules(s, z, h)
@@ -143,3 +154,19 @@ class Llama(Architecture):
     def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
         """Rules for a layer's tensors beyond LLaMA's (zoo block ``z``, reference layer ``h``)."""
         return []
+
+
+def rms_qk_norm(s: FamilySpec, where: str, *, scope: str, who: str, what: str) -> None:
+    """Check that the spec's qk-norm is an RMSNorm over ``scope`` (``what`` it normalises, in words)
+    with the block norm's eps: the references with one ``rms_norm_eps`` (OLMo 2, Qwen3)."""
+    qk, norm = s.block.attention.qk_norm, s.block.norm
+    require(qk is not None and (qk.kind, qk.scope) == ("rmsnorm", scope), where, "block.attention.qk_norm",
+            qk.model_dump() if qk is not None else None,
+            f"{who} applies RMSNorm to {what} (qk_norm: {{kind: rmsnorm, scope: {scope}}})")
+    require(qk.eps == norm.eps, where, "block.attention.qk_norm.eps", qk.eps,
+            f"{who} has one rms_norm_eps for every norm (block.norm.eps is {norm.eps})")
+
+
+def qk_norm_rules(z: str, h: str) -> list[Rule]:
+    """The qk-norm weights of zoo block ``z`` and reference layer ``h`` (``self_attn.q_norm``, ``k_norm``)."""
+    return [rule(f"{z}.attn.{n}.weight", f"{h}.self_attn.{n}.weight") for n in ("q_norm", "k_norm")]

@@ -16,6 +16,7 @@ class Mistral(Llama):
     name = "MistralForCausalLM"
     config_name = "MistralConfig"
     model_type = "mistral"
+    base = "MistralModel"
     claims: ClassVar[Claims] = {**Llama.claims, "block.attention.window": ANY, "block.attention.bias": one_of(False),
                                 "block.attention.out_bias": one_of(None, False),
                                 "block.ffn.bias": one_of(False)}

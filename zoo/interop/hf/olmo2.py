@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from zoo.interop.claims import ANY, Claims, one_of
-from zoo.interop.common import Rule, rule
-from zoo.interop.hf.base import require
-from zoo.interop.hf.llama import Llama
+from zoo.interop.common import Rule
+from zoo.interop.hf.llama import Llama, qk_norm_rules, rms_qk_norm
 from zoo.spec import FamilySpec
 
 __all__ = ["Olmo2"]
@@ -19,6 +18,7 @@ class Olmo2(Llama):
     name = "Olmo2ForCausalLM"
     config_name = "Olmo2Config"
     model_type = "olmo2"
+    base = "Olmo2Model"
     head_dim_field: ClassVar[bool] = False
     block_kind: ClassVar[str] = "post_sublayer"
     norm_names: ClassVar[tuple[str, str]] = ("post_attention_layernorm", "post_feedforward_layernorm")
@@ -32,15 +32,9 @@ class Olmo2(Llama):
 
     @classmethod
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        att, norm = s.block.attention, s.block.norm
-        qk = att.qk_norm
-        require(qk is not None and (qk.kind, qk.scope) == ("rmsnorm", "all"), where, "block.attention.qk_norm",
-                qk.model_dump() if qk is not None else None,
-                "OLMo 2 applies RMSNorm to the whole q and k projections (qk_norm: {kind: rmsnorm, scope: all})")
-        require(qk.eps == norm.eps, where, "block.attention.qk_norm.eps", qk.eps,
-                f"OLMo 2 has one rms_norm_eps for every norm (block.norm.eps is {norm.eps})")
-        c["attention_bias"] = att.bias
+        rms_qk_norm(s, where, scope="all", who="OLMo 2", what="the whole q and k projections")
+        c["attention_bias"] = s.block.attention.bias
 
     @classmethod
     def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
-        return [rule(f"{z}.attn.{n}.weight", f"{h}.self_attn.{n}.weight") for n in ("q_norm", "k_norm")]
+        return qk_norm_rules(z, h)
