@@ -9,7 +9,10 @@ MHA/GQA/MQA), ``BertForMaskedLM`` (zoo encoder, Post-Norm, MLM head), ``MarianMT
 encoder-decoder: Post-Norm, sinusoidal positions in the concat layout, scaled embeddings), and the
 LLaMA-like decoders ``MistralForCausalLM`` (sliding-window attention), ``Qwen2ForCausalLM`` (q/k/v
 biases, none on the output), ``GemmaForCausalLM`` (scaled embeddings, (1 + w) RMSNorm, its own
-head size) and ``Olmo2ForCausalLM`` (qk-norm, norms after each sub-layer), and
+head size), ``Olmo2ForCausalLM`` (qk-norm, norms after each sub-layer), ``Gemma2ForCausalLM`` (sandwich
+norms, soft-capped attention and final logits, ``query_pre_attn_scalar``, local and global layers)
+and ``Gemma3ForCausalLM`` (as Gemma 2 with a (1 + w) qk-norm per head and a RoPE base per layer
+type, no attention soft-capping), and
 ``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel attention and FFN, LayerNorm). A rotary
 decoder converts by default to the first of these that expresses it.
 

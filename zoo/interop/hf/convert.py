@@ -20,6 +20,8 @@ from zoo.interop.common import (
 from zoo.interop.hf.base import Architecture
 from zoo.interop.hf.bert import Bert
 from zoo.interop.hf.gemma import Gemma
+from zoo.interop.hf.gemma2 import Gemma2
+from zoo.interop.hf.gemma3 import Gemma3
 from zoo.interop.hf.gpt2 import GPT2
 from zoo.interop.hf.gpt_neox import GPTNeoX
 from zoo.interop.hf.llama import Llama
@@ -32,13 +34,14 @@ from zoo.spec import FamilySpec, parse_spec
 __all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
 
 # A spec converts by default to the first of these that expresses it
-ARCHS: dict[str, type[Architecture]] = {a.name: a for a in (GPT2, Bert, Llama, Marian, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma)}
+ARCHS: dict[str, type[Architecture]] = {a.name: a for a in (GPT2, Bert, Llama, Marian, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma,
+                                                            Gemma2, Gemma3)}
 ARCHITECTURES = tuple(ARCHS)
 
 
 def by_model_type(model_type: str | None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, mistral, qwen2, gpt_neox,
-    olmo2, gemma) is ``model_type``, or None."""
+    olmo2, gemma, gemma2, gemma3_text) is ``model_type``, or None."""
     return next((a for a in ARCHS.values() if a.model_type == model_type), None)
 
 

@@ -34,9 +34,10 @@ class Olmo2(Llama):
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
         att, norm = s.block.attention, s.block.norm
         qk = att.qk_norm
-        require(qk is not None and (qk.kind, qk.scope) == ("rmsnorm", "all"), where, "block.attention.qk_norm",
-                qk.model_dump() if qk is not None else None,
-                "OLMo 2 applies RMSNorm to the whole q and k projections (qk_norm: {kind: rmsnorm, scope: all})")
+        require(qk is not None and (qk.kind, qk.scope, qk.unit_offset) == ("rmsnorm", "all", False), where,
+                "block.attention.qk_norm", qk.model_dump() if qk is not None else None,
+                "OLMo 2 applies RMSNorm (by weight, not 1 + weight) to the whole q and k projections "
+                "(qk_norm: {kind: rmsnorm, scope: all})")
         require(qk.eps == norm.eps, where, "block.attention.qk_norm.eps", qk.eps,
                 f"OLMo 2 has one rms_norm_eps for every norm (block.norm.eps is {norm.eps})")
         c["attention_bias"] = att.bias
