@@ -64,6 +64,14 @@ HF_CONFIGS = {  # (config class, fields): small sizes no preset has
     "Qwen3Model": ("Qwen3Config", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=40,
                                        architectures=["Qwen3Model"])),
+    "Gemma2ForCausalLM": ("Gemma2Config", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, head_dim=6, intermediate_size=40,
+                                               sliding_window=5, query_pre_attn_scalar=10)),
+    "Gemma3ForCausalLM": ("Gemma3TextConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24,
+                                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                   head_dim=6, intermediate_size=40, sliding_window=5,
+                                                   layer_types=["sliding_attention", "full_attention"],
+                                                   final_logit_softcapping=20.0)),
 }
 TIMM = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5)
 # more base specs where one cannot reach a field alone (a field valid only with another changed)
@@ -103,7 +111,8 @@ CONVERTERS = [*HF_CONFIGS, "timm"]
 # ------------------------------------------------------------------------------- what computes the same
 def canonical(spec: FamilySpec) -> dict:
     """What a spec computes, in one spelling: each layer resolved, head counts and sizes resolved
-    (mha with n_kv_heads null is gqa with n_kv_heads = n_heads), the free fields left out."""
+    (mha with n_kv_heads null is gqa with n_kv_heads = n_heads; scale_dim null is the head size),
+    the free fields left out."""
     sizes = {"n_layers", "n_encoder_layers", "n_decoder_layers", "src_vocab_size"}  # the stacks and vocabularies say
     data = spec.model_dump(mode="json", exclude=set(FREE) | {"block", "layers", "pool"} | sizes)
     if hasattr(spec, "src_vocab_size"):
@@ -124,7 +133,7 @@ def _layer(spec: FamilySpec, layer) -> dict:
         if hasattr(att, "n_kv_heads"):
             d = spec.d_model
             b[field] = {**att.model_dump(mode="json"), "kind": "-", "n_kv_heads": att.n_kv_heads, "head_dim": att.qk_size(d),
-                        "v_head_dim": att.v_size(d), "out_bias": att.has_out_bias}
+                        "v_head_dim": att.v_size(d), "out_bias": att.has_out_bias, "scale_dim": att.scale_size(d)}
     if hasattr(layer.block.ffn, "hidden_size"):
         b["ffn"] = {**b["ffn"], "hidden": layer.block.ffn.hidden_size(spec.d_model)}
     pool = getattr(spec, "pool", None)

@@ -46,11 +46,21 @@ BACKBONES = {
               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
     "Phi3": {**GQA, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
              "sliding_window": 5},
+    "Gemma2": {**GQA, "head_dim": 16, "sliding_window": 4, "attn_implementation": "eager"},
+    "Gemma3Text": {**GQA, "head_dim": 16, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention",
+                                                                          "sliding_attention"]},
 }
+HEADED = {"GPT2": "GPT2LMHeadModel", "Gemma3Text": "Gemma3ForCausalLM"}  # else <prefix>ForCausalLM
+
+
+def headed(kind: str) -> str:
+    return HEADED.get(kind, f"{kind}ForCausalLM")
 
 
 def backbone(kind: str, cls: str = "Model") -> nn.Module:
-    return randomize(getattr(transformers, f"{kind}{cls}")(getattr(transformers, f"{kind}Config")(**BACKBONES[kind])))
+    """``kind``'s backbone (``cls`` "Model"), or its class with the head (any other ``cls``)."""
+    name = f"{kind}Model" if cls == "Model" else headed(kind)
+    return randomize(getattr(transformers, name)(getattr(transformers, f"{kind}Config")(**BACKBONES[kind])))
 
 
 def tokens(batch: int = 3, length: int = 11, seed: int = 1) -> torch.Tensor:
@@ -66,7 +76,7 @@ def left_padding(batch: int = 3, length: int = 11) -> torch.Tensor:
 def test_every_decoder_class_has_a_backbone_after_the_classes_with_heads():
     names = list(ARCHS)
     decoders = [a for a in ARCHS.values() if a.base is not None]
-    assert [a.name for a in decoders] == [f"{k}{'LMHeadModel' if k == 'GPT2' else 'ForCausalLM'}" for k in BACKBONES]
+    assert [a.name for a in decoders] == [headed(k) for k in BACKBONES]
     assert names[-len(decoders):] == [f"{k}Model" for k in BACKBONES]
 
 
@@ -101,7 +111,7 @@ def test_backbone_converts_both_ways_saves_and_reads_its_config(kind, tmp_path):
 def test_an_lms_backbone_is_its_model(kind):
     """from_hf of the LM, its head dropped (head: none), converts to the backbone class, whose hidden
     states are the LM's ``model`` / ``transformer``'s; the LM itself still converts to the LM class."""
-    lm = backbone(kind, "LMHeadModel" if kind == "GPT2" else "ForCausalLM")
+    lm = backbone(kind, "head")
     model = from_hf(lm)
     headless = zoo.build(zoo.load_spec(model.spec, ["head=none"]))
     headless.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("head.")})

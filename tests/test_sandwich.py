@@ -1,9 +1,11 @@
 """The sandwich block (``block.kind: sandwich``): a norm before and after each sub-layer, as Gemma 2.
 
 The truth is HF's ``Gemma2ForCausalLM`` with its soft-capping off and ``query_pre_attn_scalar`` at
-the head size (what zoo computes today): weights copied by a rule table written here, its logits
-and greedy decoding equal zoo's, with Gemma 2's local and global layers alternating (a layer
-pattern). The block's formula, its summary and its place among the families are checked too.
+the head size, so the block alone is what differs from a Pre-Norm decoder: read by the Gemma 2
+converter (``from_hf``) into exactly the spec below, its logits and greedy decoding equal zoo's,
+with Gemma 2's local and global layers alternating (a layer pattern). The block's formula, its
+summary and its place among the families are checked too. tests/test_gemma23.py covers the
+converter itself, soft-capping and the score scale included.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 from conftest import max_diff, randomize
 
 import zoo
-from zoo.interop.common import rule, zoo_state
+from zoo.interop import from_hf
 from zoo.summary import summarize
 
 transformers = pytest.importorskip("transformers")
@@ -44,28 +46,10 @@ SPEC = {
 }
 
 
-def from_gemma2(hf: torch.nn.Module) -> torch.nn.Module:
-    model = zoo.build(SPEC)
-    rules = [rule("tok_emb.weight", "model.embed_tokens.weight"), rule("stack.norm.weight", "model.norm.weight")]
-    names = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
-             "ffn_norm": "pre_feedforward_layernorm", "ffn_post_norm": "post_feedforward_layernorm"}
-    for i in range(LAYERS):
-        z, h = f"stack.blocks.{i}", f"model.layers.{i}"
-        rules += [rule(f"{z}.{a}.weight", f"{h}.{b}.weight") for a, b in names.items()]
-        rules += [rule(f"{z}.attn.qkv.weight", *[f"{h}.self_attn.{p}_proj.weight" for p in "qkv"]),
-                  rule(f"{z}.attn.out.weight", f"{h}.self_attn.o_proj.weight"),
-                  rule(f"{z}.ffn.fc1.weight", f"{h}.mlp.gate_proj.weight", f"{h}.mlp.up_proj.weight"),
-                  rule(f"{z}.ffn.fc2.weight", f"{h}.mlp.down_proj.weight")]
-    shapes = {n: t.shape for n, t in model.state_dict().items()}
-    state = zoo_state(hf.state_dict(), rules, shapes, "gemma2 -> zoo")
-    state["head.weight"] = state["tok_emb.weight"]  # tied, as Gemma 2
-    model.load_state_dict(state)
-    return model.eval()
-
-
 def test_equals_gemma2_with_alternating_local_and_global_layers():
     hf = gemma2()
-    model = from_gemma2(hf)
+    model = from_hf(hf)
+    assert model.spec.model_dump(exclude={"init"}) == zoo.parse_spec(SPEC).model_dump(exclude={"init"})
     assert [layer.block.attention.window for layer in model.spec.stack_layers()] == [WINDOW, None] * (LAYERS // 2)
     x = torch.randint(0, V, (3, 13), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -12,8 +12,10 @@ against ``torch.utils.flop_counter`` and what autograd keeps):
   forward passes (the backward pass costs two).
 * Activation memory is what a training step keeps for the backward pass at a batch and length, in
   the given dtype, assuming fused attention (no T x T matrix is stored), plus the logits the loss
-  reads and one byte per element of each dropout mask. (On CPU, zoo's own attention kernel,
-  ``zoo.kernels.cpu.attention``, keeps the H x T x S weights too for the short sequences it takes.)
+  reads and one byte per element of each dropout mask. A soft-capped attention, which runs on
+  explicit scores (``zoo.kernels.scores_attention``), counts the three H x T x S tensors it keeps.
+  (On CPU, zoo's own attention kernel, ``zoo.kernels.cpu.attention``, keeps the H x T x S weights
+  too for the short sequences it takes.)
 * The KV cache is the keys and values a decoder keeps per generated token; a layer with a sliding
   window holds the window - 1 tokens before the next one, a global layer every token.
 * Everything comes from what the family declares (:class:`zoo.models.family.Family`: its stacks,

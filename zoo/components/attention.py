@@ -25,13 +25,14 @@ from zoo.components.position import Position
 from zoo.registry import register
 
 
-def qk_norm_layer(kind: str, size: int, eps: float) -> nn.Module:
-    """The norm of a query/key vector of ``size`` features: LayerNorm (with bias) or RMSNorm."""
-    if kind == "layernorm":
+def qk_norm_layer(kind: str, size: int, eps: float, unit_offset: bool = False) -> nn.Module:
+    """The norm of a query/key vector of ``size`` features: LayerNorm (with bias) or RMSNorm (by
+    (1 + weight) with ``unit_offset``, Gemma 3)."""
+    if kind == "layernorm" and not unit_offset:
         return nn.LayerNorm(size, eps=eps)
     if kind == "rmsnorm":
-        return RMSNorm(size, eps=eps)
-    raise ValueError(f"qk_norm: kind must be layernorm or rmsnorm, got {kind!r}")
+        return RMSNorm(size, eps=eps, unit_offset=unit_offset)
+    raise ValueError(f"qk_norm: kind must be layernorm or rmsnorm (unit_offset: rmsnorm only), got {kind!r}")
 
 
 class Attention(nn.Module):
@@ -45,6 +46,11 @@ class Attention(nn.Module):
     keys before positions rotate them and before the scores: over each head's K features
     (``qk_scope="head"``, weights [K]) or over the whole projections before the head split
     (``qk_scope="all"``, weights [H*K] and [G*K]).
+
+    ``scale`` multiplies the scores (None: 1/sqrt(K)); ``softcap`` caps them,
+    ``softcap * tanh(scores / softcap)``. ``kernel`` is what computes them, as the spec declares
+    (:attr:`zoo.spec.AttentionSpec.kernel`): ``fused`` (:func:`zoo.kernels.attention`: SDPA or zoo's
+    CPU kernel) or ``scores`` (:func:`zoo.kernels.scores_attention`), which a cap needs.
     """
 
     residual_out = ("out",)  # writes into the residual stream (zoo.components.parts)
@@ -66,8 +72,17 @@ class Attention(nn.Module):
         qk_norm: str | None = None,
         qk_scope: str = "head",
         qk_eps: float = 1e-6,
+        qk_unit_offset: bool = False,
+        scale: float | None = None,
+        softcap: float | None = None,
+        kernel: str = "fused",
     ) -> None:
         super().__init__()
+        if kernel not in ("fused", "scores"):
+            raise ValueError(f"kernel must be fused or scores, got {kernel!r}")
+        if softcap is not None and kernel != "scores":
+            raise ValueError("softcap: no fused kernel caps the scores; build the attention with kernel='scores'")
+        self.scale, self.softcap, self.kernel = scale, softcap, kernel
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
         if qk_scope not in ("head", "all"):
@@ -86,8 +101,8 @@ class Attention(nn.Module):
         self.qk_scope = qk_scope
         if qk_norm is not None:
             whole = qk_scope == "all"
-            self.q_norm = qk_norm_layer(qk_norm, q_size if whole else head_dim, qk_eps)
-            self.k_norm = qk_norm_layer(qk_norm, k_size if whole else head_dim, qk_eps)
+            self.q_norm = qk_norm_layer(qk_norm, q_size if whole else head_dim, qk_eps, qk_unit_offset)
+            self.k_norm = qk_norm_layer(qk_norm, k_size if whole else head_dim, qk_eps, qk_unit_offset)
         else:
             self.q_norm = self.k_norm = None
 
@@ -125,13 +140,13 @@ class Attention(nn.Module):
                 q, k = pos.rotate(q, k, positions)
             if cache is not None:
                 k, v = cache.append(k, v)
-        y = kernels.attention(
-            q, k, v,
-            mask=mask,
-            is_causal=is_causal and mask is None,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=self.n_kv_heads != self.n_heads,
-        )  # (B, H, T, V)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.kernel == "scores":
+            y = kernels.scores_attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
+                                         scale=self.scale, softcap=self.softcap)
+        else:
+            y = kernels.attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
+                                  enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)  # (B, H, T, V)
         return self.out(rearrange(y, "b h t v -> b t (h v)"))
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
@@ -146,16 +161,19 @@ class Attention(nn.Module):
         return projections + linear_flops(self.out, tokens) + scores
 
     def saved(self, tokens: int, memory: int | None = None, *, rotates: bool = False) -> int:
-        """Elements kept for the backward pass besides the input, assuming fused attention (no T x S
-        weights): the projections' outputs q, k, v and the attention output (the out projection's
-        input). A qk-norm keeps two more copies of q and k (its output, and LayerNorm a contiguous
-        copy of its input or RMSNorm its normalised input); rotation (``rotates``) one more."""
+        """Elements kept for the backward pass besides the input: the projections' outputs q, k, v
+        and the attention output (the out projection's input); with the fused kernel no T x S
+        weights, with the ``scores`` kernel three H x T x S tensors (the scores' tanh, the softmax
+        weights and their cast). A qk-norm keeps two more copies of q and k (its output, and
+        LayerNorm a contiguous copy of its input or RMSNorm its normalised input); rotation
+        (``rotates``) one more."""
         H, G, K, V = self.n_heads, self.n_kv_heads, self.head_dim, self.v_head_dim
         qk = 2 if self.q_norm is not None else 0
+        keys = memory if self.cross and memory is not None else tokens
+        weights = 3 * H * tokens * keys if self.kernel == "scores" else 0
         if self.cross:
-            keys = memory if memory is not None else tokens
-            return tokens * (H * K * (1 + qk) + H * V) + keys * G * (K * (1 + qk) + V)
-        return tokens * (H * K + G * (K + V) + H * V + (H + G) * K * (int(rotates) + qk))
+            return tokens * (H * K * (1 + qk) + H * V) + keys * G * (K * (1 + qk) + V) + weights
+        return tokens * (H * K + G * (K + V) + H * V + (H + G) * K * (int(rotates) + qk)) + weights
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention's keys and values of ``memory`` [B, S, Dm]: k (B, G, S, K), v (B, G, S, V)."""
@@ -237,4 +255,8 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         qk_norm=qk.kind if qk is not None else None,
         qk_scope=qk.scope if qk is not None else "head",
         qk_eps=qk.eps if qk is not None else 1e-6,
+        qk_unit_offset=qk.unit_offset if qk is not None else False,
+        scale=None if spec.scale_dim is None else spec.scale_dim ** -0.5,
+        softcap=spec.softcap,
+        kernel=spec.kernel,
     )

@@ -1,6 +1,7 @@
 """Heads: what a model puts after its last block, registered in the ``head`` registry.
 
-    lm      a linear projection of each token to the vocabulary (GPT-2, LLaMA, the paper)
+    lm      a linear projection of each token to the vocabulary (GPT-2, LLaMA, the paper), its
+            logits soft-capped with ``softcap`` (Gemma 2)
     mlm     BERT's masked-LM head: [linear -> GELU -> norm ->] projection to the vocabulary
     linear  a ViT's classifier of its pooled tokens
     none    no head (an identity): the model returns its hidden states, or a ViT its pooled features
@@ -15,6 +16,7 @@ Shapes: B batch, T tokens, D model width, V vocabulary, C classes.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from zoo.components.linear import Linear
@@ -24,13 +26,26 @@ __all__ = ["ClassifierHead", "LMHead", "MLMHead"]
 
 
 class LMHead(Linear):
-    """[..., D] -> [..., V] logits."""
+    """[..., D] -> [..., V] logits; with ``softcap``, ``softcap * tanh(logits / softcap)``."""
 
     summary_part = "head"
 
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, softcap: float | None = None) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.softcap = softcap
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = super().forward(x)
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
+
     def saved_per_token(self) -> int:
-        """The input and the logits the loss reads."""
-        return self.in_features + self.out_features
+        """The input and the logits the loss reads (with a cap, the tanh's output too)."""
+        return self.in_features + self.out_features * (1 if self.softcap is None else 2)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.softcap is None else f", softcap={self.softcap}")
 
 
 class ClassifierHead(LMHead):
@@ -88,7 +103,7 @@ def _none(spec, **_) -> nn.Module:
 
 @register("head", "lm")
 def _lm(spec, *, dim: int, vocab_size: int, embedding: nn.Module | None = None, **_) -> nn.Module:
-    head = LMHead(dim, vocab_size, bias=spec.bias)
+    head = LMHead(dim, vocab_size, bias=spec.bias, softcap=spec.softcap)
     _tie(head, embedding, spec.tied)
     return head
 

@@ -3,11 +3,13 @@
 :func:`linear`, :func:`dropout` and :func:`attention` compute what ``F.linear``, ``F.dropout`` and
 ``F.scaled_dot_product_attention`` compute; where a kernel under :mod:`zoo.kernels.cpu` is known to
 be faster (its ``applies`` says when), they run it instead. Components call only these functions.
+:func:`scores_attention` computes attention on explicit scores, for what no fused kernel computes
+(soft-capped scores); an attention spec's ``kernel`` says which of the two it takes.
 :func:`sdpa_only` turns zoo's own attention off within a context (so a forced SDPA kernel applies).
 """
 
 from zoo.kernels import cpu
 from zoo.kernels.cpu.attention import sdpa_only
-from zoo.kernels.dispatch import attention, dropout, linear
+from zoo.kernels.dispatch import attention, dropout, linear, scores_attention
 
-__all__ = ["attention", "cpu", "dropout", "linear", "sdpa_only"]
+__all__ = ["attention", "cpu", "dropout", "linear", "scores_attention", "sdpa_only"]

@@ -2,6 +2,9 @@
 ``applies`` says so, the torch op with the same semantics everywhere else.
 
 Components call these and nothing under :mod:`zoo.kernels.cpu`, so they read as the paper does.
+:func:`attention` runs fused kernels; :func:`scores_attention` makes the scores explicit, for what
+no fused kernel computes (soft-capped scores). Which one an attention takes is its spec's
+``kernel`` (:class:`zoo.spec.AttentionSpec`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from torch import Tensor
 
 from zoo.kernels import cpu
 
-__all__ = ["attention", "dropout", "linear"]
+__all__ = ["attention", "dropout", "linear", "scores_attention"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -40,15 +43,53 @@ def attention(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     enable_gqa: bool = False,
+    scale: float | None = None,
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` with its arguments and semantics: q (B, H, T, K),
     k (B, G, S, K), v (B, G, S, V) -> (B, H, T, V); ``mask`` boolean (True = may attend) or additive,
-    broadcastable to [B, H, T, S]. On CPU, short sequences and attention dropout run
-    :mod:`zoo.kernels.cpu.attention`."""
+    broadcastable to [B, H, T, S]; ``scale`` on the scores (None: 1/sqrt(K)). On CPU, short
+    sequences and attention dropout run :mod:`zoo.kernels.cpu.attention`."""
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
     if cpu.attention.applies(q, k, dropout_p, mask):
-        return cpu.attention.attention(q, k, v, mask, is_causal, dropout_p)
+        return cpu.attention.attention(q, k, v, mask, is_causal, dropout_p, scale=scale)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa, scale=scale
     )
+
+
+def scores_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Tensor:
+    """:func:`attention`'s semantics computed on explicit scores, with ``softcap`` (Gemma 2): the
+    scaled scores become ``softcap * tanh(scores / softcap)`` before the mask (or additive bias) and
+    the softmax. Scores, tanh and softmax in fp32, the weighted sum of values in v's dtype; plain
+    autograd, so the backward pass keeps the [B, H, T, S] scores' tanh, the weights and their cast
+    (what fused kernels avoid). Dropout on the weights as :func:`dropout`; a query with no allowed
+    key gets zeros, as in SDPA. Any device. q (B, H, T, K), k (B, G, S, K), v (B, G, S, V) -> (B, H, T, V)."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:  # GQA/MQA: each key/value head serves ``rep`` consecutive query heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q.float() @ k.float().transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    T, S = scores.shape[-2:]
+    if is_causal:  # top-left aligned, as SDPA's is_causal
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    elif mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask.float()
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        weights = weights.nan_to_num(0.0)
+    weights = dropout(weights, dropout_p)
+    return weights.to(v.dtype) @ v

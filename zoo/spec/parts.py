@@ -35,11 +35,36 @@ class QKNormSpec(Spec):
     kind: Literal["layernorm", "rmsnorm"] = "layernorm"
     scope: Literal["head", "all"] = "head"
     eps: PositiveFloat = 1e-6
+    unit_offset: bool = Field(
+        False, description="rmsnorm only: scale by (1 + weight), the weight initialised to zero (Gemma 3's q_norm and "
+        "k_norm); false: by weight, initialised to one"
+    )
+
+    @model_validator(mode="after")
+    def _check_offset(self) -> QKNormSpec:
+        if self.unit_offset and self.kind != "rmsnorm":
+            raise ValueError(f"unit_offset: the (1 + weight) scale is an RMSNorm's, not a {self.kind}'s; "
+                             f"set kind: rmsnorm or unit_offset: false")
+        return self
+
+
+def _checked_cap(value: float | None) -> float | None:
+    """A soft-capping value: positive and finite, or None (no cap)."""
+    if value is not None and not (0 < value < math.inf):
+        raise ValueError(f"soft-capping squashes values into (-softcap, softcap), so it must be a positive finite "
+                         f"number, got {value!r}; use e.g. 50.0, or null for no cap")
+    return value
 
 
 class AttentionSpec(ComponentSpec):
     """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1).
     ``window`` makes causal self-attention local (sliding-window attention, Mistral).
+
+    The scores are ``q·k / sqrt(scale_dim or head size)``; ``softcap`` then squashes them into
+    (-softcap, softcap) with ``softcap * tanh(scores / softcap)`` before the position bias and the
+    mask (Gemma 2). Fused kernels (SDPA's flash and memory-efficient kernels, zoo's CPU kernel) take
+    no cap, so the spec declares which path computes it (``kernel``: fused or scores): a soft-capped
+    attention computes its scores explicitly, keeping its [B, H, T, S] weights for the backward pass.
 
     ``n_kv_heads`` may be left out but for gqa (mqa: 1; other kinds: ``n_heads``): it reads back as
     that number, and a spec written out leaves it out again, so an override of ``n_heads`` carries
@@ -58,6 +83,28 @@ class AttentionSpec(ComponentSpec):
         description="sliding-window attention (decoders): each token attends to itself and the window - 1 tokens "
         "before it (Mistral's sliding_window); null: to every earlier token",
     )
+    scale_dim: int | None = Field(
+        None, description="the scores are divided by sqrt(scale_dim) instead of sqrt(head_dim) (Gemma 2 and 3's "
+        "query_pre_attn_scalar); null: the query/key head size, the paper's 1/sqrt(d_k)",
+    )
+    softcap: float | None = Field(
+        None, description="soft-capping of the scores, softcap * tanh(scores / softcap), after the scale and before "
+        "the position bias and the mask (Gemma 2's attn_logit_softcapping, 50.0); null: none. Computed on explicit "
+        "scores, not by a fused kernel",
+    )
+
+    @field_validator("softcap")
+    @classmethod
+    def _check_softcap(cls, softcap: float | None) -> float | None:
+        return _checked_cap(softcap)
+
+    @field_validator("scale_dim")
+    @classmethod
+    def _check_scale_dim(cls, scale_dim: int | None) -> int | None:
+        if scale_dim is not None and scale_dim < 1:
+            raise ValueError(f"the scores are divided by sqrt(scale_dim), so it is a positive whole number, got "
+                             f"{scale_dim}; use null for the head size, or the checkpoint's query_pre_attn_scalar")
+        return scale_dim
 
     @field_validator("window")
     @classmethod
@@ -103,8 +150,20 @@ class AttentionSpec(ComponentSpec):
         """Whether the output projection has a bias (``out_bias``, else ``bias``)."""
         return self.bias if self.out_bias is None else self.out_bias
 
+    @property
+    def kernel(self) -> Literal["fused", "scores"]:
+        """What computes it: ``fused`` (SDPA or zoo's CPU kernel, :func:`zoo.kernels.attention`) or
+        ``scores`` (the scores made explicit, :func:`zoo.kernels.scores_attention`), which a
+        soft-capped attention needs: no fused kernel caps the scores."""
+        return "fused" if self.softcap is None else "scores"
+
     def qk_size(self, d_model: int) -> int:
         return self.head_dim or d_model // self.n_heads
+
+    def scale_size(self, d_model: int) -> int:
+        """The size whose inverse square root scales the scores: ``scale_dim``, else the query/key
+        head size."""
+        return self.scale_dim or self.qk_size(d_model)
 
     def v_size(self, d_model: int) -> int:
         return self.v_head_dim or d_model // self.n_heads
@@ -345,11 +404,21 @@ class NoHeadSpec(HeadSpec):
 
 
 class LMHeadSpec(HeadSpec):
-    """A linear projection of each token to the vocabulary (logits [B, T, V])."""
+    """A linear projection of each token to the vocabulary (logits [B, T, V]); with ``softcap``,
+    the logits squashed into (-softcap, softcap) by ``softcap * tanh(logits / softcap)`` (Gemma 2)."""
 
     kind: Literal["lm"] = "lm"
     bias: bool = Field(False, description="a bias on the projection")
     tied: bool = Field(True, description="the projection's weight is the token embedding's (tied embeddings)")
+    softcap: float | None = Field(
+        None, description="soft-capping of the logits, softcap * tanh(logits / softcap) (Gemma 2's "
+        "final_logit_softcapping, 30.0); null: none",
+    )
+
+    @field_validator("softcap")
+    @classmethod
+    def _check_softcap(cls, softcap: float | None) -> float | None:
+        return _checked_cap(softcap)
 
 
 class MLMHeadSpec(HeadSpec):

@@ -10,8 +10,10 @@ encoder-decoder: Post-Norm, sinusoidal positions in the concat layout, scaled em
 LLaMA-like decoders ``MistralForCausalLM`` (sliding-window attention), ``Qwen2ForCausalLM`` (q/k/v
 biases, none on the output), ``GemmaForCausalLM`` (scaled embeddings, (1 + w) RMSNorm, its own
 head size), ``Olmo2ForCausalLM`` (qk-norm, norms after each sub-layer), ``Qwen3ForCausalLM``
-(per-head qk-norm, its own head size, per-layer windows) and ``Phi3ForCausalLM`` (fused ``qkv_proj``
-and ``gate_up_proj``, partial rotary), and ``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel
+(per-head qk-norm, its own head size, per-layer windows) ``Phi3ForCausalLM`` (fused ``qkv_proj``
+and ``gate_up_proj``, partial rotary), ``Gemma2ForCausalLM`` (sandwich norms, soft-capped attention
+and final logits, ``query_pre_attn_scalar``, local and global layers), ``Gemma3ForCausalLM`` (as
+Gemma 2 with a (1 + w) qk-norm per head and a RoPE base per layer type), and ``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel
 attention and FFN, LayerNorm). Each decoder class's backbone without its head (``GPT2Model``,
 ``LlamaModel``, ..., ``Phi3Model``: :class:`~zoo.interop.hf.base.Headless`) converts to and from a
 zoo decoder with ``head: none``. A decoder converts by default to the first of these that

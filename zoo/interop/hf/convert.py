@@ -20,6 +20,8 @@ from zoo.interop.common import (
 from zoo.interop.hf.base import Architecture
 from zoo.interop.hf.bert import Bert
 from zoo.interop.hf.gemma import Gemma
+from zoo.interop.hf.gemma2 import Gemma2
+from zoo.interop.hf.gemma3 import Gemma3
 from zoo.interop.hf.gpt2 import GPT2
 from zoo.interop.hf.gpt_neox import GPTNeoX
 from zoo.interop.hf.llama import Llama
@@ -35,7 +37,7 @@ __all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "h
 
 # A spec converts by default to the first of these that expresses it: the classes with heads, then
 # the backbones of those that have one (GPT2Model, LlamaModel, ...), which take the specs with head: none
-_WITH_HEADS = (GPT2, Bert, Llama, Marian, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma, Qwen3, Phi3)
+_WITH_HEADS = (GPT2, Bert, Llama, Marian, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma, Qwen3, Phi3, Gemma2, Gemma3)
 _ALL = (*_WITH_HEADS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 ARCHITECTURES = tuple(ARCHS)
@@ -45,7 +47,7 @@ if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name
 
 def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, mistral, qwen2, gpt_neox,
-    olmo2, gemma, qwen3, phi3) is ``model_type``: the one of a class named in ``architectures`` (a
+    olmo2, gemma, qwen3, phi3, gemma2, gemma3_text) is ``model_type``: the one of a class named in ``architectures`` (a
     config's: ``["LlamaModel"]``) where there is one, else the first (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
     named = [a for a in of_type if a.name in (architectures or ())]

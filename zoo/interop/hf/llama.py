@@ -35,6 +35,8 @@ from zoo.spec import FamilySpec
 
 __all__ = ["Llama", "qk_norm_rules", "rms_qk_norm"]
 
+NORMS_AT = {"pre": "before", "post_sublayer": "after", "sandwich": "before and after"}  # by block kind
+
 
 class Llama(Architecture):
     name = "LlamaForCausalLM"
@@ -45,6 +47,7 @@ class Llama(Architecture):
     acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
         ("swiglu", "none"): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_pytorch_tanh",
     }
+    act_field: ClassVar[str] = "hidden_act"  # the config field naming the FFN's activation
     head_dim_field: ClassVar[bool] = True  # the config has head_dim (else the head size is hidden_size / heads)
     block_kind: ClassVar[str] = "pre"  # where the norms sit
     norm_names: ClassVar[tuple[str, str]] = ("input_layernorm", "post_attention_layernorm")  # zoo's attn_norm, ffn_norm
@@ -62,7 +65,7 @@ class Llama(Architecture):
     @classmethod
     def spec(cls, c: Any, hf: nn.Module | None) -> dict:
         where = f"{cls.name} -> zoo"
-        rope = rope_parameters(c, where, partial=cls.partial_rotary)
+        rope = cls.rope(c, where)
         h, g, d = c.num_attention_heads, c.num_key_value_heads, c.hidden_size
         head_dim = getattr(c, "head_dim", None)
         head_dim = head_dim if head_dim and head_dim * h != d else None
@@ -76,7 +79,8 @@ class Llama(Architecture):
             "block": {
                 "attention": {"kind": kind, "n_heads": h, "n_kv_heads": g if kind == "gqa" else None,
                               "head_dim": head_dim, "v_head_dim": head_dim},
-                "ffn": {**ffn_of(GATED, c.hidden_act, where, "hidden_act"), "hidden": c.intermediate_size, "bias": False},
+                "ffn": {**ffn_of(GATED, getattr(c, cls.act_field), where, cls.act_field), "hidden": c.intermediate_size,
+                        "bias": False},
                 "norm": {"kind": "rmsnorm", "eps": c.rms_norm_eps},
                 "kind": cls.block_kind,
             },
@@ -85,6 +89,11 @@ class Llama(Architecture):
         }
         cls.read(c, s, where)
         return s
+
+    @classmethod
+    def rope(cls, c: Any, where: str) -> dict:
+        """The rope of the model's position (``rope_theta``) from the config; scaled rope is refused."""
+        return rope_parameters(c, where, partial=cls.partial_rotary)
 
     @classmethod
     def read(cls, c: Any, s: dict, where: str) -> None:
@@ -101,7 +110,7 @@ class Llama(Architecture):
                 f"{cls.name} has rotary positions (a decoder with learned positions converts to GPT2LMHeadModel)")
         require(s.block.norm.kind == "rmsnorm", where, "block.norm.kind", s.block.norm.kind, f"{cls.name} uses RMSNorm")
         require(s.block.kind == cls.block_kind, where, "block.kind", s.block.kind,
-                f"{cls.name} puts its norms {'before' if cls.block_kind == 'pre' else 'after'} each sub-layer ({cls.block_kind})")
+                f"{cls.name} puts its norms {NORMS_AT[cls.block_kind]} each sub-layer ({cls.block_kind})")
         require(att.kind in BUILTIN_ATTENTION, where, "block.attention.kind", att.kind, "only zoo's built-in attention converts")
         require(att.qk_size(d) == att.v_size(d), where, "block.attention.v_head_dim", att.v_size(d),
                 f"{cls.name} has one head size for queries, keys and values (head_dim {att.qk_size(d)})")
@@ -114,7 +123,7 @@ class Llama(Architecture):
         c = {
             "vocab_size": s.vocab_size, "hidden_size": d, "intermediate_size": s.block.ffn.hidden_size(d),
             "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads, "num_key_value_heads": att.n_kv_heads,
-            "hidden_act": act_name(s.block.ffn, cls.acts, where), "max_position_embeddings": s.max_seq_len,
+            cls.act_field: act_name(s.block.ffn, cls.acts, where), "max_position_embeddings": s.max_seq_len,
             "rms_norm_eps": s.block.norm.eps, "rope_parameters": {"rope_type": "default", "rope_theta": s.position.base},
             "attention_dropout": s.dropout.attention, "initializer_range": s.init.std, "tie_word_embeddings": s.head.tied,
         }
@@ -160,9 +169,9 @@ def rms_qk_norm(s: FamilySpec, where: str, *, scope: str, who: str, what: str) -
     """Check that the spec's qk-norm is an RMSNorm over ``scope`` (``what`` it normalises, in words)
     with the block norm's eps: the references with one ``rms_norm_eps`` (OLMo 2, Qwen3)."""
     qk, norm = s.block.attention.qk_norm, s.block.norm
-    require(qk is not None and (qk.kind, qk.scope) == ("rmsnorm", scope), where, "block.attention.qk_norm",
-            qk.model_dump() if qk is not None else None,
-            f"{who} applies RMSNorm to {what} (qk_norm: {{kind: rmsnorm, scope: {scope}}})")
+    require(qk is not None and (qk.kind, qk.scope, qk.unit_offset) == ("rmsnorm", scope, False), where,
+            "block.attention.qk_norm", qk.model_dump() if qk is not None else None,
+            f"{who} applies RMSNorm (by weight, not 1 + weight) to {what} (qk_norm: {{kind: rmsnorm, scope: {scope}}})")
     require(qk.eps == norm.eps, where, "block.attention.qk_norm.eps", qk.eps,
             f"{who} has one rms_norm_eps for every norm (block.norm.eps is {norm.eps})")
 

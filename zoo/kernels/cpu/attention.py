@@ -67,9 +67,11 @@ def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None) -> bool
     return k.shape[-2] <= _ZOO_KEYS.get(q.dtype, (0, 0))[0 if training else 1]
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float, *,
+              scale: float | None = None) -> Tensor:
     """Attention on CPU where it beats SDPA (see ``_ZOO_KEYS``) and for all attention dropout there:
-    SDPA's semantics, with dropout ``p`` on the weights from zoo's CPU masks.
+    SDPA's semantics, with dropout ``p`` on the weights from zoo's CPU masks and ``scale`` on the
+    scores (None: 1/sqrt(K)).
 
     Precision is flash attention's (FA2): scores, softmax and the weights' gradient in fp32; the
     weights and the scores' gradient rounded to the inputs' dtype for the matmuls with v, q and k. In
@@ -84,13 +86,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: b
         # short lengths this kernel takes (Python overhead): plain torch in this hot path
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     with torch.autocast(q.device.type, enabled=False):
-        return _CpuAttention.apply(q, k, v, mask, is_causal, p)
+        return _CpuAttention.apply(q, k, v, mask, is_causal, p, scale)
 
 
 class _CpuAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float) -> Tensor:
-        scale = q.shape[-1] ** -0.5
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float,
+                scale: float | None = None) -> Tensor:
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
         scores = q.float() @ k.float().transpose(-2, -1)  # (B, H, T, S), fp32
         scores.mul_(scale)
         T, S = scores.shape[-2:]
@@ -124,4 +127,4 @@ class _CpuAttention(torch.autograd.Function):
         del grad_w
         grad_q = grad_s @ k
         grad_k = grad_s.transpose(-2, -1) @ q
-        return grad_q, grad_k, grad_v, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None

@@ -1,0 +1,275 @@
+"""Gemma 2 and Gemma 3 (text) against HF's ``Gemma2ForCausalLM`` and ``Gemma3ForCausalLM`` at sizes no
+release has, and the spec options they brought: attention and final-logit soft-capping
+(``block.attention.softcap``, ``head.softcap``), the score scale (``block.attention.scale_dim``), the
+(1 + w) qk-norm (``qk_norm.unit_offset``), with sandwich norms, local and global layers and a RoPE
+base per layer type.
+
+For each case a random-init reference (eager attention, so HF applies its soft-capping) converts
+into zoo with the same logits (fp32, padded or not, on sequences longer than the window), converts
+back with every tensor equal, survives ``zoo.save``/``zoo.load``, and zoo's cached greedy decoding
+gives HF's ``generate(do_sample=False)`` tokens past the window. The options are checked against
+their formulas, shown to change the outputs, and refused by name where a class cannot express them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import max_diff, positions, randomize
+from torch import nn
+
+import zoo
+from zoo import kernels
+from zoo.interop import ConversionError, from_hf, hf_spec, to_hf
+from zoo.spec import SpecError
+
+transformers = pytest.importorskip("transformers")
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
+ATOL = 1e-4
+V, WINDOW = 101, 5
+S, F = "sliding_attention", "full_attention"
+
+# (HF class, config fields): hidden 48, head size 16, window 5; both local and global layers occur
+CASES = {
+    "gemma2: GQA 4/2, caps 3 and 2.5 that bite, query_pre_attn_scalar 24": ("Gemma2", {
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 40,
+        "query_pre_attn_scalar": 24, "attn_logit_softcapping": 3.0, "final_logit_softcapping": 2.5}),
+    "gemma2: MQA 3/1, HF's caps 50 and 30, biases, untied, exact GeGLU": ("Gemma2", {
+        "num_hidden_layers": 4, "num_attention_heads": 3, "num_key_value_heads": 1, "intermediate_size": 36,
+        "query_pre_attn_scalar": 16, "attention_bias": True, "tie_word_embeddings": False, "hidden_activation": "gelu"}),
+    "gemma3: 6 layers, five local per global, bases 1e4 and 1e6, final cap": ("Gemma3Text", {
+        "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 40,
+        "query_pre_attn_scalar": 24, "final_logit_softcapping": 4.0}),
+    "gemma3: 4 layers alternating (layer_types), bases 100 and 5e4, untied": ("Gemma3Text", {
+        "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 44,
+        "layer_types": [S, F, S, F], "rope_parameters": {S: {"rope_type": "default", "rope_theta": 100.0},
+                                                         F: {"rope_type": "default", "rope_theta": 5e4}},
+        "tie_word_embeddings": False, "rms_norm_eps": 1e-5}),
+}
+
+
+def reference(kind: str, **kw) -> nn.Module:
+    kw = {"vocab_size": V, "hidden_size": 48, "head_dim": 16, "sliding_window": WINDOW, "max_position_embeddings": 64,
+          "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None, "attn_implementation": "eager", **kw}
+    config = getattr(transformers, f"{kind}Config")(**kw)
+    model_class = "Gemma3ForCausalLM" if kind == "Gemma3Text" else f"{kind}ForCausalLM"
+    return randomize(getattr(transformers, model_class)(config))
+
+
+def tokens(batch: int = 3, length: int = 13, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def left_padding(batch: int = 3, length: int = 13) -> torch.Tensor:
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    mask[1, : length // 2], mask[2, : length - 2] = False, False
+    return mask
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_converts_both_ways_saves_and_decodes_as_hf(case, tmp_path):
+    kind, kw = CASES[case]
+    hf = reference(kind, **kw)
+    model = from_hf(hf)
+    types = hf.config.layer_types
+    assert [layer.block.attention.window for layer in model.spec.stack_layers()] == [WINDOW if t == S else None for t in types]
+    x, mask = tokens(), left_padding()
+    with torch.no_grad():
+        assert max_diff(model(x), hf(x).logits) < ATOL
+        ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
+        assert max_diff(model(x, mask), ref, mask) < ATOL
+        back = to_hf(model).eval()  # by default, the first architecture that expresses the spec: the reference's
+        assert type(back).__name__ == type(hf).__name__ and back.config.layer_types == types
+        back.config._attn_implementation = "eager"
+        assert max_diff(back(x).logits, model(x)) < ATOL
+    ref_state, back_state = hf.state_dict(), back.state_dict()
+    assert ref_state.keys() == back_state.keys()
+    assert all(torch.equal(t, back_state[name]) for name, t in ref_state.items())
+    assert (model.head.weight is model.tok_emb.weight) == hf.config.tie_word_embeddings
+    assert hf_spec(back.config) == model.spec
+
+    zoo.save(model, tmp_path / "m.safetensors")
+    loaded = zoo.load(tmp_path / "m.safetensors")
+    assert loaded.spec == model.spec
+    with torch.no_grad():
+        assert torch.equal(loaded(x, mask), model(x, mask))
+
+    # greedy decoding through zoo's KV cache (local layers keep window - 1 keys) equals HF's hybrid
+    # cache, past the window: prompt 5 + 12 new tokens, unpadded and left-padded
+    hf.generation_config.eos_token_id = None
+    prompt = tokens(3, 5, seed=3)
+    for prompt_mask in (torch.ones_like(prompt, dtype=torch.bool), left_padding(3, 5)):
+        ours = zoo.generate(model, prompt, padding_mask=prompt_mask, max_new_tokens=12).tokens
+        theirs = hf.generate(prompt, attention_mask=prompt_mask.long(), max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert torch.equal(ours, theirs[:, prompt.shape[1]:])
+
+
+def test_gradients_through_the_soft_caps_equal_hf():
+    """Training sees the same function: the loss's gradients (through both caps and the scores
+    kernel) equal HF's eager ones."""
+    hf = reference("Gemma2", **CASES["gemma2: GQA 4/2, caps 3 and 2.5 that bite, query_pre_attn_scalar 24"][1])
+    model = from_hf(hf)
+    x = tokens()
+    torch.nn.functional.cross_entropy(model(x)[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1)).backward()
+    hf(x, labels=x).loss.backward()
+    ours, theirs = model.stack.blocks[1].attn.qkv.weight.grad, hf.model.layers[1].self_attn.q_proj.weight.grad
+    assert max_diff(ours[: theirs.shape[0]], theirs) < 1e-5
+    assert max_diff(model.tok_emb.weight.grad, hf.model.embed_tokens.weight.grad) < 1e-5
+
+
+def test_gemma3_release_configs_read_as_patterns():
+    """Gemma 3 1B's layout (26 layers, window 512, global every sixth from layer 5, bases 1e4 and
+    1e6) is one pattern; Gemma 2 2B's (alternating, caps 50 and 30) another. Read without building."""
+    g3 = hf_spec(transformers.Gemma3TextConfig(vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                                               num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+                                               head_dim=256, sliding_window=512, max_position_embeddings=32768))
+    assert g3.block.attention.window == 512 and g3.position.base == 10000.0 and g3.block.attention.scale_dim is None
+    assert [p.model_dump(mode="json", exclude_none=True) for p in g3.layers] == [
+        {"at": "5::6", "block": {"attention": {"window": None}}, "position": {"kind": "rope", "base": 1e6, "fraction": 1.0}}]
+    assert g3.block.attention.qk_norm.unit_offset and g3.block.attention.softcap is None and g3.head.softcap is None
+    g2 = hf_spec(transformers.Gemma2Config(num_hidden_layers=26, hidden_size=2304, intermediate_size=9216))
+    assert (g2.block.attention.softcap, g2.head.softcap, g2.layers[0].at) == (50.0, 30.0, "1::2")
+
+
+# ------------------------------------------------------------------------------------ the options
+SPEC = {
+    "family": "decoder", "vocab_size": V, "max_seq_len": 32, "d_model": 24, "n_layers": 2, "head": {"kind": "lm"},
+    "position": {"kind": "rope"},
+    "block": {"kind": "sandwich", "attention": {"kind": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "v_head_dim": 8,
+                            "bias": False},
+              "ffn": {"kind": "geglu", "hidden": 40, "bias": False}, "norm": {"kind": "rmsnorm"}},
+}
+
+
+def build(*overrides: str) -> nn.Module:
+    """A model of SPEC with ``overrides``, its weights the same random ones (large enough that the
+    scores and logits reach the caps) whatever the overrides."""
+    model = zoo.build(zoo.load_spec(SPEC, list(overrides)), seed=0)
+    weights = randomize(zoo.build(SPEC, seed=0)).state_dict()
+    model.load_state_dict({k: weights.get(k, v) for k, v in model.state_dict().items()})
+    return model.eval()
+
+
+def test_soft_capping_changes_outputs_and_bounds_them():
+    x = tokens(2, 9)
+    with torch.no_grad():
+        plain = build()(x)
+        capped = build("block.attention.softcap=0.5")(x)
+        wide = build("block.attention.softcap=1e6")(x)  # a cap far above every score: nothing to cap
+        head = build("head.softcap=0.3")(x)
+    assert max_diff(capped, plain) > 1e-2 and max_diff(wide, plain) < 1e-5
+    assert head.abs().max() <= 0.3 < plain.abs().max() and torch.allclose(head, 0.3 * torch.tanh(plain / 0.3), atol=1e-6)
+
+
+def test_soft_capped_attention_computes_its_formula_on_the_scores_kernel(monkeypatch):
+    """The spec declares the kernel: a cap takes kernels.scores_attention (no fused kernel caps),
+    which computes softmax(cap * tanh(q k^T * scale / cap) + mask) v; without a cap the fused one."""
+    spec = zoo.load_spec(SPEC, ["block.attention.softcap=2.0", "block.attention.scale_dim=12"])
+    assert spec.block.attention.kernel == "scores" and zoo.load_spec(SPEC).block.attention.kernel == "fused"
+    calls = []
+    real = kernels.scores_attention
+    monkeypatch.setattr(kernels, "scores_attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    model = zoo.build(spec, seed=0).eval()
+    with torch.no_grad():
+        model(tokens(2, 9))
+    assert len(calls) == 2 and calls[0]["softcap"] == 2.0 and calls[0]["scale"] == 12 ** -0.5
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 7, 8, generator=g) * 3 for _ in range(3))
+    mask = torch.rand(2, 1, 7, 7, generator=g) > 0.3
+    mask[..., 0] = True
+    scores = (2.0 * torch.tanh(q @ k.transpose(-2, -1) * 0.3 / 2.0)).masked_fill(~mask, float("-inf"))
+    want = scores.softmax(-1) @ v
+    assert torch.allclose(real(q, k, v, mask=mask, scale=0.3, softcap=2.0), want, atol=1e-6)
+    # without a cap, the scores kernel computes what SDPA computes (causal, GQA, scale)
+    kv = k[:, :2], v[:, :2]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, *kv, is_causal=True, scale=0.3, enable_gqa=True)
+    assert torch.allclose(real(q, *kv, is_causal=True, scale=0.3), sdpa, atol=1e-5)
+
+
+def test_summary_counts_what_the_scores_kernel_keeps():
+    """A soft-capped attention keeps three H x T x T tensors per layer (tanh, weights, their cast),
+    a capped head its tanh's output; FLOPs and parameters are unchanged."""
+    from zoo.summary import summarize
+
+    plain = summarize(zoo.load_spec(SPEC), seq=16)
+    capped = summarize(zoo.load_spec(SPEC, ["block.attention.softcap=50", "head.softcap=30"]), seq=16)
+    assert (capped.parameters, capped.flops_forward) == (plain.parameters, plain.flops_forward)
+    assert capped.activation_bytes - plain.activation_bytes == (2 * 3 * 4 * 16 * 16 + 16 * V) * 4
+
+
+def test_scale_dim_is_the_score_scale():
+    x = tokens(2, 9)
+    with torch.no_grad():
+        plain, same, other = build()(x), build("block.attention.scale_dim=8")(x), build("block.attention.scale_dim=30")(x)
+    assert torch.allclose(plain, same, atol=1e-6) and max_diff(plain, other) > 1e-3
+
+
+def test_unit_offset_qk_norm_scales_by_one_plus_weight():
+    model = build("block.attention.qk_norm={kind: rmsnorm, unit_offset: true, eps: 1.0e-6}")
+    norm = model.stack.blocks[0].attn.q_norm
+    assert torch.equal(norm.weight, torch.zeros(8))  # (1 + 0): the identity scale at init
+    with torch.no_grad():
+        norm.weight.fill_(0.5)
+        x = torch.randn(3, 8)
+        assert torch.allclose(norm(x), 1.5 * x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt(), atol=1e-6)
+
+
+@pytest.mark.parametrize("override,field", [
+    ("block.attention.softcap=0", "block.attention.softcap"),
+    ("block.attention.softcap=-50", "block.attention.softcap"),
+    ("block.attention.softcap=.inf", "block.attention.softcap"),
+    ("head.softcap=0", "head.softcap"),
+    ("block.attention.scale_dim=0", "block.attention.scale_dim"),
+    ("block.attention.qk_norm={kind: layernorm, unit_offset: true}", "block.attention.qk_norm: unit_offset"),
+])
+def test_bad_options_are_spec_errors_naming_the_field(override, field):
+    with pytest.raises(SpecError, match=f"{field}: "):
+        zoo.load_spec(SPEC, [override])
+
+
+# ------------------------------------------------------------------------------------ refusals
+def test_from_hf_refuses_what_zoo_cannot_express():
+    small = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 8}
+    with pytest.raises(ConversionError, match=r"rope_parameters.full_attention.rope_type='linear' .*rope scaling"):
+        from_hf(reference("Gemma3Text", **small, layer_types=[S, F], rope_scaling={"rope_type": "linear", "factor": 8.0}))
+    with pytest.raises(ConversionError, match="attn_logit_softcapping=50.0 .*never applies it"):
+        from_hf(reference("Gemma3Text", **small, attn_logit_softcapping=50.0))
+    with pytest.raises(ConversionError, match="layer_types='chunked_attention'"):
+        from_hf(reference("Gemma2", **small, layer_types=[S, "chunked_attention"]))
+
+
+GEMMA2 = ["embedding.scale=true", "embedding.round_scale=true", "block.norm.unit_offset=true", "block.ffn.approximate=tanh"]
+GEMMA3 = [*GEMMA2, "block.attention.qk_norm={kind: rmsnorm, eps: 1.0e-5, unit_offset: true}"]
+TO_REFUSED = {
+    "attention cap to gemma3": (GEMMA3 + ["block.attention.softcap=50"], "Gemma3ForCausalLM", "block.attention.softcap=50.0"),
+    "attention cap to gemma": (GEMMA2[:3] + ["block.kind=pre", "block.attention.softcap=50"], "GemmaForCausalLM",
+                               "block.attention.softcap=50.0"),
+    "scale_dim to llama": (["block.kind=pre", "block.ffn.kind=swiglu", "block.attention.scale_dim=12"], "LlamaForCausalLM",
+                           "block.attention.scale_dim=12"),
+    "final cap to mistral": (["block.kind=pre", "block.ffn.kind=swiglu", "head.softcap=30"], "MistralForCausalLM",
+                             "head.softcap=30.0"),
+    "qk-norm without the offset to gemma3": (GEMMA3[:-1] + ["block.attention.qk_norm={kind: rmsnorm, eps: 1.0e-5}"],
+                                             "Gemma3ForCausalLM", "block.attention.qk_norm="),
+    "qk-norm to gemma2": (GEMMA3, "Gemma2ForCausalLM", "block.attention.qk_norm="),
+    "two window sizes to gemma2": (GEMMA2 + ["block.attention.window=3", "layers=[{at: 0, block: {attention: {window: 5}}}]"],
+                                   "Gemma2ForCausalLM", r"block.attention.window=\[3, 5\]"),
+    "a layer's own rope base to gemma2": (GEMMA2 + ["layers=[{at: 1, position: {kind: rope, base: 100.0}}]"],
+                                          "Gemma2ForCausalLM", "layers=\"layer 1's position\""),
+    "two rope bases among gemma3's sliding layers": (
+        GEMMA3 + ["n_layers=3", "block.attention.window=4", "layers=[{at: 1, position: {kind: rope, base: 100.0}}]"],
+        "Gemma3ForCausalLM", "layers=\"layer 1's rope base 100\""),
+    "a layer without positions to gemma3": (GEMMA3 + ["layers=[{at: 1, position: {kind: none}}]"], "Gemma3ForCausalLM",
+                                            "layers=\"layer 1's position"),
+    "another ffn on a layer to gemma2": (GEMMA2 + ["layers=[{at: -1, block: {ffn: {hidden: 16}}}]"], "Gemma2ForCausalLM",
+                                         "layers=\"layer 1's block\""),
+    "pre-norm to gemma2": (GEMMA2 + ["block.kind=pre"], "Gemma2ForCausalLM", "block.kind='pre'"),
+}
+
+
+@pytest.mark.parametrize("case", TO_REFUSED)
+def test_to_hf_refuses_what_it_cannot_express(case):
+    overrides, architecture, message = TO_REFUSED[case]
+    model = zoo.build(zoo.load_spec(SPEC, overrides), device="meta")
+    with pytest.raises(ConversionError, match=message):
+        to_hf(model, architecture)

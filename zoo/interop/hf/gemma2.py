@@ -1,0 +1,149 @@
+"""Gemma 2: ``Gemma2ForCausalLM`` <-> a zoo decoder with Gemma's details (:mod:`zoo.interop.hf.gemma`:
+embeddings times sqrt(d_model) rounded to their dtype, (1 + w) RMSNorm) and Gemma 2's own: a norm
+before and after each sub-layer (``block.kind: sandwich``), the scores scaled by
+``query_pre_attn_scalar ** -0.5`` (``block.attention.scale_dim``), soft-capped attention logits
+(``block.attention.softcap`` = ``attn_logit_softcapping``) and final logits (``head.softcap`` =
+``final_logit_softcapping``), and local (sliding-window) and global layers by ``layer_types``. The
+sliding layers are the model's block, the global ones a layer pattern::
+
+    block: {kind: sandwich, attention: {window: 4096, scale_dim: 256, softcap: 50.0, ...}, ...}
+    layers: [{at: "1::2", block: {attention: {window: null}}}]      # Gemma 2: local, global, local, ...
+    head: {kind: lm, softcap: 30.0}
+
+Back to HF, zoo writes ``layer_types`` from each layer's window; layers that differ otherwise, or
+two window sizes, are refused (Gemma 2 has one ``sliding_window``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.common import Rule, rule, unsupported
+from zoo.interop.hf.base import require
+from zoo.interop.hf.gemma import Gemma
+from zoo.interop.hf.llama import Llama
+from zoo.spec import FamilySpec
+
+__all__ = ["Gemma2", "layer_at", "read_layer_types", "write_layer_types"]
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+def layer_at(indices: list[int], n: int) -> int | str | list[int]:
+    """The shortest ``at`` of a layer pattern that selects ``indices`` of ``n`` layers: an index, a
+    slice ("5::6") where one gives exactly these, else the list."""
+    if len(indices) == 1:
+        return indices[0]
+    start, step = indices[0], indices[1] - indices[0]
+    if list(range(n))[start::step] == indices:
+        return f"{start}::{step}" if step > 1 else f"{start}:"
+    return list(indices)
+
+
+def read_layer_types(c: Any, s: dict, where: str, full_base: float | None = None) -> None:
+    """Gemma's ``layer_types`` into the spec mapping ``s``: the sliding layers' window on the model's
+    block, and a pattern giving the full-attention layers no window (and, with ``full_base``, their
+    own RoPE base where it differs from the model's)."""
+    types = list(c.layer_types)
+    unknown = sorted(set(types) - {FULL, SLIDING})
+    if unknown:
+        raise unsupported(where, "layer_types", unknown[0], f"zoo reads {FULL} and {SLIDING} layers")
+    sliding = [i for i, t in enumerate(types) if t == SLIDING]
+    full = [i for i, t in enumerate(types) if t == FULL]
+    if not sliding:
+        return
+    if c.sliding_window is None:
+        raise unsupported(where, "sliding_window", None, "sliding_attention layers need a window")
+    s["block"]["attention"]["window"] = c.sliding_window
+    if full:
+        pattern: dict = {"at": layer_at(full, len(types)), "block": {"attention": {"window": None}}}
+        if full_base is not None and full_base != s["position"]["base"]:
+            pattern["position"] = {"kind": "rope", "base": full_base}
+        s["layers"] = [pattern]
+
+
+def write_layer_types(s: FamilySpec, where: str, name: str, *, own_positions: bool) -> tuple[list[str], int | None, dict]:
+    """Each layer's type (``sliding_attention`` where it has a window), the one window size, and
+    each type's RoPE base. Every layer must be the model's block but for its window; with
+    ``own_positions`` each type may have a RoPE base of its own (Gemma 3), else no layer has its own
+    position."""
+    windows, bases = [], {}
+    for i, layer in enumerate(s.stack_layers()):
+        b = layer.block
+        plain = b.model_copy(update={"attention": b.attention.model_copy(update={"window": s.block.attention.window})})
+        if plain != s.block:
+            raise unsupported(where, "layers", f"layer {i}'s block",
+                              f"{name}'s layers differ in their attention window only (layer_types)")
+        kind = FULL if b.attention.window is None else SLIDING
+        position = layer.position or s.position
+        if layer.position is not None and layer.position != s.position and not own_positions:
+            raise unsupported(where, "layers", f"layer {i}'s position", f"{name} has one rope for every layer")
+        if position.kind != "rope" or position.fraction != 1.0:
+            raise unsupported(where, "layers", f"layer {i}'s position {position.model_dump(mode='json')}",
+                              f"{name}'s layers rotate every dimension (rope, fraction 1)")
+        if bases.setdefault(kind, position.base) != position.base:
+            raise unsupported(where, "layers", f"layer {i}'s rope base {position.base:g}",
+                              f"{name} has one rope base per layer type, its {kind} layers (by block.attention.window) "
+                              f"have {bases[kind]:g}")
+        windows.append(b.attention.window)
+    sizes = sorted({w for w in windows if w is not None})
+    require(len(sizes) <= 1, where, "block.attention.window", sizes,
+            f"{name} has one sliding_window for its sliding layers (layers with windows of several sizes)")
+    return [FULL if w is None else SLIDING for w in windows], (sizes[0] if sizes else None), bases
+
+
+class Gemma2(Gemma):
+    name = "Gemma2ForCausalLM"
+    config_name = "Gemma2Config"
+    model_type = "gemma2"
+    base = "Gemma2Model"
+    acts: ClassVar[dict[tuple[str, str], str]] = Llama.acts  # Gemma 2 reads "gelu" as exact GELU
+    act_field: ClassVar[str] = "hidden_activation"
+    block_kind: ClassVar[str] = "sandwich"
+    norm_names: ClassVar[tuple[str, str]] = ("input_layernorm", "pre_feedforward_layernorm")
+    own_positions: ClassVar[bool] = False  # each layer type may have its own RoPE base
+    claims: ClassVar[Claims] = {**Gemma.claims, "block.kind": one_of("sandwich"), "block.attention.window": ANY,
+                                "block.attention.scale_dim": ANY, "block.attention.softcap": ANY, "head.softcap": ANY,
+                                "layers": ANY}
+
+    @classmethod
+    def read(cls, c: Any, s: dict, where: str) -> None:
+        super().read(c, s, where)
+        att = s["block"]["attention"]
+        scalar = c.query_pre_attn_scalar
+        if scalar != int(scalar):
+            raise unsupported(where, "query_pre_attn_scalar", scalar, "zoo's scale_dim is a whole number")
+        att.update(scale_dim=None if int(scalar) == c.head_dim else int(scalar), softcap=cls.attention_softcap(c, where))
+        s["head"]["softcap"] = c.final_logit_softcapping
+        read_layer_types(c, s, where, cls.full_base(c))
+
+    @classmethod
+    def attention_softcap(cls, c: Any, where: str) -> float | None:
+        """The attention logits' soft-capping the reference applies."""
+        return c.attn_logit_softcapping
+
+    @classmethod
+    def full_base(cls, c: Any) -> float | None:
+        """The RoPE base of the full-attention layers where it is their own (None: the model's)."""
+        return None
+
+    @classmethod
+    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
+        super().write(s, c, where)
+        att = s.block.attention
+        types, window, bases = write_layer_types(s, where, cls.name, own_positions=cls.own_positions)
+        # HF builds the sliding mask even without sliding layers, so it needs a window: the context
+        c.update(query_pre_attn_scalar=att.scale_size(s.d_model), attn_logit_softcapping=att.softcap,
+                 final_logit_softcapping=s.head.softcap, layer_types=types,
+                 sliding_window=window if window is not None else s.max_seq_len)
+        cls.write_rope(s, c, bases)
+
+    @classmethod
+    def write_rope(cls, s: FamilySpec, c: dict, bases: dict) -> None:
+        """Each layer type's rope (Gemma 2: the one ``rope_parameters`` LLaMA's writes)."""
+
+    @classmethod
+    def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
+        return [rule(f"{z}.attn_post_norm.weight", f"{h}.post_attention_layernorm.weight"),
+                rule(f"{z}.ffn_post_norm.weight", f"{h}.post_feedforward_layernorm.weight")]
