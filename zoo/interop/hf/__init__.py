@@ -11,7 +11,8 @@ LLaMA-like decoders ``MistralForCausalLM`` (sliding-window attention), ``Qwen2Fo
 biases, none on the output), ``GemmaForCausalLM`` (scaled embeddings, (1 + w) RMSNorm, its own
 head size) and ``Olmo2ForCausalLM`` (qk-norm, norms after each sub-layer), and
 ``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel attention and FFN, LayerNorm). A rotary
-decoder converts by default to the first of these that expresses it.
+decoder converts by default to the first of these that expresses it; every rotary one carries
+RoPE scaling (``rope_parameters`` <-> ``position.scaling``, :mod:`zoo.interop.hf.rope`).
 
 The spec is read from the reference's config (and the config written from the spec); tensors are
 then mapped by name (:mod:`zoo.interop.common`). Tying is read from the model itself, because HF
