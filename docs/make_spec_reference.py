@@ -144,21 +144,34 @@ def constraint(meta: list) -> str:
     return ""
 
 
+def kinds_of(tp: Any, meta: tuple = ()) -> zs.Kinds | None:
+    """The closed choice of kinds (:class:`zoo.spec.Kinds`) a field's type holds, if any."""
+    for m in (*meta, *getattr(tp, "__metadata__", ())):
+        if isinstance(m, zs.Kinds):
+            return m
+    return next((k for a in typing.get_args(tp) if (k := kinds_of(a)) is not None), None)
+
+
 def type_name(tp: Any, meta: list | tuple = ()) -> str:
     """A readable type: `int > 0`, `one of: a, b`, a link to a section or a registry."""
     part = dispatch_of(tuple(meta))
     if part is not None:
         return f"[{part}](#{anchor(part + ' kinds')}) (by `kind`)"
+    kinds = next((m for m in meta if isinstance(m, zs.Kinds)), None)
+    if kinds is not None:
+        return " or ".join(f"[{k}](#{anchor(c.__name__)})" for k, c in kinds.kinds.items()) + " (by `kind`)"
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
         return type_name(tp.__origin__, list(tp.__metadata__) + list(meta))
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        names = [type_name(a) for a in args if a is not type(None)]
+        names = [type_name(a, meta) for a in args if a is not type(None)]
         return " or ".join(names) + (" or null" if type(None) in args else "")
     if origin is typing.Literal:
         values = ", ".join(f"`{v}`" for v in typing.get_args(tp))
         return values if len(typing.get_args(tp)) == 1 else f"one of {values}"
+    if origin is list and typing.get_args(tp):
+        return f"list of {type_name(typing.get_args(tp)[0])}"
     if isinstance(tp, type) and issubclass(tp, zs.Spec):
         return f"[{tp.__name__}](#{anchor(tp.__name__)})"
     name = getattr(tp, "__name__", str(tp))
@@ -226,7 +239,8 @@ def field_table(cls: type) -> list[str]:
 def nested_specs(cls: type, seen: list[type]) -> None:
     """Spec classes (not chosen by kind) reachable from cls's fields, in order of appearance."""
     for field in cls.model_fields.values():
-        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        kinds = kinds_of(field.annotation, tuple(field.metadata))
+        candidates = [field.annotation, *typing.get_args(field.annotation), *(kinds.kinds.values() if kinds else ())]
         for tp in candidates:
             if isinstance(tp, type) and issubclass(tp, zs.Spec) and not issubclass(tp, zs.ComponentSpec):
                 if tp not in seen:

@@ -23,7 +23,7 @@ import zoo
 from zoo.interop import ConversionError
 from zoo.interop.claims import FREE
 from zoo.registry import REGISTRIES, registry
-from zoo.spec import ComponentSpec, Dispatch, FamilySpec, LayerPattern, Spec, SpecError, parse_spec
+from zoo.spec import ComponentSpec, Dispatch, FamilySpec, Kinds, LayerPattern, Spec, SpecError, parse_spec
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.reference
@@ -78,6 +78,14 @@ TIMM = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_r
 MORE = {
     "MarianMTModel": [dict(share_encoder_decoder_embeddings=False, tie_word_embeddings=False, decoder_vocab_size=V + 4)],
     "timm": [dict(class_token=False, global_pool="avg", reg_tokens=2)],
+}
+# a valid mapping of each kind of a closed choice (Kinds) whose fields have no defaults; the lists fit
+# the base specs' 6-wide heads (3 rotated pairs)
+KIND_EXAMPLES = {
+    "linear": {"factor": 2.0}, "dynamic": {"factor": 2.0},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "yarn": {"factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 0.5},
+    "longrope": {"short_factor": [1.0, 1.5, 2.0], "long_factor": [1.0, 3.0, 6.0], "original_max_position_embeddings": 16},
 }
 # (converter, path) that convert to a spec computing the same function of permuted weights
 EQUIVALENT = {("MarianMTModel", "position.layout"): "the paper's interleaved sinusoids reach Marian's concat layout by "
@@ -160,6 +168,17 @@ def _dispatch(tp: Any, meta: tuple) -> Dispatch | None:
     return None
 
 
+def _kinds(tp: Any, meta: tuple) -> Kinds | None:
+    for m in (*meta, *getattr(tp, "__metadata__", ())):
+        if isinstance(m, Kinds):
+            return m
+    for arg in typing.get_args(tp):
+        found = _kinds(arg, ())
+        if found:
+            return found
+    return None
+
+
 def _types(tp: Any) -> list[Any]:
     if typing.get_origin(tp) is typing.Annotated:
         return _types(typing.get_args(tp)[0])
@@ -177,6 +196,11 @@ def candidates(cls: type, field: str, value: Any) -> list[Any]:
     if dispatch is not None:
         current = getattr(value, "kind", None)
         out += [{"kind": k} for k in registry(dispatch.part).names() if k != current]
+    kinds = _kinds(tp, meta)
+    if kinds is not None:
+        current = getattr(value, "kind", None)
+        out += [{"kind": k, **KIND_EXAMPLES.get(k, {})} for k in kinds.names() if k != current]
+        types = [t for t in types if t is type(None)]
     for t in types:
         origin = typing.get_origin(t)
         if t is bool:
@@ -191,7 +215,7 @@ def candidates(cls: type, field: str, value: Any) -> list[Any]:
             out += [[{"at": 0, "block": {"attention": {"window": 2}}}], [{"at": 0, "position": {"kind": "none"}}],
                     [{"at": -1, "block": {"ffn": {"hidden": 16}}}]]
         elif origin is list:
-            out += [[8], [8, 8]]
+            out += [[8], [8, 8]] + ([[2 * v for v in value]] if value else [])
         elif isinstance(t, type) and issubclass(t, Spec) and value is None:
             out.append({"channels": [8]} if "channels" in t.model_fields else {})
     if type(None) in types and value is not None:
@@ -283,8 +307,12 @@ def test_generation_reaches_every_field_of_every_builtin_spec():
             cls = reg.spec(kind)
             if cls.__module__.startswith("zoo.spec") and cls not in classes:
                 classes.append(cls)
-    for cls in list(classes):
+    for cls in classes:  # grows as sections are found
         for field, info in cls.model_fields.items():
+            kinds = _kinds(info.annotation, tuple(info.metadata))
+            for inner in kinds.kinds.values() if kinds is not None else ():
+                if inner not in classes:
+                    classes.append(inner)
             for t in [info.annotation, *typing.get_args(info.annotation)]:
                 for inner in [t, *typing.get_args(t)]:
                     if isinstance(inner, type) and issubclass(inner, Spec) and not issubclass(inner, ComponentSpec) \

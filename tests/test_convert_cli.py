@@ -189,9 +189,9 @@ def test_bad_inputs_are_one_line_with_exit_2(tmp_path, capsys):
     assert "model_type 'opt' (OPTForCausalLM) does not convert; supported: GPT2LMHeadModel" in err
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64,
-        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}))
+        rope_parameters={"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}))
     llama.save_pretrained(tmp_path / "llama")
-    assert "rope_parameters.rope_type='linear' is not supported" in refuse(capsys, tmp_path / "llama", "-o", tmp_path / "m.safetensors")
+    assert "rope_parameters.rope_type='proportional' is not supported" in refuse(capsys, tmp_path / "llama", "-o", tmp_path / "m.safetensors")
     transformers.BertModel(transformers.BertConfig(vocab_size=V, hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
                                                    intermediate_size=32)).save_pretrained(tmp_path / "bert")
     err = refuse(capsys, tmp_path / "bert", "-o", tmp_path / "m.safetensors")

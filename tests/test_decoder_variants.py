@@ -175,14 +175,15 @@ def test_presets_are_their_reference_configs(name):
 
 # ------------------------------------------------------------------------------------ refusals
 FROM_REFUSED = {
-    "mistral rope scaling": (lambda: reference("Mistral", hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
-                                               intermediate_size=8, rope_parameters={"rope_type": "linear", "factor": 2.0,
-                                                                                     "rope_theta": 10000.0}),
-                             "rope_parameters.rope_type='linear'"),
-    "neox rope scaling": (lambda: reference("GPTNeoX", hidden_size=16, num_attention_heads=2, intermediate_size=8,
-                                            rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0,
-                                                             "partial_rotary_factor": 0.5}),
-                          "rope_parameters.rope_type='dynamic'"),
+    "mistral proportional rope": (lambda: reference("Mistral", hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
+                                                    intermediate_size=8, rope_parameters={
+                                                        "rope_type": "proportional", "rope_theta": 10000.0,
+                                                        "partial_rotary_factor": 0.5}),
+                                  "rope_parameters.rope_type='proportional'"),
+    "neox proportional rope": (lambda: reference("GPTNeoX", hidden_size=16, num_attention_heads=2, intermediate_size=8,
+                                                 rope_parameters={"rope_type": "proportional", "rope_theta": 10000.0,
+                                                                  "partial_rotary_factor": 0.5}),
+                               "rope_parameters.rope_type='proportional'"),
     "neox quick_gelu": (lambda: reference("GPTNeoX", hidden_size=16, num_attention_heads=2, intermediate_size=8,
                                           hidden_act="quick_gelu"), "hidden_act='quick_gelu'"),
     "gemma bidirectional": (lambda: reference("Gemma", hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,

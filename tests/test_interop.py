@@ -369,9 +369,8 @@ FROM_REFUSED = {
     "bert relative positions": (lambda: transformers.BertForMaskedLM(transformers.BertConfig(
         vocab_size=V, hidden_size=16, num_attention_heads=2, num_hidden_layers=1, intermediate_size=8,
         position_embedding_type="relative_key")), "position_embedding_type='relative_key'"),
-    "llama rope scaling": (lambda: llama(num_attention_heads=4, rope_parameters={"rope_type": "linear", "factor": 2.0,
-                                                                                 "rope_theta": 10000.0}),
-                           "rope_parameters.rope_type='linear'"),
+    "llama proportional rope": (lambda: llama(num_attention_heads=4, rope_parameters={
+        "rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), "rope_parameters.rope_type='proportional'"),
     "llama partial rotary": (lambda: llama(num_attention_heads=4, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}), "partial_rotary_factor"),
     "llama relu": (lambda: llama(num_attention_heads=4, hidden_act="relu"), "hidden_act='relu'"),

@@ -134,13 +134,6 @@ def test_phi3_fused_projections_are_zoos_fused_ones():
 SMALL = {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 8}
 LONGROPE = rope(1.0, rope_type="longrope", short_factor=[1.0] * 4, long_factor=[2.0] * 4)
 FROM_REFUSED = {
-    "phi3 longrope": (lambda: reference("Phi3", **SMALL, original_max_position_embeddings=32, rope_parameters=LONGROPE),
-                      "Phi3ForCausalLM -> zoo: rope_parameters.rope_type='longrope' is not supported"),
-    "phi3 backbone longrope": (lambda: reference("Phi3", "Model", **SMALL, original_max_position_embeddings=32,
-                                                 rope_parameters=LONGROPE),
-                               "Phi3Model -> zoo: rope_parameters.rope_type='longrope' is not supported"),
-    "qwen3 rope scaling": (lambda: reference("Qwen3", **SMALL, head_dim=8, rope_parameters={
-        "rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}), "rope_parameters.rope_type='yarn'"),
     "qwen3 sliding layers without a window": (lambda: reference("Qwen3", **SMALL, head_dim=8, layer_types=[SLIDING, FULL]),
                                               "sliding_window=None is not supported"),
     "phi3 quick_gelu": (lambda: reference("Phi3", **SMALL, hidden_act="quick_gelu"), "hidden_act='quick_gelu'"),
@@ -152,6 +145,31 @@ def test_from_hf_refuses_what_zoo_cannot_express(case):
     build, message = FROM_REFUSED[case]
     with pytest.raises(ConversionError, match=message):
         from_hf(build())
+
+
+SCALED = {  # RoPE scalings convert as LLaMA's (tests/test_rope_scaling.py); here through these classes' own layouts
+    "phi3 longrope past the original length": lambda: reference(
+        "Phi3", **SMALL, max_position_embeddings=64, original_max_position_embeddings=16, rope_parameters=LONGROPE),
+    "phi3 backbone longrope": lambda: reference(
+        "Phi3", "Model", **SMALL, max_position_embeddings=64, original_max_position_embeddings=16, rope_parameters=LONGROPE),
+    "qwen3 yarn": lambda: reference("Qwen3", **SMALL, head_dim=8, rope_parameters={
+        "rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 16}),
+}
+
+
+@pytest.mark.parametrize("case", SCALED)
+def test_rope_scalings_convert_both_ways(case):
+    hf = SCALED[case]().eval()
+    model = from_hf(hf).eval()
+    assert model.spec.position.scaling is not None
+    x = tokens(2, 40)
+    with torch.no_grad():
+        ref = hf(x)
+        ref = ref.logits if hasattr(ref, "logits") else ref.last_hidden_state
+        assert (model(x) - ref).abs().max() < ATOL
+        back = to_hf(model, type(hf).__name__).eval()
+        again = back(x)
+        assert torch.equal(again.logits if hasattr(again, "logits") else again.last_hidden_state, ref)
 
 
 QWEN3 = CASES["qwen3: no window"][1]

@@ -77,6 +77,9 @@ def _layer_text(layer, model_position) -> str:
     pos = layer.position or model_position
     own = "" if layer.position is None else " (its own)"
     base = f" base {pos.base:g}" if hasattr(pos, "base") else ""
+    scaling = getattr(pos, "scaling", None)
+    if scaling is not None:
+        base += f" {scaling.kind}" + (f" x{scaling.factor:g}" if getattr(scaling, "factor", None) is not None else "")
     hidden = getattr(b.ffn, "hidden", None)
     return f"{b.kind} block, {heads}{window}, {b.ffn.kind}{f' {hidden}' if hidden else ''}, position {pos.kind}{base}{own}"
 

@@ -1,6 +1,6 @@
 """Interchangeable parts; importing this package registers the built-in builders."""
 
-from zoo.components import attention, block, dropout, embedding, ffn, head, linear, norm, pool, position, stack  # noqa: F401
+from zoo.components import attention, block, dropout, embedding, ffn, head, linear, norm, pool, position, rope, stack  # noqa: F401
 from zoo.components.attention import Attention, attention_mask
 from zoo.components.block import (
     Block,
@@ -25,10 +25,10 @@ from zoo.components.position import (
     LearnedPosition,
     NoPosition,
     Position,
-    RotaryPosition,
     SinCos2dPosition,
     SinusoidalPosition,
 )
+from zoo.components.rope import RotaryPosition
 from zoo.components.stack import Stack, StackContext
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Positions: one interface for three mechanisms.
+"""Positions: one interface for three mechanisms (RoPE and its scalings: :mod:`zoo.components.rope`).
 
 Absolute positions are *added* to the embeddings, RoPE *rotates* queries and keys, ALiBi *biases*
 attention scores. Every position module has all three hooks with identity defaults, so blocks call
@@ -161,49 +161,13 @@ class SinCos2dPosition(TablePosition):
         return table.to(self.weight.device)
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+def __getattr__(name: str):
+    """RoPE lives in :mod:`zoo.components.rope`; its names are found here too."""
+    if name in ("RotaryPosition", "rope_frequencies", "rotate_half"):
+        from zoo.components import rope
 
-
-def rope_frequencies(head_dim: int, base: float) -> Tensor:
-    """base^(-2i/K) for i < K/2: the turning rate of each rotated pair."""
-    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (K/2,)
-
-
-class RotaryPosition(Position):
-    """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX and HF LLaMA: dimension i pairs
-    with i + K/2, and the pair turns by angle position * base^(-2i/K).
-
-    ``rotary_dims`` R < K (partial rotary, GPT-NeoX): only the first R dimensions of each head turn,
-    in the same layout within them (i pairs with i + R/2, angle position * base^(-2i/R)); the other
-    K - R pass through unchanged."""
-
-    def __init__(self, head_dim: int, *, base: float = 10000.0, rotary_dims: int | None = None) -> None:
-        super().__init__()
-        self.head_dim, self.base = head_dim, base
-        self.rotary_dims = rotary_dims or head_dim
-        self.register_buffer("inv_freq", rope_frequencies(self.rotary_dims, base), persistent=False)
-
-    def reset_buffers(self) -> None:
-        """Recompute the frequencies in place, on their device, keeping their dtype."""
-        with torch.device(self.inv_freq.device):
-            self.inv_freq.copy_(rope_frequencies(self.rotary_dims, self.base))
-
-    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        angles = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # ([B,] T, R/2)
-        angles = torch.cat([angles, angles], dim=-1)
-        if angles.dim() == 3:  # per-row positions: (B, T, R) -> (B, 1, T, R)
-            angles = angles[:, None]
-        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
-
-        def turn(x: Tensor) -> Tensor:
-            if self.rotary_dims == x.shape[-1]:
-                return x * cos + rotate_half(x) * sin
-            x, rest = x[..., : self.rotary_dims], x[..., self.rotary_dims :]
-            return torch.cat([x * cos + rotate_half(x) * sin, rest], dim=-1)
-
-        return turn(q), turn(k)
+        return getattr(rope, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -245,11 +209,6 @@ def _learned(spec, *, dim: int, max_len: int, **_) -> Position:
 @register("position", "sinusoidal")
 def _sinusoidal(spec, *, dim: int, max_len: int, **_) -> Position:
     return SinusoidalPosition(dim, max_len, base=spec.base, layout=spec.layout)
-
-
-@register("position", "rope")
-def _rope(spec, *, head_dim: int, **_) -> Position:
-    return RotaryPosition(head_dim, base=spec.base, rotary_dims=spec.rotary_dims(head_dim))
 
 
 @register("position", "alibi")

@@ -75,7 +75,7 @@ class Stack(nn.Module):
         if len(self.windows) != n or len(own) != n:
             raise ValueError(f"Stack: {n} blocks need {n} windows and {n} positions")
         distinct = list({id(p): p for p in own if p is not None}.values())
-        self.positions = nn.ModuleList(distinct)  # layers' own positions (derived tables only: no state)
+        self.positions = nn.ModuleList(distinct)  # layers' own positions (derived tables; a dynamic rope's longest length)
         index = {id(p): i for i, p in enumerate(distinct)}
         heads = [parts.head_sizes(b.attn, 0)[0] for b in blocks]
         keys = [(w, -1 if p is None else index[id(p)], h) for w, p, h in zip(self.windows, own, heads)]

@@ -3,6 +3,7 @@ initialisation."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import torch
@@ -14,7 +15,6 @@ from zoo.components.position import Position
 from zoo.components.stack import Stack
 from zoo.registry import registry
 from zoo.spec import FamilySpec
-from zoo.spec.blocks import layer_key
 
 
 def build_part(part: str, spec, **context) -> nn.Module:
@@ -41,8 +41,9 @@ def build_position(spec: FamilySpec, position=None, *, block=None, max_len: int,
 
 def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_norm: bool | None = None) -> Stack:
     """The blocks of ``stack`` (a name of ``spec.stacks()``) from its resolved layers: each layer's
-    block kind and parts, its window and its own position (built once per distinct one); then the
-    final norm where the block kind declares one (``final_norm`` overrides)."""
+    block kind and parts, its window and its own position (one module per distinct position and
+    head shape, shared by the layers that have it); then the final norm where the block kind
+    declares one (``final_norm`` overrides)."""
     _, cross = spec.stacks()[stack]
     layers = spec.stack_layers(stack)
     own: dict[str, Position] = {}
@@ -53,8 +54,9 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
         windows.append(getattr(b.attention, "window", None))
         if layer.position is None:
             positions.append(None)
-        else:
-            key = layer_key(layer)
+        else:  # one module per distinct position (and query/key heads it turns)
+            att = b.attention
+            key = json.dumps([layer.position.model_dump(mode="json"), att.n_heads, att.qk_size(spec.d_model)], sort_keys=True)
             if key not in own:
                 own[key] = build_position(spec, layer.position, block=b, max_len=max_len)
             positions.append(own[key])

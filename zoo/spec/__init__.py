@@ -10,13 +10,14 @@ fix; nothing is rewritten behind the user's back (derived sizes are properties).
 
     zoo.spec.base       Spec, ComponentSpec, and the dispatch of a part's spec by its registered kind
     zoo.spec.parts      the specs of attention, positions, FFNs, norms, heads and ViT pools
+    zoo.spec.rope       the scalings of RoPE's frequencies (linear, dynamic, llama3, yarn, longrope)
     zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel) and per-layer patterns
     zoo.spec.families   FamilySpec and the four families: decoder, encoder, encoder_decoder, vit
     zoo.spec.migrate    0.1's field names (norm.placement, head options) read as today's, with a note
     zoo.spec.load       YAML files, presets, dotted overrides, validation errors (SpecError), JSON Schema
 """
 
-from zoo.spec.base import ComponentSpec, Dispatch, Rate, Spec
+from zoo.spec.base import ComponentSpec, Dispatch, Kinds, Rate, Spec
 from zoo.spec.blocks import (
     AnyBlock,
     BlockSpec,
@@ -91,16 +92,26 @@ from zoo.spec.parts import (
     SinusoidalSpec,
     SwiGLUSpec,
 )
+from zoo.spec.rope import (
+    AnyRopeScaling,
+    DynamicScalingSpec,
+    LinearScalingSpec,
+    Llama3ScalingSpec,
+    LongRopeScalingSpec,
+    RopeScalingSpec,
+    YarnScalingSpec,
+)
 
 __all__ = [
     "PRESETS_DIR", "AlibiSpec", "AnyAttention", "AnyBlock", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition",
-    "AttentionSpec", "BlockSpec", "ClassifierSpec", "ClsPoolSpec", "ComponentSpec", "ConvStemSpec", "DecoderSpec",
-    "Dispatch", "DropoutSpec", "EmbeddingSpec", "EncoderDecoderSpec", "EncoderSpec", "FFNSpec", "FamilySpec",
-    "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "LMHeadSpec", "Layer", "LayerNormSpec",
-    "LayerPattern", "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "ModelSpec",
-    "NoHeadSpec", "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
-    "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeSpec",
-    "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec", "TextSpec",
-    "VitSpec", "apply_overrides", "json_schema", "load_spec", "parse_spec", "preset_names", "preset_path",
-    "read_yaml", "select_layers", "to_yaml",
+    "AnyRopeScaling", "AttentionSpec", "BlockSpec", "ClassifierSpec", "ClsPoolSpec", "ComponentSpec", "ConvStemSpec",
+    "DecoderSpec", "Dispatch", "DropoutSpec", "DynamicScalingSpec", "EmbeddingSpec", "EncoderDecoderSpec",
+    "EncoderSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "Kinds",
+    "LMHeadSpec", "Layer", "LayerNormSpec", "LayerPattern", "LearnedSpec", "LinearHeadSpec", "LinearScalingSpec",
+    "Llama3ScalingSpec", "LongRopeScalingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "ModelSpec", "NoHeadSpec",
+    "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
+    "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeScalingSpec",
+    "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",
+    "TextSpec", "VitSpec", "YarnScalingSpec", "apply_overrides", "json_schema", "load_spec", "parse_spec",
+    "preset_names", "preset_path", "read_yaml", "select_layers", "to_yaml",
 ]

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from zoo.registry import RegistryError, registry, suggest
-from zoo.spec.base import Dispatch, Spec
+from zoo.spec.base import Dispatch, Kinds, Spec
 from zoo.spec.families import FamilySpec, ModelSpec
 from zoo.spec.migrate import migrate
 from zoo.validation import validation_message
@@ -101,8 +101,9 @@ def _read_source(source: str | os.PathLike) -> tuple[dict, str]:
 
 
 # ------------------------------------------------------------------------------------- overrides
-def _registry_at(data: dict, path: list[str]) -> str | None:
-    """The registry whose ``kind`` the mapping at ``path`` chooses, found by walking the spec classes."""
+def _registry_at(data: dict, path: list[str]) -> str | Kinds | None:
+    """The registry whose ``kind`` the mapping at ``path`` chooses (or the fixed :class:`Kinds` it
+    chooses from), found by walking the spec classes."""
     try:
         cls: Any = registry("family").spec(data.get("family"))
     except RegistryError:
@@ -118,7 +119,9 @@ def _registry_at(data: dict, path: list[str]) -> str | None:
                 meta = meta + getattr(arg, "__metadata__", ())
             dispatch = next((m for m in meta if isinstance(m, Dispatch)), None)
         if i == len(path) - 1:
-            return dispatch.part if dispatch else None
+            if dispatch is None:  # a closed choice within a part (a rope's scaling)
+                return next((m for m in _metadata(field.annotation) if isinstance(m, Kinds)), None)
+            return dispatch.part
         if dispatch is not None:
             sub = _get(data, path[: i + 1])
             try:
@@ -131,6 +134,11 @@ def _registry_at(data: dict, path: list[str]) -> str | None:
             if cls is None:
                 return None
     return None
+
+
+def _metadata(tp: Any) -> list:
+    """The Annotated metadata anywhere in a type (``X | None`` included)."""
+    return [*getattr(tp, "__metadata__", ()), *(m for arg in getattr(tp, "__args__", ()) for m in _metadata(arg))]
 
 
 def _get(data: dict, path: list[str]) -> Any:
@@ -166,10 +174,13 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
         node[path[-1]] = value
         if path[-1] == "kind":
             part = _registry_at(data, path[:-1])
-            if part and value in registry(part):
+            known = None
+            if isinstance(part, Kinds) and value in part.kinds:
+                known = part.kinds[value].model_fields
+            elif isinstance(part, str) and value in registry(part):
                 known = registry(part).spec(value).model_fields
-                for k in [k for k in node if k not in known]:
-                    del node[k]
+            for k in [k for k in node if known is not None and k not in known]:
+                del node[k]
     return data
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
+from zoo.spec.rope import AnyRopeScaling
 
 __all__ = [
     "AlibiSpec", "AnyAttention", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition", "AttentionSpec",
@@ -226,7 +227,9 @@ class LearnedSpec(PositionSpec):
 class RopeSpec(PositionSpec):
     """Rotary embeddings (rotate-half layout, as HF LLaMA). ``fraction`` < 1 rotates only the first
     ``int(fraction * head size)`` dimensions of each query and key head and passes the rest through
-    (partial rotary, GPT-NeoX's ``rotary_pct``)."""
+    (partial rotary, GPT-NeoX's ``rotary_pct``). ``scaling`` changes the frequencies for contexts
+    longer than the model was pretrained with, as HF's ``rope_parameters`` do (``linear``,
+    ``dynamic``, ``llama3``, ``yarn``, ``longrope``)."""
 
     kind: Literal["rope"] = "rope"
     in_layers: ClassVar[bool] = True
@@ -234,6 +237,10 @@ class RopeSpec(PositionSpec):
     fraction: float = Field(
         1.0, gt=0.0, le=1.0,
         description="share of each query/key head's dimensions that rotate: the first int(fraction * head size) (GPT-NeoX's rotary_pct)",
+    )
+    scaling: AnyRopeScaling | None = Field(
+        None, description="a scaling of the frequencies, chosen by kind: linear, dynamic, llama3, yarn, longrope; "
+        "null: the plain frequencies base^(-2i/R)",
     )
 
     def rotary_dims(self, head_dim: int) -> int:
@@ -250,6 +257,8 @@ class RopeSpec(PositionSpec):
             return [f"{field}.fraction: rope rotates pairs of dimensions, so int(head size * fraction) must be even "
                     f"and positive, got int({head_dim} * {self.fraction}) = {rotated}; choose a fraction that rotates "
                     f"an even count"]
+        if self.scaling is not None:
+            return self.scaling.problems(rotary_dims=rotated, field=f"{field}.scaling")
         return []
 
 

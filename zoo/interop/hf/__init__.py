@@ -18,6 +18,8 @@ attention and FFN, LayerNorm). Each decoder class's backbone without its head (`
 ``LlamaModel``, ..., ``Phi3Model``: :class:`~zoo.interop.hf.base.Headless`) converts to and from a
 zoo decoder with ``head: none``. A decoder converts by default to the first of these that
 expresses it (the backbones come last, and take the decoders without a head).
+Every rotary one carries RoPE scaling (``rope_parameters`` <-> ``position.scaling``,
+:mod:`zoo.interop.hf.rope`).
 
 The spec is read from the reference's config (and the config written from the spec); tensors are
 then mapped by name (:mod:`zoo.interop.common`). Tying is read from the model itself, because HF

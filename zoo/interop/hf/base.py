@@ -30,7 +30,6 @@ __all__ = [
     "plain_attention",
     "refuse_config",
     "require",
-    "rope_parameters",
     "same_layers",
     "token_ids",
     "weights",
@@ -278,18 +277,3 @@ TEXT_CLAIMS: Claims = {
     "block.attention.bias": ANY, "block.ffn.kind": ANY, "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
     "block.ffn.approximate": ANY, "block.norm.eps": ANY, "head.kind": one_of("lm"), "head.tied": ANY,
 }
-
-
-def rope_parameters(c: Any, where: str, *, partial: bool = False) -> dict:
-    """The default-frequency rope of an HF config (``rope_parameters``, or the older ``rope_scaling``):
-    its ``rope_theta`` (and with ``partial`` its ``partial_rotary_factor``); scaled rope is refused."""
-    rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {"rope_type": "default"})
-    if rope.get("rope_type", "default") != "default":
-        raise unsupported(where, "rope_parameters.rope_type", rope["rope_type"],
-                          "zoo's rope has the default frequencies only (no scaling)")
-    known = {"rope_type", "rope_theta"} | ({"partial_rotary_factor"} if partial else set())
-    for key in sorted(set(rope) - known):
-        raise unsupported(where, f"rope_parameters.{key}", rope[key], "this architecture's rope rotates every dimension with the default frequencies")
-    if not partial and getattr(c, "partial_rotary_factor", None) not in (None, 1.0):
-        raise unsupported(where, "partial_rotary_factor", c.partial_rotary_factor, "this architecture's rope rotates every dimension")
-    return rope

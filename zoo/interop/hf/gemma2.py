@@ -79,6 +79,9 @@ def write_layer_types(s: FamilySpec, where: str, name: str, *, own_positions: bo
         position = layer.position or s.position
         if layer.position is not None and layer.position != s.position and not own_positions:
             raise unsupported(where, "layers", f"layer {i}'s position", f"{name} has one rope for every layer")
+        if own_positions and getattr(position, "scaling", None) is not None:
+            raise unsupported(where, f"layers.{i}.position.scaling", position.scaling.kind,
+                              f"{name}'s rope scaling per layer type does not convert yet")
         if position.kind != "rope" or position.fraction != 1.0:
             raise unsupported(where, "layers", f"layer {i}'s position {position.model_dump(mode='json')}",
                               f"{name}'s layers rotate every dimension (rope, fraction 1)")

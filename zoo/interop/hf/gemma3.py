@@ -38,8 +38,8 @@ def rope_bases(c: Any, where: str) -> dict[str, float]:
         params = dict(params or {"rope_type": "default"})
         if params.get("rope_type", "default") != "default":
             raise unsupported(where, f"rope_parameters.{kind}.rope_type", params["rope_type"],
-                              "rope scaling (Gemma 3's linear factor on its global layers, 4B and up) does not convert "
-                              "yet: zoo's rope has the default frequencies")
+                              "a rope scaling per layer type (Gemma 3's linear factor on its global layers, 4B and up) "
+                              "does not convert yet")
         for key in sorted(set(params) - {"rope_type", "rope_theta"}):
             raise unsupported(where, f"rope_parameters.{kind}.{key}", params[key],
                               "zoo's rope rotates every dimension with the default frequencies")
@@ -53,14 +53,14 @@ class Gemma3(Gemma2):
     model_type = "gemma3_text"
     base = "Gemma3TextModel"
     own_positions: ClassVar[bool] = True
-    claims: ClassVar[Claims] = {**{k: v for k, v in Gemma2.claims.items() if k != "block.attention.softcap"},
+    claims: ClassVar[Claims] = {**{k: v for k, v in Gemma2.claims.items() if k not in ("block.attention.softcap", "position.scaling")},
                                 "block.attention.qk_norm": ANY}
 
     @classmethod
     def rope(cls, c: Any, where: str) -> dict:
         bases = rope_bases(c, where)
         kind = SLIDING if SLIDING in c.layer_types else FULL
-        return {"rope_theta": bases.get(kind, 10000.0)}
+        return {"kind": "rope", "base": bases.get(kind, 10000.0)}
 
     @classmethod
     def attention_softcap(cls, c: Any, where: str) -> float | None:

@@ -24,10 +24,10 @@ from zoo.interop.hf.base import (
     ffn_of,
     layernorm,
     require,
-    rope_parameters,
     token_ids,
     weights,
 )
+from zoo.interop.hf.rope import read_rope, write_rope
 from zoo.spec import FamilySpec
 
 __all__ = ["GPTNeoX"]
@@ -53,6 +53,7 @@ class GPTNeoX(Architecture):
     }
     claims: ClassVar[Claims] = {
         **TEXT_CLAIMS, "position.kind": one_of("rope"), "position.base": ANY, "position.fraction": ANY,
+        "position.scaling": ANY,
         "block.kind": one_of("pre", "parallel"), "block.shared_norm": one_of(False), "block.norm.kind": one_of("layernorm"),
         "block.norm.bias": one_of(True), "block.attention.out_bias": ANY, "dropout.embedding": ANY,
         "dropout.residual": ANY, "dropout.attention": ANY,
@@ -61,13 +62,12 @@ class GPTNeoX(Architecture):
     @classmethod
     def spec(cls, c: Any, hf: nn.Module | None) -> dict:
         where = f"{cls.name} -> zoo"
-        rope = rope_parameters(c, where, partial=True)
         tied = c.tie_word_embeddings if hf is None else hf.lm_head.weight is hf.gpt_neox.embed_in.weight
         return {
             "family": "decoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings,
             "d_model": c.hidden_size, "n_layers": c.num_hidden_layers, "head": {"kind": "lm", "bias": False, "tied": tied},
             "embedding": {"scale": False, "norm": False},
-            "position": {"kind": "rope", "base": rope.get("rope_theta", 10000.0), "fraction": rope.get("partial_rotary_factor", 1.0)},
+            "position": read_rope(c, where, partial=True),
             "block": {
                 "attention": {"kind": "mha", "n_heads": c.num_attention_heads, "bias": c.attention_bias},
                 "ffn": {**ffn_of(TWO_LAYER, c.hidden_act, where, "hidden_act"), "hidden": c.intermediate_size, "bias": True},
@@ -98,7 +98,7 @@ class GPTNeoX(Architecture):
         c = {
             "vocab_size": s.vocab_size, "hidden_size": d, "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads,
             "intermediate_size": s.block.ffn.hidden_size(d), "hidden_act": act_name(s.block.ffn, cls.acts, where),
-            "rope_parameters": {"rope_type": "default", "rope_theta": s.position.base, "partial_rotary_factor": s.position.fraction},
+            "rope_parameters": write_rope(s.position, partial=True),
             "max_position_embeddings": s.max_seq_len, "layer_norm_eps": s.block.norm.eps,
             "use_parallel_residual": s.block.kind == "parallel", "attention_bias": att.bias,
             "hidden_dropout": s.dropout.residual, "attention_dropout": s.dropout.attention,

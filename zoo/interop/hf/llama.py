@@ -1,4 +1,5 @@
-"""LLaMA: ``LlamaForCausalLM`` <-> a zoo decoder with RoPE, RMSNorm and a gated FFN (MHA, GQA or MQA).
+"""LLaMA: ``LlamaForCausalLM`` <-> a zoo decoder with RoPE (its base and scaling: ``rope_parameters``,
+:mod:`zoo.interop.hf.rope`), RMSNorm and a gated FFN (MHA, GQA or MQA).
 
 :class:`Llama` is also the base of the references laid out as LLaMA (``model.layers.{i}.self_attn.
 {q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``): Mistral, Qwen2, Gemma and OLMo 2 subclass it and
@@ -27,10 +28,10 @@ from zoo.interop.hf.base import (
     ffn_of,
     fused,
     require,
-    rope_parameters,
     token_ids,
     weights,
 )
+from zoo.interop.hf.rope import read_rope, write_rope
 from zoo.spec import FamilySpec
 
 __all__ = ["Llama", "qk_norm_rules", "rms_qk_norm"]
@@ -52,7 +53,7 @@ class Llama(Architecture):
     block_kind: ClassVar[str] = "pre"  # where the norms sit
     norm_names: ClassVar[tuple[str, str]] = ("input_layernorm", "post_attention_layernorm")  # zoo's attn_norm, ffn_norm
     claims: ClassVar[Claims] = {
-        **TEXT_CLAIMS, "position.kind": one_of("rope"), "position.base": ANY, "block.kind": one_of("pre"),
+        **TEXT_CLAIMS, "position.kind": one_of("rope"), "position.base": ANY, "position.scaling": ANY, "block.kind": one_of("pre"),
         "block.norm.kind": one_of("rmsnorm"), "block.attention.out_bias": ANY, "dropout.attention": ANY,
     }
     one_bias: ClassVar[bool] = True  # one attention_bias for q, k, v and the output projection
@@ -65,7 +66,6 @@ class Llama(Architecture):
     @classmethod
     def spec(cls, c: Any, hf: nn.Module | None) -> dict:
         where = f"{cls.name} -> zoo"
-        rope = cls.rope(c, where)
         h, g, d = c.num_attention_heads, c.num_key_value_heads, c.hidden_size
         head_dim = getattr(c, "head_dim", None)
         head_dim = head_dim if head_dim and head_dim * h != d else None
@@ -75,7 +75,7 @@ class Llama(Architecture):
             "family": "decoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings, "d_model": d,
             "n_layers": c.num_hidden_layers, "head": {"kind": "lm", "bias": False, "tied": tied},
             "embedding": {"scale": False, "norm": False},
-            "position": {"kind": "rope", "base": rope.get("rope_theta", 10000.0), "fraction": rope.get("partial_rotary_factor", 1.0)},
+            "position": cls.rope(c, where),
             "block": {
                 "attention": {"kind": kind, "n_heads": h, "n_kv_heads": g if kind == "gqa" else None,
                               "head_dim": head_dim, "v_head_dim": head_dim},
@@ -92,8 +92,9 @@ class Llama(Architecture):
 
     @classmethod
     def rope(cls, c: Any, where: str) -> dict:
-        """The rope of the model's position (``rope_theta``) from the config; scaled rope is refused."""
-        return rope_parameters(c, where, partial=cls.partial_rotary)
+        """The zoo position of the config's rope: ``rope_theta``, any scaling zoo expresses, and with
+        ``partial_rotary`` the ``partial_rotary_factor`` (:func:`zoo.interop.hf.rope.read_rope`)."""
+        return read_rope(c, where, partial=cls.partial_rotary)
 
     @classmethod
     def read(cls, c: Any, s: dict, where: str) -> None:
@@ -124,13 +125,11 @@ class Llama(Architecture):
             "vocab_size": s.vocab_size, "hidden_size": d, "intermediate_size": s.block.ffn.hidden_size(d),
             "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads, "num_key_value_heads": att.n_kv_heads,
             cls.act_field: act_name(s.block.ffn, cls.acts, where), "max_position_embeddings": s.max_seq_len,
-            "rms_norm_eps": s.block.norm.eps, "rope_parameters": {"rope_type": "default", "rope_theta": s.position.base},
+            "rms_norm_eps": s.block.norm.eps, "rope_parameters": write_rope(s.position, partial=cls.partial_rotary),
             "attention_dropout": s.dropout.attention, "initializer_range": s.init.std, "tie_word_embeddings": s.head.tied,
         }
         if cls.head_dim_field:
             c["head_dim"] = att.qk_size(d)
-        if cls.partial_rotary:
-            c["rope_parameters"]["partial_rotary_factor"] = s.position.fraction
         cls.write(s, c, where)
         token_ids(c, s.vocab_size, cls.token_defaults, given)
         return c

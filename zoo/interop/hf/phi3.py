@@ -3,18 +3,23 @@
 gated ``fc1``). No biases; the head size is hidden_size / num_attention_heads; partial rotary where
 ``rope_parameters`` has a ``partial_rotary_factor`` below 1 (``position.fraction``); a sliding
 window on every layer (``sliding_window``); dropout on each sub-layer's output (``resid_pdrop``:
-``dropout.residual``). Only the default rope converts: ``longrope`` (Phi-3's long-context
-checkpoints) is refused by name. Phi-3 never applies its ``embd_pdrop``."""
+``dropout.residual``). Its rope scalings convert as LLaMA's do (``longrope``: Phi-3's long-context
+checkpoints). Phi-3 never applies its ``embd_pdrop``."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.claims import ANY, Claims, one_of, predicate
 from zoo.interop.hf.llama import Llama
 from zoo.spec import FamilySpec
 
 __all__ = ["Phi3"]
+
+
+@predicate("Phi3Config takes the default rope or longrope only")
+def _longrope(scaling) -> bool:
+    return scaling is None or scaling.kind == "longrope"
 
 
 class Phi3(Llama):
@@ -28,7 +33,8 @@ class Phi3(Llama):
     gate_up: ClassVar[tuple[str, ...]] = ("gate_up_proj",)
     claims: ClassVar[Claims] = {**Llama.claims, "position.fraction": ANY, "block.attention.window": ANY,
                                 "block.attention.bias": one_of(False), "block.attention.out_bias": one_of(None, False),
-                                "block.ffn.bias": one_of(False), "dropout.residual": ANY}
+                                "block.ffn.bias": one_of(False), "dropout.residual": ANY,
+                                "position.scaling": _longrope}
     # Phi3Config's, but no pad_token_id: its embedding would then keep the pad row's gradient at zero
     token_defaults: ClassVar[dict[str, int | None]] = {"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": None}
 
@@ -40,3 +46,6 @@ class Phi3(Llama):
     @classmethod
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
         c.update(sliding_window=s.block.attention.window, resid_pdrop=s.dropout.residual)
+        original = getattr(s.position.scaling, "original_max_position_embeddings", None)
+        if original is not None:  # Phi3Config's own field, which it copies over rope_parameters' (default 4096)
+            c["original_max_position_embeddings"] = original
