@@ -120,6 +120,18 @@ def bench_compare(folder: str) -> str:
     return "\n".join(lines)
 
 
+def convert_memory(path: str) -> str:
+    """The peak memory of ``zoo convert`` against checkpoint sizes (bench/convert_memory.py's run)."""
+    data = json.loads((ROOT / path).read_text(encoding="utf-8"))
+    lines = ["| checkpoint (bf16, sharded) | on disk | HF -> zoo: peak | / size | zoo -> HF: peak | / size |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in data["rows"]:
+        lines.append(f"| {r['label']} | {r['hf_bytes'] / 1e9:.2f} GB | {r['hf_to_zoo_peak'] / 1e9:.2f} GB | "
+                     f"{r['hf_to_zoo_peak'] / r['hf_bytes']:.2f}x | {r['zoo_to_hf_peak'] / 1e9:.2f} GB | "
+                     f"{r['zoo_to_hf_peak'] / r['zoo_bytes']:.2f}x |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------- recipes
 def recipe_settings(recipe: str) -> str:
     """A recipe's settings as its ``--help`` lists them: every key, its default (the recipe's YAML over
@@ -146,7 +158,7 @@ def ablation_rows(path: str) -> str:
 
 GENERATORS: dict[str, Callable[..., str]] = {
     "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare,
-    "recipe-settings": recipe_settings, "ablation-rows": ablation_rows,
+    "recipe-settings": recipe_settings, "ablation-rows": ablation_rows, "convert-memory": convert_memory,
 }
 
 
