@@ -150,6 +150,19 @@ def run_all(*, tiny: bool = False, work: Path | None = None) -> list[dict]:
         return [measure(shape, Path(tmp)) for shape in (TINY_RUNS if tiny else RUNS)]
 
 
+def count(n: int) -> str:
+    return f"{n / 1e6:,.0f} M" if n >= 10**6 else f"{n / 1e3:,.0f} K"
+
+
+def size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 10**8 else f"{n / 1e6:.1f} MB"
+
+
+def ratio(peak: int, size: int) -> str:
+    """peak / size, or a dash where the checkpoint is too small for the ratio to mean anything."""
+    return f"{peak / size:.2f}x" if size >= 10**8 else "–"
+
+
 def markdown(rows: list[dict], env: dict) -> str:
     gb = 1e9
     base = next((r for r in rows if r["shape"] == "tiny"), None)
@@ -161,15 +174,18 @@ def markdown(rows: list[dict], env: dict) -> str:
              "| checkpoint | parameters | on disk | largest tensor | HF -> zoo peak | peak / size | zoo -> HF peak | peak / size |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['label']} | {r['parameters'] / 1e6:,.0f} M | {r['hf_bytes'] / gb:.2f} GB | "
+        lines.append(f"| {r['label']} | {count(r['parameters'])} | {size(r['hf_bytes'])} | "
                      f"{r['largest_tensor_bytes'] / 1e6:.0f} MB | {r['hf_to_zoo_peak'] / gb:.2f} GB | "
-                     f"{r['hf_to_zoo_peak'] / r['hf_bytes']:.2f}x | {r['zoo_to_hf_peak'] / gb:.2f} GB | "
-                     f"{r['zoo_to_hf_peak'] / r['zoo_bytes']:.2f}x |")
+                     f"{ratio(r['hf_to_zoo_peak'], r['hf_bytes'])} | {r['zoo_to_hf_peak'] / gb:.2f} GB | "
+                     f"{ratio(r['zoo_to_hf_peak'], r['zoo_bytes'])} |")
     if base is not None and len(rows) > 1:
         above = [(r["label"], max(r["hf_to_zoo_peak"], r["zoo_to_hf_peak"]) - max(base["hf_to_zoo_peak"], base["zoo_to_hf_peak"]))
                  for r in rows if r is not base]
         lines += ["", "Above the tiny checkpoint's peak (what importing torch and transformers costs): "
-                  + ", ".join(f"{label} {extra / 1e6:,.0f} MB" for label, extra in above) + "."]
+                  + ", ".join(f"{extra / 1e6:,.0f} MB ({label})" for label, extra in above) + ". "
+                  "The peak follows the widest tensors, not the number of layers; a bf16 Llama-2-7B (14 GB, 32 "
+                  "layers of the last row's width) converts within about the last row's peak "
+                  "([interop](interop.md#sharded-checkpoints-and-memory))."]
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@
     python -m bench --only vit gpt2       # some workloads
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
     python -m bench --from-json bench/results/<time>.json   # rewrite docs/benchmarks.md from a run
+                                                            # (a convert-memory-<time>.json: its section too)
     python -m bench --only translation-quality   # zoo's translation recipe vs HF Marian, same data and
                                                  # budget (not in the default set: ~35 minutes)
     python -m bench --only memory                # training memory per process against zoo's plan
@@ -184,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.from_json is not None:
         data = json.loads(args.from_json.read_text())
+        if args.from_json.name.startswith(f"{CONVERT_MEMORY}-"):  # a conversion-memory run: its section, then the page
+            from bench import convert_memory
+
+            CONVERT_MEMORY_MD.write_text(convert_memory.markdown(data["rows"], data["machine"]))
+            _rebuild_docs(args)
+            return 0
         rows = [Row(**r) for r in data["rows"]]
         write_docs(rows, data["peaks"], data["machine"], args.out or ROOT / "docs" / "benchmarks.md")
         return 0

@@ -123,12 +123,17 @@ def bench_compare(folder: str) -> str:
 def convert_memory(path: str) -> str:
     """The peak memory of ``zoo convert`` against checkpoint sizes (bench/convert_memory.py's run)."""
     data = json.loads((ROOT / path).read_text(encoding="utf-8"))
+
+    def ratio(peak: int, size: int) -> str:  # none for the libraries-only checkpoint
+        return f"{peak / size:.2f}x" if size >= 10**8 else "–"
+
     lines = ["| checkpoint (bf16, sharded) | on disk | HF -> zoo: peak | / size | zoo -> HF: peak | / size |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in data["rows"]:
-        lines.append(f"| {r['label']} | {r['hf_bytes'] / 1e9:.2f} GB | {r['hf_to_zoo_peak'] / 1e9:.2f} GB | "
-                     f"{r['hf_to_zoo_peak'] / r['hf_bytes']:.2f}x | {r['zoo_to_hf_peak'] / 1e9:.2f} GB | "
-                     f"{r['zoo_to_hf_peak'] / r['zoo_bytes']:.2f}x |")
+        on_disk = f"{r['hf_bytes'] / 1e9:.2f} GB" if r["hf_bytes"] >= 10**8 else f"{r['hf_bytes'] / 1e6:.1f} MB"
+        lines.append(f"| {r['label']} | {on_disk} | {r['hf_to_zoo_peak'] / 1e9:.2f} GB | "
+                     f"{ratio(r['hf_to_zoo_peak'], r['hf_bytes'])} | {r['zoo_to_hf_peak'] / 1e9:.2f} GB | "
+                     f"{ratio(r['zoo_to_hf_peak'], r['zoo_bytes'])} |")
     return "\n".join(lines)
 
 

@@ -245,7 +245,7 @@ def _export(args) -> None:
         raise SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
     model = build(spec, seed=args.seed)
     path = save(model, args.output, dtype=DTYPES[args.dtype])
-    size = Path(path).stat().st_size
+    size = read_header(path).size  # every shard of a sharded file
     print(f"wrote {path}: {spec.name or spec.family}, {count_parameters(model):,} parameters, "
           f"{args.dtype}, seed {args.seed}, {size:,} bytes ({human_bytes(size)})")
 
@@ -349,7 +349,7 @@ def _average(args) -> None:
                          f"missing {missing[:3]}, unexpected {extra[:3]}")
     model.load_state_dict(averaged, strict=True)
     path = save(model, args.output, dtype=DTYPES[args.dtype] if args.dtype else None)
-    size = Path(path).stat().st_size
+    size = read_header(path).size  # every shard of a sharded file
     print(f"wrote {path}: the mean of {len(paths)} checkpoints, {spec.name or spec.family}, "
           f"{count_parameters(model):,} parameters, {size:,} bytes ({human_bytes(size)})")
 
