@@ -4,8 +4,11 @@
     python -m bench --only vit gpt2       # some workloads
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
     python -m bench --from-json bench/results/<time>.json   # rewrite docs/benchmarks.md from a run
+                                                            # (a convert-memory-<time>.json: its section too)
     python -m bench --only translation-quality   # zoo's translation recipe vs HF Marian, same data and
                                                  # budget (not in the default set: ~35 minutes)
+    python -m bench --only memory                # training memory per process against zoo's plan
+    python -m bench --only convert-memory        # peak memory of zoo convert / checkpoint size (~10 GB of disk)
 
 Writes bench/results/<time>.json, and (unless --tiny) docs/benchmarks.md with docs/benchmarks.png.
 Sides are timed alternately in this one process after warm-up; medians over --repeats.
@@ -35,6 +38,8 @@ QUALITY = "translation-quality"  # run only when named: it trains two models for
 QUALITY_MD = ROOT / "bench" / "QUALITY.md"
 MEMORY = "memory"  # run only when named: torchrun jobs of GPT-2 small at sequence 1024
 MEMORY_MD = ROOT / "bench" / "MEMORY.md"
+CONVERT_MEMORY = "convert-memory"  # run only when named: writes and converts multi-GB checkpoints
+CONVERT_MEMORY_MD = ROOT / "bench" / "CONVERT_MEMORY.md"
 
 
 def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Row]:
@@ -131,7 +136,7 @@ def write_docs(rows: list[Row], peaks: dict[str, float], env: dict, out_md: Path
     body = ["# Benchmarks", "", "zoo side by side with its peers, the same architecture (the same weights "
             "where a converter exists), timed alternately in one process; ratios > 1 mean zoo is faster. "
             "Made with `python -m bench`.", "", markdown(rows, peaks, env), "![zoo / peer throughput](benchmarks.png)", ""]
-    for extra in (QUALITY_MD, MEMORY_MD):
+    for extra in (QUALITY_MD, MEMORY_MD, CONVERT_MEMORY_MD):
         if extra.exists():
             body.append(extra.read_text())
     if notes.exists():
@@ -164,8 +169,8 @@ def usable_precisions(requested: list[str], tiny: bool, device: str = "cpu") -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=WORKLOADS + [QUALITY, MEMORY], default=None,
-                        help=f"workloads to run (default: all but {QUALITY})")
+    parser.add_argument("--only", nargs="+", choices=WORKLOADS + [QUALITY, MEMORY, CONVERT_MEMORY], default=None,
+                        help=f"workloads to run (default: all but {QUALITY}, {MEMORY} and {CONVERT_MEMORY})")
     parser.add_argument("--minutes", type=float, default=None,
                         help=f"{QUALITY}: the training budget of each side (default: the recipe's train.minutes)")
     parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
@@ -183,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--warmup: must be at least 0, got {args.warmup}")
     if args.from_json is not None:
         data = json.loads(args.from_json.read_text())
+        if args.from_json.name.startswith(f"{CONVERT_MEMORY}-"):  # a conversion-memory run: its section, then the page
+            from bench import convert_memory
+
+            CONVERT_MEMORY_MD.write_text(convert_memory.markdown(data["rows"], data["machine"]))
+            _rebuild_docs(args)
+            return 0
         rows = [Row(**r) for r in data["rows"]]
         write_docs(rows, data["peaks"], data["machine"], args.out or ROOT / "docs" / "benchmarks.md")
         return 0
@@ -203,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         return translation_quality_main(args, env)
     if args.only and MEMORY in args.only:
         return memory_main(args, env)
+    if args.only and CONVERT_MEMORY in args.only:
+        return convert_memory_main(args, env)
     timing = dict(warmup=1 if args.tiny else args.warmup, repeats=2 if args.tiny else args.repeats)
     chosen = args.only or WORKLOADS
     precisions = usable_precisions(args.precision, args.tiny, args.device)
@@ -247,6 +260,24 @@ def memory_main(args, env: dict) -> int:
             args.out.write_text(md)
         return 0
     MEMORY_MD.write_text(md)
+    _rebuild_docs(args)
+    return 0
+
+
+def convert_memory_main(args, env: dict) -> int:
+    """Peak memory of ``zoo convert`` against the checkpoint's size (bench/convert_memory.py); writes
+    bench/CONVERT_MEMORY.md and rebuilds docs/benchmarks.md with the newest speed run (unless --tiny)."""
+    from bench import convert_memory
+
+    rows = convert_memory.run_all(tiny=args.tiny)
+    _write_json(args, env, f"{CONVERT_MEMORY}-", {"machine": env, "rows": rows})
+    md = convert_memory.markdown(rows, env)
+    print(md)
+    if args.tiny or args.out:
+        if args.out:
+            args.out.write_text(md)
+        return 0
+    CONVERT_MEMORY_MD.write_text(md)
     _rebuild_docs(args)
     return 0
 

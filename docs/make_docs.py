@@ -120,6 +120,23 @@ def bench_compare(folder: str) -> str:
     return "\n".join(lines)
 
 
+def convert_memory(path: str) -> str:
+    """The peak memory of ``zoo convert`` against checkpoint sizes (bench/convert_memory.py's run)."""
+    data = json.loads((ROOT / path).read_text(encoding="utf-8"))
+
+    def ratio(peak: int, size: int) -> str:  # none for the libraries-only checkpoint
+        return f"{peak / size:.2f}x" if size >= 10**8 else "–"
+
+    lines = ["| checkpoint (bf16, sharded) | on disk | HF -> zoo: peak | / size | zoo -> HF: peak | / size |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in data["rows"]:
+        on_disk = f"{r['hf_bytes'] / 1e9:.2f} GB" if r["hf_bytes"] >= 10**8 else f"{r['hf_bytes'] / 1e6:.1f} MB"
+        lines.append(f"| {r['label']} | {on_disk} | {r['hf_to_zoo_peak'] / 1e9:.2f} GB | "
+                     f"{ratio(r['hf_to_zoo_peak'], r['hf_bytes'])} | {r['zoo_to_hf_peak'] / 1e9:.2f} GB | "
+                     f"{ratio(r['zoo_to_hf_peak'], r['zoo_bytes'])} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------- recipes
 def recipe_settings(recipe: str) -> str:
     """A recipe's settings as its ``--help`` lists them: every key, its default (the recipe's YAML over
@@ -146,7 +163,7 @@ def ablation_rows(path: str) -> str:
 
 GENERATORS: dict[str, Callable[..., str]] = {
     "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare,
-    "recipe-settings": recipe_settings, "ablation-rows": ablation_rows,
+    "recipe-settings": recipe_settings, "ablation-rows": ablation_rows, "convert-memory": convert_memory,
 }
 
 

@@ -14,7 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import zoo
-from zoo.io import FORMAT
+from zoo.io import FORMAT_SINGLE
 from conftest import example_inputs, tiny_spec
 from zoo.cli import main
 from zoo.summary import PARTS, summarize
@@ -215,7 +215,7 @@ def test_export_then_load_and_inspect(tmp_path, capsys):
     n_tensors = len(loaded.state_dict())  # llama-small: untied, so every tensor is stored
     assert f"tensors     {n_tensors} (bfloat16 x {n_tensors})" in text
     assert f"parameters  {zoo.count_parameters(loaded):,}" in text and f"{out.stat().st_size:,} bytes" in text
-    assert f"written by  zoo {zoo.__version__} (file format {FORMAT})" in text
+    assert f"written by  zoo {zoo.__version__} (file format {FORMAT_SINGLE})" in text
     assert zoo.load_spec(zoo.spec.read_yaml(text.split("spec:\n", 1)[1].replace("\n  ", "\n")[2:], "inspect")) == spec
     info = _json(capsys, ["inspect", str(out), "--json"])
     assert info["tensors"] == n_tensors and info["dtypes"] == {"bfloat16": n_tensors} and info["spec"]["name"] == "llama-small"

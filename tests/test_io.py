@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import zoo
+import zoo.shards
 from conftest import example_inputs, tiny_model, tiny_spec
 from zoo.components.position import Position, rope_frequencies, sinusoid_table
 from zoo.io import FORMAT, LoadError, SaveError, load, load_weights, read_header, save
@@ -199,12 +200,11 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     save(tiny_model("decoder", seed=0), path)
     before = path.read_bytes()
 
-    def crash(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"half a file")
+    def crash(f, entry, tensor):
+        f.write(b"half a tensor")
         raise OSError("disk full")
 
-    monkeypatch.setattr(zoo.io, "save_file", crash)
+    monkeypatch.setattr(zoo.shards, "_write_tensor", crash)
     with pytest.raises(OSError, match="disk full"):
         save(tiny_model("decoder", seed=1), path)
     assert path.read_bytes() == before

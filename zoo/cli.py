@@ -14,7 +14,9 @@
                              the element-wise mean of several checkpoints' weights (training
                              checkpoints or zoo safetensors files), written with its spec
     zoo convert SRC -o DST [--to hf|timm] [--architecture CLASS] [--timm-model NAME] [--dtype D]
+                [--max-shard-size SIZE]
                              a zoo file to an HF / timm directory, or an HF / timm model to a zoo file
+                             (tensor by tensor; sharded above SIZE, default 5GB)
     zoo ablate GRID [-o OUT] [--jobs N] [--only ROW ...]
                              run an ablation grid (rows of overrides over one recipe); table + plot
 
@@ -36,6 +38,7 @@ from rich.table import Table
 from zoo.build import build, count_parameters
 from zoo.io import FileHeader, LoadError, SaveError, one_line, read_header, read_spec, save
 from zoo.registry import REGISTRIES, RegistryError
+from zoo.shards import DEFAULT_MAX_SHARD_SIZE
 from zoo.spec import SpecError, json_schema, load_spec, preset_names, to_yaml
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -180,7 +183,8 @@ def inspect_lines(header: FileHeader) -> list[str]:
     dtypes = ", ".join(f"{name} x {count}" for name, count in sorted(header.dtypes().items()))
     lines = [
         f"file        {header.path}",
-        f"size        {header.size:,} bytes ({human_bytes(header.size)})",
+        f"size        {header.size:,} bytes ({human_bytes(header.size)})"
+        + (f" in {len(header.shards)} shards ({header.shards[0].name} ...)" if header.shards else ""),
         f"written by  zoo {meta['zoo.version']} (file format {meta.get('zoo.format', '?')})" if "zoo.version" in meta
         else "written by  (not zoo: no zoo.version in the metadata)",
         f"tensors     {len(header.tensors)} ({dtypes or 'none'})",
@@ -188,7 +192,9 @@ def inspect_lines(header: FileHeader) -> list[str]:
     ]
     for alias, name in header.tied.items():
         lines.append(f"tied        {alias} = {name} (stored once)")
-    if "zoo.spec" in meta:
+    if "zoo.shard" in meta:
+        lines.append(f"shard       {meta['zoo.shard']} of a sharded zoo file: inspect or load its .index.json")
+    elif "zoo.spec" in meta:
         spec = read_spec(header.path)
         lines.append("spec:")
         lines += ["  " + line for line in to_yaml(spec).splitlines()]
@@ -199,7 +205,7 @@ def inspect_lines(header: FileHeader) -> list[str]:
 
 # -------------------------------------------------------------------------------------- commands
 def _spec(source: str, overrides: list[str]):
-    if source.endswith(".safetensors"):
+    if source.endswith((".safetensors", ".safetensors.index.json")):
         return load_spec(read_spec(source), overrides)
     return load_spec(source, overrides)
 
@@ -254,7 +260,7 @@ def _export(args) -> None:
         raise SaveError(f"cannot write {args.output!r}: no directory {str(Path(args.output).parent)!r}")
     model = build(spec, seed=args.seed)
     path = save(model, args.output, dtype=DTYPES[args.dtype])
-    size = Path(path).stat().st_size
+    size = read_header(path).size  # every shard of a sharded file
     print(f"wrote {path}: {spec.name or spec.family}, {count_parameters(model):,} parameters, "
           f"{args.dtype}, seed {args.seed}, {size:,} bytes ({human_bytes(size)})")
 
@@ -265,7 +271,8 @@ def _inspect(args) -> None:
         info = {
             "file": str(header.path), "size": header.size, "metadata": {k: v for k, v in header.metadata.items() if k != "zoo.spec"},
             "tensors": len(header.tensors), "dtypes": header.dtypes(), "parameters": header.n_elements, "tied": header.tied,
-            "spec": read_spec(header.path).model_dump(mode="json") if "zoo.spec" in header.metadata else None,
+            "spec": read_spec(header.path).model_dump(mode="json")
+            if "zoo.spec" in header.metadata and "zoo.shard" not in header.metadata else None,
         }
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:
@@ -287,7 +294,8 @@ def _convert(args) -> None:
     except ImportError:
         pass
     done = convert(args.src, args.output, to=args.to, dtype=DTYPES[args.dtype] if args.dtype else None,
-                   architecture=args.architecture, timm_model=args.timm_model)
+                   architecture=args.architecture, timm_model=args.timm_model,
+                   max_shard_size=None if args.max_shard_size.lower() == "none" else args.max_shard_size)
     what = {"zoo": "zoo file", "hf": "HF directory", "timm": "timm directory"}[done.kind]
     print(f"wrote {done.path}: {what}, {done.reference}, {done.parameters:,} parameters"
           + (f", {args.dtype}" if args.dtype else ""))
@@ -314,6 +322,9 @@ def _convert_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--timm-model", default=None, metavar="NAME",
                    help="the timm model a bare timm .safetensors checkpoint holds, e.g. vit_tiny_patch16_224")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="dtype of the written tensors (default: as read)")
+    p.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, metavar="SIZE",
+                   help="above this size the written zoo file or HF checkpoint is split into shards and an index "
+                        f"(bytes, or 5GB, 500MB, 2GiB; none: never; default {DEFAULT_MAX_SHARD_SIZE})")
     return p
 
 
@@ -353,7 +364,7 @@ def _average(args) -> None:
                          f"missing {missing[:3]}, unexpected {extra[:3]}")
     model.load_state_dict(averaged, strict=True)
     path = save(model, args.output, dtype=DTYPES[args.dtype] if args.dtype else None)
-    size = Path(path).stat().st_size
+    size = read_header(path).size  # every shard of a sharded file
     print(f"wrote {path}: the mean of {len(paths)} checkpoints, {spec.name or spec.family}, "
           f"{count_parameters(model):,} parameters, {size:,} bytes ({human_bytes(size)})")
 

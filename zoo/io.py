@@ -3,6 +3,7 @@
     zoo.save(model, "m.safetensors")          # weights + the validated spec (JSON) + zoo's version
     model = zoo.load("m.safetensors")         # rebuilt from that file alone, loaded strictly
     zoo.load_weights(model, "m.safetensors")  # weights into a model you built yourself
+    zoo.save(model, "big.safetensors", max_shard_size="2GB")  # above 2 GB: shards and an index
 
 The file is a plain safetensors file; its string metadata holds
 
@@ -17,6 +18,14 @@ embeddings) are stored once, under the first name ``state_dict`` gives them; loa
 tensor into the model, whose builder has already tied the names. Derived tables (sinusoids, RoPE
 frequencies) are non-persistent buffers: never stored, recomputed on loading.
 
+A model larger than ``max_shard_size`` (default 5GB; None: never) is written as shards, as HF
+lays out its checkpoints: ``big-00001-of-00003.safetensors`` ... and ``big.safetensors.index.json``,
+whose "metadata" holds the keys above and whose "weight_map" names each tensor's shard (zoo file
+format 3; each shard also carries the spec, ``zoo.shard`` "k/n" and the save's ``zoo.save`` id, so
+a shard of another save is refused). ``zoo.load("big.safetensors")`` finds the index, as does
+passing the index itself. Saving writes the header first and then one tensor at a time
+(:mod:`zoo.shards`), so it needs no second copy of the weights.
+
 Loading builds the model on the meta device (no memory), reads each tensor from the file straight
 into its parameter, then recomputes derived buffers (``reset_buffers()`` of the modules that have
 them), so it needs the model's memory once. Nothing on this path unpickles.
@@ -26,34 +35,34 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors import safe_open
 from torch import Tensor, nn
 
 from zoo._version import __version__
-from zoo.atomic import atomic_path
 from zoo.build import build
+from zoo.shards import DEFAULT_MAX_SHARD_SIZE, DTYPES, Entry, Files, ShardError, read_files, write_files
 from zoo.spec import FamilySpec, SpecError, parse_spec
 
 __all__ = [
-    "FORMAT", "LoadError", "SaveError", "FileHeader", "save", "load", "load_weights", "read_header",
-    "read_spec", "tie_groups",
+    "FORMAT", "FileHeader", "LoadError", "SaveError", "load", "load_weights", "read_header", "read_lazily",
+    "read_spec", "save", "tie_groups", "write_model",
 ]
 
-FORMAT = 2  # bump when a file changes in a way an older zoo cannot read (2: block.kind and head, zoo 0.2)
+# The newest file format this zoo reads; bump when a file changes in a way an older zoo cannot read
+# (2: block.kind and head, zoo 0.2; 3: sharded files, an index beside the shards). A single file
+# is still written as format 2, its layout unchanged, so that zoo 0.2 reads it; raise both when
+# the spec changes.
+FORMAT = 3
+FORMAT_SINGLE = 2
 KEY_FORMAT, KEY_VERSION, KEY_SPEC, KEY_TIED = "zoo.format", "zoo.version", "zoo.spec", "zoo.tied"
-
-# safetensors dtype names -> torch names and sizes in bytes
-DTYPES = {
-    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1), "I64": ("int64", 8), "I32": ("int32", 4),
-    "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1), "BOOL": ("bool", 1),
-}
+KEY_SHARD, KEY_SAVE = "zoo.shard", "zoo.save"  # a shard's "k/n"; one id for an index and its shards
 
 
 class LoadError(ValueError):
@@ -84,11 +93,14 @@ def _stored(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
 
 
 # ------------------------------------------------------------------------------------------- save
-def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Path:
+def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None = None,
+         max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE) -> Path:
     """Write ``model``'s weights and spec to a safetensors file, atomically; returns the path.
 
     ``dtype`` casts floating-point tensors on the way out (``torch.bfloat16`` halves a float32
     model's file). The model must be what its spec builds (``model.spec``, set by ``zoo.build``).
+    Above ``max_shard_size`` bytes (an int, or "5GB", "500MB", "2GiB"; None: no limit) the
+    tensors go to shards beside ``path`` and the index ``<path>.index.json``, whose path is returned.
     """
     spec = getattr(model, "spec", None)
     if not isinstance(spec, FamilySpec):
@@ -110,36 +122,34 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
     if problems:
         raise SaveError(f"the model does not match its spec ({spec.name or spec.family}): {problems}")
 
-    tensors: dict[str, Tensor] = {}
-    storages: set[tuple[int, int]] = set()
-    for name in groups:
-        t = state[name].detach()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        t = t.contiguous()
-        key = (t.untyped_storage().data_ptr(), t.device.index or 0)
-        tensors[name] = t.clone() if key in storages else t  # distinct tensors that share memory (views)
-        storages.add(key)
-    metadata = {
-        "format": "pt",
-        KEY_FORMAT: str(FORMAT),
-        KEY_VERSION: __version__,
-        KEY_SPEC: json.dumps(spec_json, separators=(",", ":")),
-    }
+    def cast(t: Tensor) -> Tensor:
+        return t.detach().to(dtype) if dtype is not None and t.is_floating_point() else t.detach()
+
+    entries = [Entry(name, dtype if dtype is not None and state[name].is_floating_point() else state[name].dtype,
+                     tuple(state[name].shape)) for name in groups]
     aliases = {alias: canon for canon, names in groups.items() for alias in names[1:]}
-    if aliases:
-        metadata[KEY_TIED] = json.dumps(aliases, separators=(",", ":"))
-    return _write_atomic(tensors, metadata, Path(path))
+    return write_model(path, spec_json, entries, ((name, cast(state[name])) for name in groups), aliases,
+                       max_shard_size=max_shard_size)
 
 
-def _write_atomic(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> Path:
-    """Write the file beside ``path`` and rename it into place (:mod:`zoo.atomic`): a crash leaves
-    either the old file or the new one, never half of one."""
-    if not path.parent.is_dir():
-        raise SaveError(f"cannot write {str(path)!r}: no directory {str(path.parent)!r}")
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
-    return path
+def write_model(path: str | os.PathLike, spec_json: dict, entries: list[Entry], tensors: Iterable[tuple[str, Tensor]],
+                aliases: dict[str, str], *, max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write a zoo file (or shards and their index) from tensors made one at a time: ``entries``
+    announce each stored tensor (name, dtype, shape), ``tensors`` yields them in that order,
+    ``aliases`` maps tied names to the stored one. What :func:`save` and ``zoo convert`` write."""
+    common = {KEY_VERSION: __version__, KEY_SPEC: json.dumps(spec_json, separators=(",", ":"))}
+    tied = {KEY_TIED: json.dumps(aliases, separators=(",", ":"))} if aliases else {}
+    save_id = uuid.uuid4().hex[:16]
+
+    def shard(k: int, n: int) -> dict[str, str]:
+        return {"format": "pt", KEY_FORMAT: str(FORMAT), **common, KEY_SHARD: f"{k}/{n}", KEY_SAVE: save_id}
+
+    try:
+        return write_files(Path(path), entries, tensors, max_shard_size=max_shard_size, shard=shard,
+                           single={"format": "pt", KEY_FORMAT: str(FORMAT_SINGLE), **common, **tied},
+                           index={KEY_FORMAT: str(FORMAT), **common, **tied, KEY_SAVE: save_id})
+    except ShardError as e:
+        raise SaveError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------------------- header
@@ -147,10 +157,16 @@ def _write_atomic(tensors: dict[str, Tensor], metadata: dict[str, str], path: Pa
 class FileHeader:
     """What a file says about itself, read without loading any tensor."""
 
-    path: Path
-    size: int  # bytes on disk
-    metadata: dict[str, str]
+    path: Path  # the file, or the index of a sharded file
+    size: int  # bytes on disk (of every shard)
+    metadata: dict[str, str]  # a sharded file's: its index's "metadata"
     tensors: dict[str, tuple[str, tuple[int, ...]]] = field(repr=False)  # name -> (safetensors dtype, shape)
+    files: Files | None = field(default=None, repr=False, compare=False)  # where each tensor is
+
+    @property
+    def shards(self) -> tuple[Path, ...]:
+        """The shard files of a sharded file (none for a single file)."""
+        return tuple(self.files.shard_metadata) if self.files is not None else ()
 
     @property
     def n_elements(self) -> int:
@@ -181,23 +197,20 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def read_header(path: str | os.PathLike) -> FileHeader:
-    """The metadata and the tensors' names, dtypes and shapes of a safetensors file (no tensor data
-    is read). A missing, truncated or corrupt file raises :class:`LoadError`."""
-    path = Path(path)
-    if not path.is_file():
-        raise LoadError(f"no file at {str(path)!r}" if not path.exists() else f"{str(path)!r} is not a file")
+    """The metadata and the tensors' names, dtypes and shapes of a safetensors file, or of the
+    shards a ``*.safetensors.index.json`` names (``m.safetensors`` finds ``m.safetensors.index.json``
+    when it was saved in shards); no tensor data is read. A missing, truncated or corrupt file, a
+    missing shard or a shard of another save raises :class:`LoadError`."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = dict(f.metadata() or {})
-            tensors = {}
-            for name in f.keys():
-                sl = f.get_slice(name)
-                tensors[name] = (sl.get_dtype(), tuple(sl.get_shape()))
-    except SafetensorError as e:
-        raise LoadError(f"{str(path)!r} is not a readable safetensors file (truncated or corrupt?): {e}") from None
-    except OSError as e:
-        raise LoadError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
-    return FileHeader(path=path, size=path.stat().st_size, metadata=metadata, tensors=tensors)
+        files = read_files(path)
+    except ShardError as e:
+        raise LoadError(str(e)) from None
+    save_id = files.metadata.get(KEY_SAVE)
+    for shard, meta in files.shard_metadata.items():
+        if save_id is not None and meta.get(KEY_SAVE) != save_id:
+            raise LoadError(f"{str(shard)!r} is not from the save its index {files.path.name!r} describes (a mixed copy); "
+                            f"copy the index and all its shards from one save")
+    return FileHeader(path=files.path, size=files.size, metadata=files.metadata, tensors=files.tensors, files=files)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -212,6 +225,10 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 def _spec_of(header: FileHeader) -> FamilySpec:
     name, meta = str(header.path), header.metadata
+    if KEY_SHARD in meta:
+        index = re.sub(r"-\d{5}-of-\d{5}\.safetensors$", ".safetensors.index.json", header.path.name)
+        raise LoadError(f"{name!r} is shard {meta[KEY_SHARD]} of a sharded zoo file; load its index {index!r} "
+                        f"(or the name it was saved as), with every shard beside it")
     if KEY_SPEC not in meta:
         raise LoadError(
             f"{name!r} has no zoo spec in its metadata (it was not written by zoo.save); "
@@ -374,16 +391,15 @@ def load(
         model = build(spec, device=device, dtype=target)
         state = model.state_dict(keep_vars=True)
     loaded: dict[str, Tensor] = {}
-    with safe_open(str(header.path), framework="pt", device=str(device)) as f:
-        for stored, names in plan.items():
-            ref = state[names[0]]
-            t = f.get_tensor(stored)
-            if t.is_floating_point() and t.dtype != ref.dtype:
-                t = t.to(ref.dtype)
-            if isinstance(ref, nn.Parameter):  # one Parameter object for all tied names keeps them tied
-                t = nn.Parameter(t, requires_grad=ref.requires_grad)
-            for name in names:
-                loaded[name] = t
+    for f, stored in _by_file(header, plan, device=str(device)):
+        ref = state[plan[stored][0]]
+        t = f.get_tensor(stored)
+        if t.is_floating_point() and t.dtype != ref.dtype:
+            t = t.to(ref.dtype)
+        if isinstance(ref, nn.Parameter):  # one Parameter object for all tied names keeps them tied
+            t = nn.Parameter(t, requires_grad=ref.requires_grad)
+        for name in plan[stored]:
+            loaded[name] = t
     model.load_state_dict(loaded, strict=True, assign=True)
     if not rebuild:
         _materialise_buffers(model, device)
@@ -403,10 +419,58 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     if problems:
         raise LoadError(f"{label}: {problems}")
     _check_kinds(plan, header, state, label)
-    with torch.no_grad(), safe_open(str(header.path), framework="pt") as f:
-        for stored, names in plan.items():
-            state[names[0]].copy_(f.get_tensor(stored))
+    with torch.no_grad():
+        for f, stored in _by_file(header, plan):
+            state[plan[stored][0]].copy_(f.get_tensor(stored))
     return model
+
+
+def _by_file(header: FileHeader, names: Iterable[str], device: str = "cpu") -> Iterator[tuple[object, str]]:
+    """(open file, name) for each of ``names``, each file (a shard) opened once."""
+    for path, held in header.files.by_file(names).items():
+        with safe_open(str(path), framework="pt", device=device) as f:
+            for name in held:
+                yield f, name
+
+
+class _Stored(Mapping):
+    """Every name of a model's state dict -> its tensor in a file, read when looked up (one at a time)."""
+
+    def __init__(self, header: FileHeader, stored: dict[str, str], dtypes: dict[str, torch.dtype]):
+        self._header, self._stored, self._dtypes = header, stored, dtypes
+
+    def source(self, name: str) -> str:
+        """The stored name of the tensor ``name`` (tied names share one)."""
+        return self._stored[name]
+
+    def __getitem__(self, name: str) -> Tensor:
+        t = self._header.files.read(self._stored[name])
+        return t.to(self._dtypes[name]) if t.is_floating_point() and t.dtype != self._dtypes[name] else t
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stored)
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+
+def read_lazily(path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> tuple[nn.Module, Mapping[str, Tensor]]:
+    """The model a zoo file holds, built on the meta device (``model.spec`` is the file's spec), and
+    its state dict as a mapping whose tensors are read from the file when looked up, cast to
+    ``dtype`` (default: as stored), each name of a tied tensor giving the one stored. The file is
+    checked against its spec as :func:`load` checks it. For work on one tensor at a time (``zoo
+    convert`` of a model larger than memory)."""
+    header = read_header(path)
+    spec = _spec_of(header)
+    model = build(spec, device="meta", dtype=dtype if dtype is not None else _uniform_float_dtype(header))
+    label = f"{str(header.path)!r} does not fit its spec ({spec.name or spec.family})"
+    plan, problems = _plan(model, {n: shape for n, (_, shape) in header.tensors.items()})
+    if problems:
+        raise LoadError(f"{label}: {problems}")
+    state = model.state_dict(keep_vars=True)
+    _check_kinds(plan, header, state, label)
+    stored = {name: s for s, names in plan.items() for name in names}
+    return model, _Stored(header, {n: stored[n] for n in state}, {n: t.dtype for n, t in state.items()})
 
 
 def one_line(error: Exception | str) -> str:

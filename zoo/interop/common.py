@@ -6,6 +6,8 @@ it is made of: one tensor copied (reshaped if the layouts differ, e.g. timm's ``
 and zoo's position table [N, D]), or several stacked along the output rows (zoo's fused ``qkv`` is
 [q | k | v]; its gated ``fc1`` is [gate | up]). ``transpose`` marks references that store [in, out]
 (GPT-2's Conv1D). The same rules run backwards to split zoo tensors into the reference's.
+:func:`zoo_tensor` and :func:`reference_tensors` apply one rule, so a converter of files on disk
+(:mod:`zoo.interop.hf.stream`) reads and writes one tensor at a time with the same rules.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ConversionError", "Rule", "zoo_state", "reference_state", "check_covered", "check_used", "load_exact", "device_dtype"]
+__all__ = ["ConversionError", "Rule", "zoo_state", "zoo_tensor", "reference_state", "reference_tensors", "check_covered",
+           "check_used", "load_exact", "device_dtype"]
 
 
 class ConversionError(ValueError):
@@ -45,22 +48,45 @@ def _rows(shape: torch.Size, transpose: bool) -> int:
     return shape[-1] if transpose else shape[0]
 
 
+def zoo_tensor(r: Rule, ref: Mapping[str, Tensor], shape: torch.Size, where: str) -> Tensor:
+    """The zoo tensor ``r.zoo`` (of ``shape``) made from the reference's tensors, looked up in ``ref``
+    by name: one rule at a time, so a caller may read them one by one from disk (``zoo convert``)."""
+    missing = [name for name in r.ref if name not in ref]
+    if missing:
+        raise ConversionError(f"{where}: the reference has no tensor {missing[0]!r} (for zoo's {r.zoo!r})")
+    parts = [ref[name].t() if r.transpose else ref[name] for name in r.ref]
+    tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+    if tensor.numel() != shape.numel():
+        got = " + ".join(f"{name} {tuple(p.shape)}" for name, p in zip(r.ref, parts))
+        raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(shape)} does not fit {got}")
+    return tensor.reshape(shape)
+
+
 def zoo_state(ref: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
     """The zoo state dict (names and ``shapes`` of the zoo model) from the reference's."""
     out = {}
     for r in rules:
-        missing = [name for name in r.ref if name not in ref]
-        if missing:
-            raise ConversionError(f"{where}: the reference has no tensor {missing[0]!r} (for zoo's {r.zoo!r})")
-        parts = [ref[name].t() if r.transpose else ref[name] for name in r.ref]
-        tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
-        if tensor.numel() != shapes[r.zoo].numel():
-            got = " + ".join(f"{name} {tuple(ref[name].shape)}" for name in r.ref)
-            raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(shapes[r.zoo])} does not fit {got}")
-        tensor = tensor.reshape(shapes[r.zoo])
+        tensor = zoo_tensor(r, ref, shapes[r.zoo], where)
         if r.zoo in out and not torch.equal(out[r.zoo], tensor):  # two reference names, one zoo tensor
             raise ConversionError(f"{where}: zoo holds {r.zoo!r} once, but the reference's {', '.join(r.ref)} differs from its other copy")
         out[r.zoo] = tensor
+    return out
+
+
+def reference_tensors(r: Rule, tensor: Tensor, shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
+    """The reference's tensors (names and ``shapes`` of the reference model) that rule ``r`` makes
+    from the zoo tensor ``tensor``: one rule at a time, as :func:`zoo_tensor`."""
+    sizes = [_rows(shapes[name], r.transpose) for name in r.ref]
+    if sum(shapes[name].numel() for name in r.ref) != tensor.numel():
+        want = " + ".join(f"{name} {tuple(shapes[name])}" for name in r.ref)
+        raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(tensor.shape)} does not fit {want}")
+    chunks = tensor.split(sizes, dim=0) if len(r.ref) > 1 else [tensor]
+    out = {}
+    for name, chunk in zip(r.ref, chunks):
+        shape = shapes[name]
+        if r.transpose:
+            chunk = chunk.reshape(shape[-1], -1).t()
+        out[name] = chunk.reshape(shape).contiguous()
     return out
 
 
@@ -68,17 +94,7 @@ def reference_state(zoo: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Ma
     """The reference's state dict (names and ``shapes`` of the reference model) from zoo's."""
     out = {}
     for r in rules:
-        tensor = zoo[r.zoo]
-        sizes = [_rows(shapes[name], r.transpose) for name in r.ref]
-        if sum(shapes[name].numel() for name in r.ref) != tensor.numel():
-            want = " + ".join(f"{name} {tuple(shapes[name])}" for name in r.ref)
-            raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(tensor.shape)} does not fit {want}")
-        chunks = tensor.split(sizes, dim=0) if len(r.ref) > 1 else [tensor]
-        for name, chunk in zip(r.ref, chunks):
-            shape = shapes[name]
-            if r.transpose:
-                chunk = chunk.reshape(shape[-1], -1).t()
-            out[name] = chunk.reshape(shape).contiguous()
+        out.update(reference_tensors(r, zoo[r.zoo], shapes, where))
     return out
 
 

@@ -1,18 +1,25 @@
 """Converting files on disk: the ``zoo convert`` command's work, usable from Python too.
 
-    convert(src, dst, to=None, dtype=None, architecture=None, timm_model=None) -> Converted
+    convert(src, dst, to=None, dtype=None, architecture=None, timm_model=None, max_shard_size="5GB") -> Converted
 
 ``src`` is one of
 
     a zoo .safetensors file (written by ``zoo.save``)    -> an HF or timm directory at ``dst``
+      (or the index of one saved in shards)
     an HF directory (config.json + weights)             -> a zoo .safetensors file at ``dst``
     a timm directory (config.json with "architecture")  -> a zoo .safetensors file at ``dst``
     a timm .safetensors checkpoint + ``timm_model``      -> a zoo .safetensors file at ``dst``
 
-An HF directory is what ``save_pretrained`` writes; it is read with ``from_pretrained(...,
-local_files_only=True)``, as the class its ``config.json`` names in ``architectures`` where that
-converts (a backbone such as ``LlamaModel`` becomes a zoo model with ``head: none``), else as its
-``model_type``'s class with the head. A timm directory is what ``timm``'s ``save_for_hf`` writes
+An HF directory is what ``save_pretrained`` writes: ``config.json`` and ``model.safetensors``, or
+shards and their ``model.safetensors.index.json``. Between zoo files and HF directories nothing is
+loaded whole: both models are built on the meta device and the tensors converted one at a time
+(:mod:`zoo.interop.hf.stream`), so a checkpoint converts in a fraction of its size in memory; a
+written file larger than ``max_shard_size`` is sharded (zoo: ``m-00001-of-0000n.safetensors`` and
+``m.safetensors.index.json``; HF: as ``save_pretrained``). A directory converts as the
+class its ``config.json`` names in ``architectures`` where that converts (a backbone such as
+``LlamaModel`` becomes a zoo model with ``head: none``), else as its ``model_type``'s class with the
+head. A directory with only ``pytorch_model.bin`` is read whole, with ``from_pretrained(...,
+local_files_only=True)``. A timm directory is what ``timm``'s ``save_for_hf`` writes
 (``config.json`` with the model name and its ``model_args``, weights in ``model.safetensors``);
 ``timm.create_model("local-dir:DIR", pretrained=True)`` reads the ones written here. Nothing is
 ever downloaded. An HF checkpoint that lacks a tensor of the reference class (a ``BertModel``
@@ -32,10 +39,12 @@ from torch import nn
 from zoo.build import count_parameters
 from zoo.interop.claims import claims_family
 from zoo.interop.common import ConversionError
-from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf, to_hf
+from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf
+from zoo.interop.hf.stream import NotStreamable, hf_dir_to_zoo, zoo_to_hf_dir
 from zoo.interop.timm import CLAIMS as TIMM_CLAIMS
 from zoo.interop.timm import from_timm, timm_kwargs, to_timm
-from zoo.io import load, read_header, save
+from zoo.io import load, read_header, read_spec, save
+from zoo.shards import DEFAULT_MAX_SHARD_SIZE, parse_size, resolve
 
 __all__ = ["Converted", "convert", "TIMM_BASE_MODEL", "TIMM_LAYERNORM_EPS"]
 
@@ -82,15 +91,6 @@ def _fresh_dir(dst: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- zoo -> reference
-def _to_hf_dir(model: nn.Module, dst: Path, architecture: str | None, dtype: torch.dtype | None) -> Converted:
-    _fresh_dir(dst)
-    hf = to_hf(model, architecture)
-    if dtype is not None:
-        hf = hf.to(dtype)
-    hf.save_pretrained(str(dst))
-    return Converted("hf", type(hf).__name__, dst, count_parameters(hf))
-
-
 def timm_model_args(spec) -> dict:
     """JSON-able ``model_args`` that rebuild, with ``timm.create_model``, the ViT :func:`to_timm` builds."""
     kwargs = timm_kwargs(spec)
@@ -131,15 +131,21 @@ def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None) -> Conv
 
 
 # ------------------------------------------------------------------------------------- reference -> zoo
-def _load_hf_dir(src: Path) -> nn.Module:
-    import transformers
-
-    config = _read_json(src / "config.json")
+def _hf_arch(src: Path, config: dict):
     model_type = config.get("model_type")
     arch = by_model_type(model_type, config.get("architectures"))  # LlamaModel named: the backbone, else the LM
     if arch is None:
         named = ", ".join(config.get("architectures") or []) or "no architectures listed"
         raise ConversionError(f"{src}: model_type {model_type!r} ({named}) does not convert; supported: {', '.join(ARCHITECTURES)}")
+    return arch
+
+
+def _load_hf_dir(src: Path) -> nn.Module:
+    """An HF directory read whole (weights only in ``pytorch_model.bin``)."""
+    import transformers
+
+    config = _read_json(src / "config.json")
+    arch = _hf_arch(src, config)
     cls = getattr(transformers, arch.name)
     try:
         model, info = cls.from_pretrained(str(src), local_files_only=True, output_loading_info=True)
@@ -187,29 +193,34 @@ def _load_timm_dir(src: Path) -> nn.Module:
 
 # ---------------------------------------------------------------------------------------------- public
 def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: torch.dtype | None = None,
-            architecture: str | None = None, timm_model: str | None = None) -> Converted:
+            architecture: str | None = None, timm_model: str | None = None,
+            max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE) -> Converted:
     """Convert the model in ``src`` and write it to ``dst`` (see the module's docstring).
 
     ``to`` ('hf' or 'timm') picks the target of a zoo file (default: timm for a ViT, HF otherwise),
     ``architecture`` the HF class (default by family, as :func:`zoo.interop.to_hf`), ``dtype`` casts
-    the written floating-point tensors, and ``timm_model`` names the timm model a bare timm
-    checkpoint holds (``vit_tiny_patch16_224``).
+    the written floating-point tensors, ``timm_model`` names the timm model a bare timm
+    checkpoint holds (``vit_tiny_patch16_224``), and ``max_shard_size`` (bytes, or "5GB", "500MB";
+    None: no limit) is the size above which a written zoo file or HF checkpoint is sharded.
     """
-    src, dst, ignored = Path(src), Path(dst), []
+    src, dst, ignored = resolve(src), Path(dst), []
     if to not in (None, "hf", "timm"):
         raise ConversionError(f"unknown target {to!r}; choose hf or timm")
     if not src.exists():
         raise ConversionError(f"{str(src)!r}: no such file or directory")
+    parse_size(max_shard_size)  # a bad size fails before any work
     if src.is_file() and _is_zoo_file(src):
         if timm_model is not None:
             raise ConversionError(f"{src} is a zoo file; --timm-model names the model of a timm checkpoint being read")
-        model = load(src).eval()
-        target = to or ("timm" if claims_family(TIMM_CLAIMS, model.spec.family) else "hf")
+        family = read_spec(src).family
+        target = to or ("timm" if claims_family(TIMM_CLAIMS, family) else "hf")
         if target == "timm":
             if architecture is not None:
                 raise ConversionError("an HF architecture does not apply to a timm target")
-            return _to_timm_dir(model, dst, dtype)
-        return _to_hf_dir(model, dst, architecture, dtype)
+            return _to_timm_dir(load(src).eval(), dst, dtype)
+        _fresh_dir(dst)
+        done = zoo_to_hf_dir(src, dst, architecture=architecture, dtype=dtype, max_shard_size=max_shard_size)
+        return Converted("hf", done.reference, done.path, done.parameters)
 
     if to is not None or architecture is not None:
         raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files")
@@ -220,8 +231,12 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
             raise ConversionError(f"{src}: not a model directory (no config.json)")
         config = _read_json(src / "config.json")
         if "model_type" in config:
-            ref, ignored = _load_hf_dir(src)
-            model = from_hf(ref)
+            try:
+                done = hf_dir_to_zoo(src, dst, _hf_arch(src, config), dtype=dtype, max_shard_size=max_shard_size)
+                return Converted("zoo", done.reference, done.path, done.parameters, done.ignored)
+            except NotStreamable:
+                ref, ignored = _load_hf_dir(src)
+                model = from_hf(ref)
         elif "architecture" in config:
             ref = _load_timm_dir(src)
             model = from_timm(ref)
@@ -233,5 +248,5 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
     else:
         raise ConversionError(f"{src} has no zoo spec; for a timm checkpoint name its model with --timm-model NAME, "
                               f"or pass an HF model directory")
-    path = save(model, dst, dtype=dtype)
+    path = save(model, dst, dtype=dtype, max_shard_size=max_shard_size)
     return Converted("zoo", type(ref).__name__, Path(path), count_parameters(model), tuple(ignored))

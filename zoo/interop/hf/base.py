@@ -7,6 +7,7 @@ the usual layouts."""
 from __future__ import annotations
 
 from functools import cache
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -42,7 +43,13 @@ class Architecture:
     maps tensors by name. Four steps are optional: ``check_from`` names the reference tensors zoo
     keeps no copy of (after checking them), ``extra_to`` makes the reference tensors zoo does not
     hold, ``prepare_from`` and ``prepare_to`` rearrange a reference or zoo state dict (same names,
-    same shapes) before it is mapped."""
+    same shapes) before it is mapped.
+
+    Converting files on disk (:mod:`zoo.interop.hf.stream`) runs the same steps one tensor at a
+    time, with no copy of the whole model in memory, so each step keeps to this: ``spec`` may read
+    the reference model's buffers but not its parameters' values (they are on the meta device);
+    ``check_from`` and ``extra_to`` read by name from their mapping the few tensors they need;
+    ``prepare_from`` and ``prepare_to`` treat each tensor on its own (they are given one at a time)."""
 
     name: ClassVar[str]  # the transformers model class
     config_name: ClassVar[str]  # the transformers config class
@@ -85,11 +92,12 @@ class Architecture:
         raise NotImplementedError
 
     @classmethod
-    def check_from(cls, hf: nn.Module, s: FamilySpec, ref: dict[str, Tensor]) -> list[str]:
+    def check_from(cls, hf: nn.Module, s: FamilySpec, ref: Mapping[str, Tensor]) -> list[str]:
         return []
 
     @classmethod
-    def extra_to(cls, zoo_model: nn.Module, s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
+    def extra_to(cls, state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
+        """Reference tensors zoo does not hold, from the zoo state dict (after ``prepare_to``)."""
         return {}
 
     @staticmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -117,5 +118,5 @@ class Bert(Architecture):
         return ["cls.predictions.bias"]
 
     @staticmethod
-    def extra_to(zoo_model: nn.Module, s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
-        return {"cls.predictions.bias": zoo_model.head.proj.bias.detach()}
+    def extra_to(state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
+        return {"cls.predictions.bias": state["head.proj.bias"].detach()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -156,8 +157,8 @@ class Marian(Architecture):
         return handled
 
     @classmethod
-    def extra_to(cls, zoo_model: nn.Module, s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
-        like = zoo_model.head.weight
+    def extra_to(cls, state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
+        like = state["head.weight"]
         out = {f"model.{k}.embed_positions.weight": cls.table(s, like) for k in ("encoder", "decoder")}
         if not s.head.bias:
             out["final_logits_bias"] = like.new_zeros(shapes["final_logits_bias"])
