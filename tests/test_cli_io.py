@@ -186,7 +186,7 @@ def test_summary_of_a_user_yaml_with_overrides(tmp_path, capsys):
 def test_summary_errors(capsys):
     _fails(capsys, ["summary", "gpt2-small", "--seq", "2048"], "seq (2048) exceeds max_seq_len (1024)")
     _fails(capsys, ["summary", "vit-tiny-16", "--seq", "100"], "seq: a vit's length is fixed by its spec (197 tokens); leave it out")
-    _fails(capsys, ["summary", "gpt2-small", "--batch", "0"], "batch must be at least 1")
+    _fails(capsys, ["summary", "gpt2-small", "--batch", "0"], "argument --batch: must be at least 1, got 0")
     _fails(capsys, ["summary", "gpt2-small", "--dtype", "int4"], "invalid choice: 'int4'")
 
 
