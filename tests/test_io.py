@@ -17,7 +17,8 @@ from torch import nn
 import zoo
 import zoo.shards
 from conftest import example_inputs, tiny_model, tiny_spec
-from zoo.components.position import Position, rope_frequencies, sinusoid_table
+from zoo.components.position import Position, sinusoid_table
+from zoo.components.rope import rope_frequencies
 from zoo.io import FORMAT, LoadError, SaveError, load, load_weights, read_header, save
 from zoo.registry import REGISTRIES
 from zoo.spec import PositionSpec

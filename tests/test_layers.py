@@ -18,7 +18,8 @@ import torch
 import zoo
 from zoo.components.attention import attention_mask
 from zoo.components.block import BlockContext
-from zoo.components.position import NoPosition, RotaryPosition
+from zoo.components.position import NoPosition
+from zoo.components.rope import RotaryPosition
 from zoo.summary import summarize
 
 BASE = ["d_model=32", "n_layers=6", "block.attention.kind=gqa", "block.attention.n_heads=4", "block.attention.n_kv_heads=2",

@@ -161,15 +161,6 @@ class SinCos2dPosition(TablePosition):
         return table.to(self.weight.device)
 
 
-def __getattr__(name: str):
-    """RoPE lives in :mod:`zoo.components.rope`; its names are found here too."""
-    if name in ("RotaryPosition", "rope_frequencies", "rotate_half"):
-        from zoo.components import rope
-
-        return getattr(rope, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def alibi_slopes(n_heads: int) -> list[float]:
     """Head slopes of ALiBi (Press et al. 2022): a geometric sequence 2^(-8/n), 2^(-16/n), ...; for a
     head count that is not a power of two, the closest smaller power's slopes plus every other slope

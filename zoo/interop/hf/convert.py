@@ -33,7 +33,7 @@ from zoo.interop.hf.qwen2 import Qwen2
 from zoo.interop.hf.qwen3 import Qwen3
 from zoo.spec import FamilySpec, parse_spec
 
-__all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
+__all__ = ["ARCHITECTURES", "ARCHS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
 
 # A spec converts by default to the first of these that expresses it: the classes with heads, then
 # the backbones of those that have one (GPT2Model, LlamaModel, ...), which take the specs with head: none
@@ -61,7 +61,7 @@ def _arch_of_model(hf_model: nn.Module) -> type[Architecture]:
     return ARCHS[name]
 
 
-def _arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architecture]:
+def arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architecture]:
     if architecture is not None:
         if architecture not in ARCHS:
             raise ConversionError(f"to_hf: unknown architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
@@ -102,7 +102,7 @@ def hf_config(spec: FamilySpec, architecture: str | None = None, **config: Any):
     settings); fields the spec decides are refused."""
     import transformers
 
-    arch = _arch_for_spec(spec, architecture)
+    arch = arch_for_spec(spec, architecture)
     fields = arch.express(spec, config)
     clash = sorted(set(config) & set(fields) - {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"})
     if clash:
@@ -132,7 +132,7 @@ def to_hf(zoo_model: nn.Module, architecture: str | None = None, **config: Any) 
     import transformers
 
     spec = zoo_model.spec
-    arch = _arch_for_spec(spec, architecture)
+    arch = arch_for_spec(spec, architecture)
     where = f"zoo -> {arch.name}"
     device, dtype = device_dtype(zoo_model)
     hf_model = getattr(transformers, arch.name)(hf_config(spec, arch.name, **config)).to(device=device, dtype=dtype)

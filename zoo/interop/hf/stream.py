@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from zoo.build import build, count_parameters
 from zoo.interop.common import ConversionError, Rule, check_covered, check_used, reference_tensors, zoo_tensor
 from zoo.interop.hf.base import Architecture
-from zoo.interop.hf.convert import _arch_for_spec, hf_config
+from zoo.interop.hf.convert import arch_for_spec, hf_config
 from zoo.io import read_lazily, tie_groups, write_model
 from zoo.shards import DEFAULT_MAX_SHARD_SIZE, DTYPES, Entry, Files, ShardError, read_files, write_files
 from zoo.spec import parse_spec
@@ -280,7 +280,7 @@ def zoo_to_hf_dir(src: Path, dst: Path, *, architecture: str | None = None, dtyp
     ``model.safetensors`` or shards and their index, ``generation_config.json``), one tensor at a time."""
     zoo_model, stored = read_lazily(src, dtype=dtype)
     spec = zoo_model.spec
-    arch = _arch_for_spec(spec, architecture)
+    arch = arch_for_spec(spec, architecture)
     where = f"zoo -> {arch.name}"
     config = hf_config(spec, arch.name)
     hf = _meta_model(arch, config)
