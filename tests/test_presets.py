@@ -21,6 +21,12 @@ EXACT = {
     "vit-medium-16-reg4-gap-256": 38_881_768,
     "vit-so150m-16-reg4-map-256": 141_481_064,
     "vit-small-16-reg4": 22_051_816,  # timm vit_small_patch16_224 with reg_tokens=4, no_embed_class=True
+    # HF {Llama,Qwen3,Gemma2,Gemma3,Phi3}ForCausalLM from the releases' configs (tests/test_presets_hf.py)
+    "llama-3.2-1b": 1_235_814_400,
+    "qwen3-0.6b": 596_049_920,
+    "gemma-2-2b": 2_614_341_888,
+    "gemma-3-1b": 999_885_952,
+    "phi-3-mini": 3_821_079_552,
 }
 
 

@@ -1,0 +1,169 @@
+"""The presets of released decoders are their HF configs, and their tiny variants convert to HF exactly.
+
+Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``), on the
+meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
+has the parameter count of the HF class built from that config (tied tensors once), and writes back to
+the same config values. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
+``gemma-3-tiny``, ``phi-3-tiny``): at random init each converts to its HF class with the same logits
+(fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import max_diff, positions
+
+import zoo
+from zoo.interop import hf_config, hf_spec, to_hf
+
+transformers = pytest.importorskip("transformers")
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
+ATOL = 1e-4
+S, F = "sliding_attention", "full_attention"
+
+# the released configs' architecture fields (config.json of each Hub repository), as HF config arguments
+RELEASES = {
+    "llama-3.2-1b": ("LlamaForCausalLM", "LlamaConfig", 1_235_814_400, {  # meta-llama/Llama-3.2-1B
+        "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 131072, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "tie_word_embeddings": True}),
+    "qwen3-0.6b": ("Qwen3ForCausalLM", "Qwen3Config", 596_049_920, {  # Qwen/Qwen3-0.6B
+        "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        "attention_bias": False, "use_sliding_window": False, "tie_word_embeddings": True}),
+    "gemma-2-2b": ("Gemma2ForCausalLM", "Gemma2Config", 2_614_341_888, {  # google/gemma-2-2b
+        "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+        "sliding_window": 4096, "layer_types": [S, F] * 13, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0, "max_position_embeddings": 8192,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "rms_norm_eps": 1e-6,
+        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
+    "gemma-3-1b": ("Gemma3ForCausalLM", "Gemma3TextConfig", 999_885_952, {  # google/gemma-3-1b-pt
+        "vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256,
+        "sliding_window": 512, "layer_types": [F if i % 6 == 5 else S for i in range(26)],
+        "rope_theta": 1e6, "rope_local_base_freq": 10000.0, "final_logit_softcapping": None,
+        "attn_logit_softcapping": None, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
+    "phi-3-mini": ("Phi3ForCausalLM", "Phi3Config", 3_821_079_552, {  # microsoft/Phi-3-mini-4k-instruct
+        "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "sliding_window": 2047, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False}),
+}
+NOT_SPEC = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}  # token ids are no part of a spec
+
+
+def release_config(name: str):
+    _, config_class, _, fields = RELEASES[name]
+    return getattr(transformers, config_class)(**fields)
+
+
+def unique_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+
+
+@pytest.mark.parametrize("name", RELEASES)
+def test_release_presets_are_the_hf_configs(name):
+    architecture, _, count, _ = RELEASES[name]
+    config = release_config(name)
+    if name == "gemma-3-1b":  # the release's fields as HF reads them: a rope per layer type, five local per global
+        assert config.rope_parameters == {S: {"rope_type": "default", "rope_theta": 10000.0},
+                                          F: {"rope_type": "default", "rope_theta": 1e6}}
+    with torch.device("meta"):
+        ref = getattr(transformers, architecture)(config)
+    model = zoo.build(name, device="meta")
+    assert zoo.count_parameters(model) == unique_parameters(ref) == count
+    assert (model.head.weight is model.tok_emb.weight) == (ref.lm_head.weight is ref.model.embed_tokens.weight)
+    assert model.spec.model_dump(exclude={"name"}) == hf_spec(config).model_dump(exclude={"name"})
+    back = hf_config(model.spec, architecture)
+    assert type(back) is type(config)
+    theirs, ours = config.to_dict(), back.to_dict()
+    assert {k: v for k, v in ours.items() if k not in NOT_SPEC} == {k: v for k, v in theirs.items() if k not in NOT_SPEC}
+
+
+# tiny variant: (its release, the class it converts to, the class to_hf picks by default)
+TINY = {
+    "llama-3.2-tiny": ("llama-3.2-1b", "LlamaForCausalLM", "LlamaForCausalLM"),
+    "qwen3-tiny": ("qwen3-0.6b", "Qwen3ForCausalLM", "Qwen3ForCausalLM"),
+    "gemma-2-tiny": ("gemma-2-2b", "Gemma2ForCausalLM", "Gemma2ForCausalLM"),
+    "gemma-3-tiny": ("gemma-3-1b", "Gemma3ForCausalLM", "Gemma3ForCausalLM"),
+    "phi-3-tiny": ("phi-3-mini", "Phi3ForCausalLM", "MistralForCausalLM"),  # without partial rotary, Mistral's function
+}
+WINDOW = 64
+
+
+def scramble(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Random weights at a scale that keeps activations near 1 through the stack (matrices
+    1/sqrt(fan-in), norm weights around 1), so the logits are O(1) and a wrong detail shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+    return model.eval()
+
+
+def same_but_name(a, b) -> bool:
+    """The same spec but for its name, with the same layers however the patterns spell them (HF's
+    config reads Gemma 3's single global layer of six as ``at: 5``; the tiny preset says "5::6")."""
+    return a.model_dump(exclude={"name", "layers"}) == b.model_dump(exclude={"name", "layers"}) and \
+        a.stack_layers() == b.stack_layers()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_presets_keep_their_release_details(name):
+    """Each tiny variant differs from its release in its sizes (widths, heads, layers) and window only,
+    and is the spec of its HF config."""
+    release = zoo.load_spec(TINY[name][0])
+    tiny = zoo.load_spec(name)
+    assert (tiny.vocab_size, tiny.max_seq_len) == (8192, 512) and tiny.d_model <= 320 and 4 <= tiny.n_layers <= 6
+    a, r = tiny.block.attention, release.block.attention
+    assert (a.kind, a.qk_norm, a.softcap, a.bias) == (r.kind, r.qk_norm, r.softcap, r.bias)
+    assert (a.window is None) == (r.window is None) and a.window in (None, WINDOW)
+    assert tiny.block.kind == release.block.kind and tiny.block.norm == release.block.norm
+    assert (tiny.block.ffn.kind, tiny.block.ffn.bias) == (release.block.ffn.kind, release.block.ffn.bias)
+    assert tiny.position == release.position and tiny.embedding == release.embedding
+    assert tiny.head == release.head and tiny.dropout == release.dropout and tiny.init == release.init
+    assert [layer.at for layer in tiny.layers] == [layer.at for layer in release.layers]
+    assert [layer.position for layer in tiny.layers] == [layer.position for layer in release.layers]
+    config = hf_config(tiny, TINY[name][1])
+    assert same_but_name(hf_spec(config), tiny)
+    assert hf_config(tiny).architectures == [TINY[name][2]]
+
+
+def tokens(batch: int, length: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_presets_convert_to_hf_and_decode_the_same(name):
+    architecture = TINY[name][1]
+    model = scramble(zoo.build(name))
+    hf = to_hf(model, architecture).eval()
+    hf.config._attn_implementation = "eager"  # Gemma 2 soft-caps only there
+    assert type(hf).__name__ == architecture and same_but_name(hf_spec(hf.config), model.spec)
+    V, length = model.spec.vocab_size, WINDOW + 19
+    x = tokens(2, length, V)
+    mask = torch.ones(2, length, dtype=torch.bool)
+    mask[1, :7] = False
+    with torch.no_grad():
+        logits = model(x)
+        assert logits.abs().max() > 1.0  # O(1) logits: the tolerance below is a real test
+        assert max_diff(logits, hf(x).logits) < ATOL
+        ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
+        assert max_diff(model(x, mask), ref, mask) < ATOL
+
+    # greedy decoding through zoo's KV cache equals HF's generate, past the window: prompt 60 + 12 new
+    hf.generation_config.eos_token_id = None
+    prompt = tokens(2, WINDOW - 4, V, seed=3)
+    ours = zoo.generate(model, prompt, max_new_tokens=12).tokens
+    theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, theirs[:, prompt.shape[1]:])
