@@ -1,8 +1,9 @@
 """Gemma 2 and Gemma 3 (text) against HF's ``Gemma2ForCausalLM`` and ``Gemma3ForCausalLM`` at sizes no
 release has, and the spec options they brought: attention and final-logit soft-capping
 (``block.attention.softcap``, ``head.softcap``), the score scale (``block.attention.scale_dim``), the
-(1 + w) qk-norm (``qk_norm.unit_offset``), with sandwich norms, local and global layers and a RoPE
-base per layer type.
+(1 + w) qk-norm (``qk_norm.unit_offset``), with sandwich norms, local and global layers and a rope
+per layer type (Gemma 3: base and scaling, the 4B model's linear factor 8 on its global layers, yarn
+and the other kinds).
 
 For each case a random-init reference (eager attention, so HF applies its soft-capping) converts
 into zoo with the same logits (fp32, padded or not, on sequences longer than the window), converts
@@ -20,8 +21,9 @@ from torch import nn
 
 import zoo
 from zoo import kernels
-from zoo.interop import ConversionError, from_hf, hf_spec, to_hf
+from zoo.interop import ConversionError, from_hf, hf_config, hf_spec, to_hf
 from zoo.spec import SpecError
+from zoo.spec.rope import SCALINGS
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
@@ -45,6 +47,16 @@ CASES = {
         "layer_types": [S, F, S, F], "rope_parameters": {S: {"rope_type": "default", "rope_theta": 100.0},
                                                          F: {"rope_type": "default", "rope_theta": 5e4}},
         "tie_word_embeddings": False, "rms_norm_eps": 1e-5}),
+    # Gemma 3 4B and up: a linear factor 8 on the global layers (given the older way, as rope_scaling)
+    "gemma3: 6 layers, linear factor 8 on the global layers (4B and up)": ("Gemma3Text", {
+        "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 40,
+        "query_pre_attn_scalar": 24, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    "gemma3: yarn on the global layers, linear 2 on the local ones, alternating": ("Gemma3Text", {
+        "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 44,
+        "layer_types": [S, F, S, F], "rope_parameters": {
+            S: {"rope_type": "linear", "factor": 2.0, "rope_theta": 100.0},
+            F: {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 8.0,
+                "rope_theta": 5e4}}}),
 }
 
 
@@ -129,6 +141,67 @@ def test_gemma3_release_configs_read_as_patterns():
     assert g3.block.attention.qk_norm.unit_offset and g3.block.attention.softcap is None and g3.head.softcap is None
     g2 = hf_spec(transformers.Gemma2Config(num_hidden_layers=26, hidden_size=2304, intermediate_size=9216))
     assert (g2.block.attention.softcap, g2.head.softcap, g2.layers[0].at) == (50.0, 30.0, "1::2")
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "dynamic", "factor": 3.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0],
+     "long_factor": [1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0, 20.0], "original_max_position_embeddings": 16},
+], ids=lambda rope: rope["rope_type"])
+def test_gemma3_each_scaling_on_the_global_layers_equals_hf(rope):
+    """The other scalings on Gemma 3's global layers (max_position_embeddings 16): a 24-token pass
+    past it, then a 9-token one (dynamic back to its plain frequencies, longrope to its short
+    factors), and greedy decoding through the cache from 9 to 24 tokens."""
+    hf = reference("Gemma3Text", num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, intermediate_size=40,
+                   max_position_embeddings=16, layer_types=[S, F, S, F],
+                   rope_parameters={S: {"rope_type": "default", "rope_theta": 100.0}, F: {**rope, "rope_theta": 1e4}})
+    model = from_hf(hf)
+    assert model.spec.layers[0].position.scaling.kind == rope["rope_type"]
+    x = tokens(2, 24)
+    with torch.no_grad():
+        assert max_diff(model(x), hf(x).logits) < ATOL
+        assert max_diff(model(x[:, :9]), hf(x[:, :9]).logits) < ATOL
+    hf.generation_config.eos_token_id = None
+    ours = zoo.generate(model, x[:, :9], max_new_tokens=15).tokens
+    assert torch.equal(ours, hf.generate(x[:, :9], max_new_tokens=15, do_sample=False, pad_token_id=0)[:, 9:])
+
+
+def test_gemma3_4b_config_reads_its_scaled_global_rope_into_the_pattern():
+    """Gemma 3 4B's layout (34 layers, window 1024, rope_scaling linear 8 on the global layers, which
+    Gemma3TextConfig puts in rope_parameters.full_attention): the local rope is the model's position,
+    the global layers' pattern carries base 1e6 and the scaling; written back, each layer type's
+    rope_parameters is HF's own."""
+    config = transformers.Gemma3TextConfig(vocab_size=262208, hidden_size=2560, intermediate_size=10240,
+                                           num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
+                                           head_dim=256, sliding_window=1024, max_position_embeddings=131072,
+                                           rope_scaling={"rope_type": "linear", "factor": 8.0})
+    spec = hf_spec(config)
+    assert spec.position.model_dump(mode="json") == {"kind": "rope", "base": 10000.0, "fraction": 1.0, "scaling": None}
+    assert [p.model_dump(mode="json", exclude_none=True) for p in spec.layers] == [
+        {"at": "5::6", "block": {"attention": {"window": None}},
+         "position": {"kind": "rope", "base": 1e6, "fraction": 1.0, "scaling": {"kind": "linear", "factor": 8.0}}}]
+    assert [i for i, layer in enumerate(spec.stack_layers()) if layer.position is not None] == [5, 11, 17, 23, 29]
+    back = hf_config(spec)
+    assert type(back).__name__ == "Gemma3TextConfig" and back.rope_parameters == config.rope_parameters
+    assert back.layer_types == config.layer_types and hf_spec(back) == spec
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith("gemma3")])
+def test_gemma3_rope_parameters_round_trip_per_layer_type(case):
+    """Each layer type's rope_parameters, base and scaling, reads into zoo (the local rope as the
+    model's position, the global one in the pattern where it differs) and is written back as HF
+    reads it (a rope_scaling given the older way comes back as rope_parameters.full_attention)."""
+    kind, kw = CASES[case]
+    config = reference(kind, **kw).config
+    spec = hf_spec(config)
+    for layer, t in zip(spec.stack_layers(), config.layer_types, strict=True):
+        position, params = layer.position or spec.position, dict(config.rope_parameters[t])
+        kind, base = params.pop("rope_type"), params.pop("rope_theta")
+        assert position.base == base
+        assert position.scaling == (None if kind == "default" else SCALINGS[kind](**params))
+    assert spec.layers[0].position is not None  # the global layers' rope differs in every case
+    assert hf_config(spec).rope_parameters == config.rope_parameters
 
 
 # ------------------------------------------------------------------------------------ the options
@@ -231,8 +304,17 @@ def test_bad_options_are_spec_errors_naming_the_field(override, field):
 # ------------------------------------------------------------------------------------ refusals
 def test_from_hf_refuses_what_zoo_cannot_express():
     small = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 8}
-    with pytest.raises(ConversionError, match=r"rope_parameters.full_attention.rope_type='linear' .*rope scaling"):
-        from_hf(reference("Gemma3Text", **small, layer_types=[S, F], rope_scaling={"rope_type": "linear", "factor": 8.0}))
+    ropes = {  # each layer type's rope: a rope type zoo does not express, a key its type lacks, a partial rope
+        r"rope_parameters.full_attention.rope_type='proportional' .*scalings linear, dynamic": {
+            S: {"rope_type": "default"}, F: {"rope_type": "proportional", "partial_rotary_factor": 0.5}},
+        r"rope_parameters.full_attention.low_freq_factor=1.0 .*rope_type linear has no low_freq_factor": {
+            S: {"rope_type": "default"}, F: {"rope_type": "linear", "factor": 8.0, "low_freq_factor": 1.0}},
+        r"rope_parameters.sliding_attention.partial_rotary_factor=0.5 .*rotates every dimension": {
+            S: {"rope_type": "default", "partial_rotary_factor": 0.5}, F: {"rope_type": "linear", "factor": 8.0}},
+    }
+    for message, rope in ropes.items():
+        with pytest.raises(ConversionError, match=message):
+            hf_spec(transformers.Gemma3TextConfig(**small, hidden_size=48, head_dim=16, layer_types=[S, F], rope_parameters=rope))
     with pytest.raises(ConversionError, match="attn_logit_softcapping=50.0 .*never applies it"):
         from_hf(reference("Gemma3Text", **small, attn_logit_softcapping=50.0))
     with pytest.raises(ConversionError, match="layer_types='chunked_attention'"):
@@ -259,6 +341,12 @@ TO_REFUSED = {
     "two rope bases among gemma3's sliding layers": (
         GEMMA3 + ["n_layers=3", "block.attention.window=4", "layers=[{at: 1, position: {kind: rope, base: 100.0}}]"],
         "Gemma3ForCausalLM", "layers=\"layer 1's rope base 100\""),
+    "two scalings among gemma3's global layers": (
+        GEMMA3 + ["n_layers=4", "block.attention.window=4", ("layers=[{at: '1::2', block: {attention: {window: null}}, "
+                  "position: {kind: rope, base: 1.0e6, scaling: {kind: linear, factor: 8.0}}}, {at: 3, position: "
+                  "{kind: rope, base: 1.0e6, scaling: {kind: dynamic, factor: 8.0}}}]")],
+        "Gemma3ForCausalLM", ("layers=\"layer 3's rope base 1e\\+06 with dynamic scaling {'factor': 8.0}\" .*its "
+        "full_attention layers .* have rope base 1e\\+06 with linear scaling")),
     "a layer without positions to gemma3": (GEMMA3 + ["layers=[{at: 1, position: {kind: none}}]"], "Gemma3ForCausalLM",
                                             "layers=\"layer 1's position"),
     "another ffn on a layer to gemma2": (GEMMA2 + ["layers=[{at: -1, block: {ffn: {hidden: 16}}}]"], "Gemma2ForCausalLM",

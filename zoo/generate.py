@@ -10,6 +10,13 @@ It stops a sentence as soon as no live beam can beat its best finished hypothesi
 only fall as a hypothesis grows and (for alpha >= 0) lp grows at most to lp(max length), so a live
 beam's best reachable score is its score / lp(max length).
 
+Each step keeps the 2K best candidates (beam, token); the K best that do not stop go on. A stop
+token finishes a hypothesis wherever it ranks among the 2K (``finish_from="candidates"``, as
+tensor2tensor, the paper's code, does), or only among the K best (``finish_from="beams"``: HF
+transformers' rule). With ``finish_from="beams"``, ``length_penalty="hf"`` (or ``"none"``) and HF's
+``early_stopping="never"`` (whose bound is the one above), zoo returns HF's ``generate(num_beams=K)``
+sequences and scores (tests/test_beam_hf.py).
+
 Shapes: B sentences, K beams, V vocabulary, N new tokens.
 """
 
@@ -26,6 +33,7 @@ from torch import Tensor, nn
 __all__ = ["generate", "Generation", "length_penalty"]
 
 Penalty = Literal["gnmt", "hf", "none"]
+Finish = Literal["candidates", "beams"]
 
 
 @dataclass
@@ -124,6 +132,7 @@ def generate(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_new_tokens: int = 0,
+    finish_from: Finish = "candidates",
 ) -> Generation:
     """Generate from a decoder (``inputs`` = prompt [B, T], left-padded with ``padding_mask``) or an
     encoder-decoder (``inputs`` = source [B, S], right-padded with ``padding_mask``; needs ``bos_id``).
@@ -132,12 +141,14 @@ def generate(
     decoders); otherwise greedy, or sampling with ``do_sample`` (``temperature``, ``top_k``, ``top_p``,
     a seeded ``generator`` makes it reproducible). A row ends at ``eos_id`` or any of ``stop_tokens``.
     Length: ``max_new_tokens``, or for encoder-decoders by default ``max_len_a * source length +
-    max_len_b`` per sentence (the paper: source + 50).
+    max_len_b`` per sentence (the paper: source + 50). ``finish_from``: where among a beam step's
+    candidates a stop token finishes a hypothesis, any of the 2K kept (``candidates``, the paper's)
+    or the K best only (``beams``, HF transformers').
     """
     encdec = hasattr(model, "encode") and hasattr(model, "decode")
     stops = torch.tensor(sorted({*stop_tokens, *([eos_id] if eos_id is not None else [])}), dtype=torch.long)
     K = num_beams if num_beams is not None else (4 if encdec else 1)
-    _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample)
+    _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from)
     B, device = inputs.shape[0], inputs.device
     stops = stops.to(device)
     if max_new_tokens is not None:
@@ -153,13 +164,14 @@ def generate(
     try:
         stepper = _Stepper(model, inputs, padding_mask, repeat=K, capacity=N + 1, bos_id=bos_id)
         if K > 1:
-            return _beam_search(stepper, B, K, max_len, stops, pad_id, length_penalty, alpha, min_new_tokens)
+            return _beam_search(stepper, B, K, max_len, stops, pad_id, length_penalty, alpha, min_new_tokens,
+                                finish_from)
         return _sample(stepper, B, max_len, stops, pad_id, min_new_tokens, do_sample, temperature, top_k, top_p, generator)
     finally:
         model.train(was_training)
 
 
-def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample) -> None:
+def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from) -> None:
     if not isinstance(inputs, Tensor) or inputs.dim() != 2:
         raise ValueError(f"generate: inputs must be token ids [batch, length], got {getattr(inputs, 'shape', type(inputs))}")
     if K < 1:
@@ -172,6 +184,9 @@ def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample) -> None:
         raise ValueError(f"generate: need top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
     if alpha < 0:
         raise ValueError(f"generate: alpha must be >= 0 (the early stop relies on it), got {alpha}")
+    if finish_from not in ("candidates", "beams"):
+        raise ValueError(f"generate: finish_from must be 'candidates' (a stop among the 2K candidates finishes, the "
+                         f"paper's) or 'beams' (among the K best only, HF's), got {finish_from!r}")
 
 
 def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature, top_k, top_p, generator) -> Generation:
@@ -204,7 +219,7 @@ def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature,
     return Generation(tokens[:, : int(lengths.max())], scores, lengths)
 
 
-def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new) -> Generation:
+def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new, finish_from="candidates") -> Generation:
     device = max_len.device
     N = int(max_len.max())
     offsets = torch.arange(B, device=device)[:, None] * K  # row of each sentence's first beam
@@ -228,6 +243,7 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new) ->
         top_s, top_i = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K), best first
         beam, tok = top_i // V, top_i % V
         is_stop = torch.isin(tok, stops)
+        may_finish = is_stop if finish_from == "candidates" else is_stop & (torch.arange(tok.shape[1], device=device) < K)
         lp = float(length_penalty(L, kind, alpha))
 
         def finish(raw: Tensor, pos: Tensor, allowed: Tensor) -> None:
@@ -242,7 +258,7 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new) ->
                 best = torch.where(better, raw / lp, best)
                 best_len = torch.where(better, L, best_len)
 
-        stop_raw, stop_pos = top_s.masked_fill(~is_stop, float("-inf")).max(dim=1)
+        stop_raw, stop_pos = top_s.masked_fill(~may_finish, float("-inf")).max(dim=1)
         finish(stop_raw, stop_pos, torch.isfinite(stop_raw))
         # the K best candidates that do not stop go on (stable order: stops last)
         n = top_s.shape[1]

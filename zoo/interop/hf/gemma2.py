@@ -41,10 +41,10 @@ def layer_at(indices: list[int], n: int) -> int | str | list[int]:
     return list(indices)
 
 
-def read_layer_types(c: Any, s: dict, where: str, full_base: float | None = None) -> None:
+def read_layer_types(c: Any, s: dict, where: str, full_position: dict | None = None) -> None:
     """Gemma's ``layer_types`` into the spec mapping ``s``: the sliding layers' window on the model's
-    block, and a pattern giving the full-attention layers no window (and, with ``full_base``, their
-    own RoPE base where it differs from the model's)."""
+    block, and a pattern giving the full-attention layers no window (and, with ``full_position``,
+    their own rope, base and scaling, where it differs from the model's)."""
     types = list(c.layer_types)
     unknown = sorted(set(types) - {FULL, SLIDING})
     if unknown:
@@ -58,17 +58,17 @@ def read_layer_types(c: Any, s: dict, where: str, full_base: float | None = None
     s["block"]["attention"]["window"] = c.sliding_window
     if full:
         pattern: dict = {"at": layer_at(full, len(types)), "block": {"attention": {"window": None}}}
-        if full_base is not None and full_base != s["position"]["base"]:
-            pattern["position"] = {"kind": "rope", "base": full_base}
+        if full_position is not None and full_position != s["position"]:
+            pattern["position"] = full_position
         s["layers"] = [pattern]
 
 
 def write_layer_types(s: FamilySpec, where: str, name: str, *, own_positions: bool) -> tuple[list[str], int | None, dict]:
     """Each layer's type (``sliding_attention`` where it has a window), the one window size, and
-    each type's RoPE base. Every layer must be the model's block but for its window; with
-    ``own_positions`` each type may have a RoPE base of its own (Gemma 3), else no layer has its own
-    position."""
-    windows, bases = [], {}
+    each type's rope position. Every layer must be the model's block but for its window; with
+    ``own_positions`` each type may have a rope of its own, base and scaling (Gemma 3), else no layer
+    has its own position."""
+    windows, positions = [], {}
     for i, layer in enumerate(s.stack_layers()):
         b = layer.block
         plain = b.model_copy(update={"attention": b.attention.model_copy(update={"window": s.block.attention.window})})
@@ -79,21 +79,24 @@ def write_layer_types(s: FamilySpec, where: str, name: str, *, own_positions: bo
         position = layer.position or s.position
         if layer.position is not None and layer.position != s.position and not own_positions:
             raise unsupported(where, "layers", f"layer {i}'s position", f"{name} has one rope for every layer")
-        if own_positions and getattr(position, "scaling", None) is not None:
-            raise unsupported(where, f"layers.{i}.position.scaling", position.scaling.kind,
-                              f"{name}'s rope scaling per layer type does not convert yet")
         if position.kind != "rope" or position.fraction != 1.0:
             raise unsupported(where, "layers", f"layer {i}'s position {position.model_dump(mode='json')}",
                               f"{name}'s layers rotate every dimension (rope, fraction 1)")
-        if bases.setdefault(kind, position.base) != position.base:
-            raise unsupported(where, "layers", f"layer {i}'s rope base {position.base:g}",
-                              f"{name} has one rope base per layer type, its {kind} layers (by block.attention.window) "
-                              f"have {bases[kind]:g}")
+        if positions.setdefault(kind, position) != position:
+            raise unsupported(where, "layers", f"layer {i}'s {_rope_text(position)}",
+                              f"{name} has one rope per layer type, its {kind} layers (by block.attention.window) "
+                              f"have {_rope_text(positions[kind])}")
         windows.append(b.attention.window)
     sizes = sorted({w for w in windows if w is not None})
     require(len(sizes) <= 1, where, "block.attention.window", sizes,
             f"{name} has one sliding_window for its sliding layers (layers with windows of several sizes)")
-    return [FULL if w is None else SLIDING for w in windows], (sizes[0] if sizes else None), bases
+    return [FULL if w is None else SLIDING for w in windows], (sizes[0] if sizes else None), positions
+
+
+def _rope_text(position: Any) -> str:
+    scaling = position.scaling
+    return f"rope base {position.base:g}" + ("" if scaling is None else f" with {scaling.kind} scaling "
+                                             f"{scaling.model_dump(mode='json', exclude={'kind'}, exclude_none=True)}")
 
 
 class Gemma2(Gemma):
@@ -105,7 +108,7 @@ class Gemma2(Gemma):
     act_field: ClassVar[str] = "hidden_activation"
     block_kind: ClassVar[str] = "sandwich"
     norm_names: ClassVar[tuple[str, str]] = ("input_layernorm", "pre_feedforward_layernorm")
-    own_positions: ClassVar[bool] = False  # each layer type may have its own RoPE base
+    own_positions: ClassVar[bool] = False  # each layer type may have its own rope (base and scaling)
     claims: ClassVar[Claims] = {**Gemma.claims, "block.kind": one_of("sandwich"), "block.attention.window": ANY,
                                 "block.attention.scale_dim": ANY, "block.attention.softcap": ANY, "head.softcap": ANY,
                                 "layers": ANY}
@@ -119,7 +122,7 @@ class Gemma2(Gemma):
             raise unsupported(where, "query_pre_attn_scalar", scalar, "zoo's scale_dim is a whole number")
         att.update(scale_dim=None if int(scalar) == c.head_dim else int(scalar), softcap=cls.attention_softcap(c, where))
         s["head"]["softcap"] = c.final_logit_softcapping
-        read_layer_types(c, s, where, cls.full_base(c))
+        read_layer_types(c, s, where, cls.full_position(c, where))
 
     @classmethod
     def attention_softcap(cls, c: Any, where: str) -> float | None:
@@ -127,24 +130,24 @@ class Gemma2(Gemma):
         return c.attn_logit_softcapping
 
     @classmethod
-    def full_base(cls, c: Any) -> float | None:
-        """The RoPE base of the full-attention layers where it is their own (None: the model's)."""
+    def full_position(cls, c: Any, where: str) -> dict | None:
+        """The rope position of the full-attention layers where they have their own (None: the model's)."""
         return None
 
     @classmethod
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
         super().write(s, c, where)
         att = s.block.attention
-        types, window, bases = write_layer_types(s, where, cls.name, own_positions=cls.own_positions)
+        types, window, positions = write_layer_types(s, where, cls.name, own_positions=cls.own_positions)
         # HF builds the sliding mask even without sliding layers, so it needs a window: the context
         c.update(query_pre_attn_scalar=att.scale_size(s.d_model), attn_logit_softcapping=att.softcap,
                  final_logit_softcapping=s.head.softcap, layer_types=types,
                  sliding_window=window if window is not None else s.max_seq_len)
-        cls.write_rope(s, c, bases)
+        cls.write_rope(s, c, positions)
 
     @classmethod
-    def write_rope(cls, s: FamilySpec, c: dict, bases: dict) -> None:
-        """Each layer type's rope (Gemma 2: the one ``rope_parameters`` LLaMA's writes)."""
+    def write_rope(cls, s: FamilySpec, c: dict, positions: dict) -> None:
+        """Each layer type's rope from its position (Gemma 2: the one ``rope_parameters`` LLaMA's writes)."""
 
     @classmethod
     def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:

@@ -16,7 +16,7 @@ from typing import Any
 from zoo.interop.common import unsupported
 from zoo.spec.rope import SCALINGS
 
-__all__ = ["read_rope", "write_rope"]
+__all__ = ["read_rope", "rope_position", "write_rope"]
 
 # what HF reads when a yarn key is missing (written only where zoo's value differs)
 _HF_DEFAULTS = {"yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}}
@@ -28,21 +28,29 @@ def read_rope(c: Any, where: str, *, partial: bool = False) -> dict:
     ``partial_rotary_factor`` as ``fraction``, and a ``rope_type`` other than ``default`` as
     ``scaling``. An unknown type or key is refused by name."""
     rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {"rope_type": "default"})
+    if not partial and getattr(c, "partial_rotary_factor", None) not in (None, 1.0):
+        raise unsupported(where, "partial_rotary_factor", c.partial_rotary_factor, "this architecture's rope rotates every dimension")
+    return rope_position(rope, where, partial=partial)
+
+
+def rope_position(params: dict | None, where: str, *, field: str = "rope_parameters", partial: bool = False) -> dict:
+    """The zoo position mapping of one HF rope parameter dict (a config's ``rope_parameters``, or
+    one layer type's in a model with a rope per layer type, ``field`` naming it in errors), as
+    :func:`read_rope` reads it."""
+    rope = dict(params or {"rope_type": "default"})
     rope.pop("type", None)  # the older spelling of rope_type, which HF keeps beside it
     kind = rope.pop("rope_type", "default")
     if kind != "default" and kind not in SCALINGS:
-        raise unsupported(where, "rope_parameters.rope_type", kind, f"zoo's rope has the default frequencies or the "
+        raise unsupported(where, f"{field}.rope_type", kind, f"zoo's rope has the default frequencies or the "
                           f"scalings {_KINDS}")
     position: dict = {"kind": "rope", "base": rope.pop("rope_theta", 10000.0)}
     if partial:
         position["fraction"] = rope.pop("partial_rotary_factor", 1.0)
-    elif getattr(c, "partial_rotary_factor", None) not in (None, 1.0):
-        raise unsupported(where, "partial_rotary_factor", c.partial_rotary_factor, "this architecture's rope rotates every dimension")
     fields = set(SCALINGS[kind].model_fields) - {"kind"} if kind != "default" else set()
     for key in sorted(set(rope) - fields):
         why = ("this architecture's rope rotates every dimension" if key == "partial_rotary_factor"
                else f"rope_type {kind} has no {key} in zoo (its fields: {', '.join(sorted(fields)) or 'none'})")
-        raise unsupported(where, f"rope_parameters.{key}", rope[key], why)
+        raise unsupported(where, f"{field}.{key}", rope[key], why)
     if kind != "default":
         position["scaling"] = {"kind": kind, **{k: v for k, v in rope.items() if v is not None}}
     return position
