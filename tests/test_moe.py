@@ -76,7 +76,7 @@ def test_moe_equals_hf_qwen2_moe_block_with_shared_expert(norm):
     config = Qwen2MoeConfig(hidden_size=D, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=K,
                             shared_expert_intermediate_size=17, norm_topk_prob=norm)
     hf = _randomize(Qwen2MoeSparseMoeBlock(config))
-    moe = _zoo_moe(router={"norm_topk_prob": norm}, shared={"hidden": 17})
+    moe = _zoo_moe(router={"norm_topk_prob": norm}, shared_hidden=17)
     _copy(moe, hf)
     _compare(moe, hf)
     assert (moe.shared_gate.weight.grad - hf.shared_expert_gate.weight.grad).abs().max() < 1e-5
@@ -127,7 +127,7 @@ def _decoder(**ffn) -> dict:
 
 
 def test_moe_decoder_builds_trains_saves_loads_and_summarises(tmp_path):
-    spec = zoo.parse_spec(_decoder(shared={"hidden": 12}))
+    spec = zoo.parse_spec(_decoder(shared_hidden=12))
     model = zoo.build(spec, seed=0)
     tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
     model.train()

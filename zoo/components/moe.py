@@ -131,9 +131,8 @@ _ACTIVATIONS = {"swiglu": lambda spec: nn.SiLU(), "geglu": lambda spec: nn.GELU(
 
 @register("ffn", "moe")
 def _moe(spec, *, dim: int, dropout: float, **_) -> MoE:
-    shared = spec.shared
     return MoE(dim, spec.expert.hidden_size(dim), n_experts=spec.n_experts, top_k=spec.top_k,
                activation=_ACTIVATIONS[spec.expert.kind](spec.expert),
                softmax_before_topk=spec.router.softmax_before_topk, norm_topk_prob=spec.router.norm_topk_prob,
-               jitter=spec.router.jitter, shared_hidden=None if shared is None else shared.hidden,
-               shared_gate=shared is not None and shared.gate, dropout=dropout)
+               jitter=spec.router.jitter, shared_hidden=spec.shared_hidden, shared_gate=spec.shared_gate,
+               dropout=dropout)

@@ -57,7 +57,7 @@ from zoo.spec.load import (
     to_yaml,
 )
 from zoo.spec.migrate import SpecNote
-from zoo.spec.moe import MoERouterSpec, MoESharedSpec, MoESpec
+from zoo.spec.moe import MoERouterSpec, MoESpec
 from zoo.spec.parts import (
     AlibiSpec,
     AnyAttention,
@@ -68,6 +68,7 @@ from zoo.spec.parts import (
     AnyPosition,
     AttentionSpec,
     ClsPoolSpec,
+    FFNBaseSpec,
     FFNSpec,
     GatedFFNSpec,
     GeGLUSpec,
@@ -108,9 +109,9 @@ __all__ = [
     "PRESETS_DIR", "AlibiSpec", "AnyAttention", "AnyBlock", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition",
     "AnyRopeScaling", "AttentionSpec", "BlockSpec", "ClassifierSpec", "ClsPoolSpec", "ComponentSpec", "ConvStemSpec",
     "DecoderSpec", "Dispatch", "DropoutSpec", "DynamicScalingSpec", "EmbeddingSpec", "EncoderDecoderSpec",
-    "EncoderSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "Kinds",
+    "EncoderSpec", "FFNBaseSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "Kinds",
     "LMHeadSpec", "Layer", "LayerNormSpec", "LayerPattern", "LearnedSpec", "LinearHeadSpec", "LinearScalingSpec",
-    "Llama3ScalingSpec", "LongRopeScalingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESharedSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
+    "Llama3ScalingSpec", "LongRopeScalingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
     "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
     "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeScalingSpec",
     "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
 from zoo.spec.base import Kinds, Spec, register_specs
-from zoo.spec.parts import FFNSpec, GatedFFNSpec, GeGLUSpec, SwiGLUSpec
+from zoo.spec.parts import FFNBaseSpec, GatedFFNSpec, GeGLUSpec, SwiGLUSpec
 
-__all__ = ["MoERouterSpec", "MoESharedSpec", "MoESpec"]
+__all__ = ["MoERouterSpec", "MoESpec"]
 
 
 class MoERouterSpec(Spec):
@@ -36,23 +36,13 @@ class MoERouterSpec(Spec):
         return self
 
 
-class MoESharedSpec(Spec):
-    """An expert every token passes through, besides its routed ones (Qwen2-MoE): a gated FFN of
-    the experts' kind with ``hidden`` units, its output scaled by sigmoid(w·x) (``shared_expert_gate``,
-    a bias-free linear D -> 1) when ``gate`` is true."""
-
-    hidden: PositiveInt = Field(description="hidden size of the shared expert (Qwen2-MoE's "
-                                "shared_expert_intermediate_size)")
-    gate: bool = Field(True, description="scale its output by sigmoid of a linear D -> 1 (Qwen2-MoE's shared_expert_gate)")
-
-
 ExpertFFN = Annotated[GatedFFNSpec, Kinds("expert FFN", {"swiglu": SwiGLUSpec, "geglu": GeGLUSpec})]
 
 
-class MoESpec(FFNSpec):
+class MoESpec(FFNBaseSpec):
     """A sparse mixture of gated-FFN experts. Each token goes to its ``top_k`` experts of
     ``n_experts`` (router: :class:`MoERouterSpec`), whose outputs are summed with the router's
-    weights; ``shared`` adds an expert every token takes (Qwen2-MoE).
+    weights; ``shared_hidden`` adds an expert every token takes (Qwen2-MoE).
 
     Routing is dropless: every expert takes every token routed to it, however many. No capacity
     factor (tokens dropped beyond a per-expert limit, Switch Transformer) is offered.
@@ -60,28 +50,27 @@ class MoESpec(FFNSpec):
     ``expert`` is the experts' FFN, a gated kind (swiglu, geglu) whose ``hidden`` is each expert's
     hidden size; experts have no biases, so ``expert.bias`` defaults to false here. The experts'
     weights are stacked per expert (``w_gate_up`` [E, 2F, D], ``w_down`` [E, D, F]: HF Mixtral's
-    ``gate_up_proj``/``down_proj`` layout). ``hidden`` and ``bias`` of the FFN itself are not used
-    (the experts' own are)."""
+    ``gate_up_proj``/``down_proj`` layout)."""
 
     kind: Literal["moe"] = "moe"
-    hidden: None = Field(None, description="not used: the per-expert hidden size is expert.hidden")
-    bias: bool = Field(False, description="not used: experts have no biases (false)")
     n_experts: PositiveInt = Field(8, description="experts per layer (Mixtral's num_local_experts, Qwen's num_experts)")
     top_k: PositiveInt = Field(2, description="experts each token is routed to (num_experts_per_tok)")
     expert: ExpertFFN = Field(default_factory=lambda: SwiGLUSpec(bias=False),
                               description="each expert's gated FFN (swiglu or geglu); its hidden is the per-expert "
                               "hidden size (Mixtral's intermediate_size, Qwen's moe_intermediate_size)")
     router: MoERouterSpec = Field(default_factory=MoERouterSpec, description="how tokens pick their experts")
-    shared: MoESharedSpec | None = Field(None, description="an expert every token takes (Qwen2-MoE); null: none")
+    shared_hidden: PositiveInt | None = Field(
+        None, description="hidden size of a shared expert every token takes besides its routed ones, a gated FFN of "
+        "the experts' kind (Qwen2-MoE's shared_expert_intermediate_size); null: no shared expert")
+    shared_gate: bool = Field(True, description="with a shared expert: its output scaled by sigmoid of a bias-free "
+                              "linear D -> 1 (Qwen2-MoE's shared_expert_gate)")
 
     @model_validator(mode="before")
     @classmethod
     def _experts_without_bias(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            if data.get("hidden") is not None:
+            if "hidden" in data:
                 raise ValueError("hidden: an moe FFN's hidden size is each expert's; set expert.hidden instead")
-            if data.get("bias"):
-                raise ValueError("bias: experts have no biases; leave bias out (false)")
             expert = data.get("expert")
             if isinstance(expert, dict) and "bias" not in expert:
                 data = {**data, "expert": {**expert, "bias": False}}
@@ -106,4 +95,4 @@ class MoESpec(FFNSpec):
         return self.expert.hidden_size(d_model)
 
 
-register_specs("ffn", FFNSpec, {"moe": MoESpec})
+register_specs("ffn", FFNBaseSpec, {"moe": MoESpec})
