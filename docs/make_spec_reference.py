@@ -152,6 +152,15 @@ def kinds_of(tp: Any, meta: tuple = ()) -> zs.Kinds | None:
     return next((k for a in typing.get_args(tp) if (k := kinds_of(a)) is not None), None)
 
 
+def _kind_anchor(kind: str, cls: type) -> str:
+    """A closed choice's member: the section of the registered part it is (an moe FFN's expert:
+    swiglu), else its class's own section (a RoPE scaling)."""
+    from zoo.registry import REGISTRIES
+
+    registered = any(kind in reg and reg.spec(kind) is cls for reg in REGISTRIES.values())
+    return anchor(kind) if registered else anchor(cls.__name__)
+
+
 def type_name(tp: Any, meta: list | tuple = ()) -> str:
     """A readable type: `int > 0`, `one of: a, b`, a link to a section or a registry."""
     part = dispatch_of(tuple(meta))
@@ -159,7 +168,7 @@ def type_name(tp: Any, meta: list | tuple = ()) -> str:
         return f"[{part}](#{anchor(part + ' kinds')}) (by `kind`)"
     kinds = next((m for m in meta if isinstance(m, zs.Kinds)), None)
     if kinds is not None:
-        return " or ".join(f"[{k}](#{anchor(c.__name__)})" for k, c in kinds.kinds.items()) + " (by `kind`)"
+        return " or ".join(f"[{k}](#{_kind_anchor(k, c)})" for k, c in kinds.kinds.items()) + " (by `kind`)"
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
         return type_name(tp.__origin__, list(tp.__metadata__) + list(meta))

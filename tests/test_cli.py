@@ -47,7 +47,7 @@ def test_python_m_zoo_list_is_zoo_list(capsys):
     assert main(["list"]) == 0
     assert run.returncode == 0 and run.stderr == ""
     assert run.stdout == capsys.readouterr().out
-    assert "ffn: geglu, gelu, relu, silu, swiglu" in run.stdout and "presets: " in run.stdout
+    assert "ffn: geglu, gelu, moe, relu, silu, swiglu" in run.stdout and "presets: " in run.stdout
 
 
 def test_python_m_zoo_without_a_command_and_with_help():

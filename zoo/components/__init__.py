@@ -1,6 +1,20 @@
 """Interchangeable parts; importing this package registers the built-in builders."""
 
-from zoo.components import attention, block, dropout, embedding, ffn, head, linear, norm, pool, position, rope, stack  # noqa: F401
+from zoo.components import (  # noqa: F401
+    attention,
+    block,
+    dropout,
+    embedding,
+    ffn,
+    head,
+    linear,
+    moe,
+    norm,
+    pool,
+    position,
+    rope,
+    stack,
+)
 from zoo.components.attention import Attention, attention_mask
 from zoo.components.block import (
     Block,
@@ -18,6 +32,7 @@ from zoo.components.embedding import PatchEmbedding, TokenEmbedding
 from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.head import ClassifierHead, LMHead, MLMHead
 from zoo.components.linear import Linear
+from zoo.components.moe import MoE, load_balancing_loss
 from zoo.components.norm import RMSNorm
 from zoo.components.pool import AttentionPool, ClsPool, MeanPool
 from zoo.components.position import (
@@ -36,5 +51,5 @@ __all__ = [
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
     "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
     "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
-    "MLMHead", "ClassifierHead",
+    "MLMHead", "ClassifierHead", "MoE", "load_balancing_loss",
 ]

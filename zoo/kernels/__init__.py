@@ -6,10 +6,13 @@ be faster (its ``applies`` says when), they run it instead. Components call only
 :func:`scores_attention` computes attention on explicit scores, for what no fused kernel computes
 (soft-capped scores); an attention spec's ``kernel`` says which of the two it takes.
 :func:`sdpa_only` turns zoo's own attention off within a context (so a forced SDPA kernel applies).
+:func:`grouped_mm` multiplies rows sorted by group by one matrix per group (mixture-of-experts
+layers, :mod:`zoo.kernels.grouped`).
 """
 
-from zoo.kernels import cpu
+from zoo.kernels import cpu, grouped
 from zoo.kernels.cpu.attention import sdpa_only
 from zoo.kernels.dispatch import attention, dropout, linear, scores_attention
+from zoo.kernels.grouped import grouped_mm
 
-__all__ = ["attention", "cpu", "dropout", "linear", "scores_attention", "sdpa_only"]
+__all__ = ["attention", "cpu", "dropout", "grouped", "grouped_mm", "linear", "scores_attention", "sdpa_only"]

@@ -105,7 +105,8 @@ def _residual_parts(model: nn.Module) -> list[nn.Module]:
 def init_weights(model: nn.Module, spec: FamilySpec) -> None:
     """Initialise linear, embedding and learned position weights as ``spec.init`` says; biases zero.
     The residual output linears are those the parts name (``zoo.components.parts.residual_out``);
-    a module's ``init_normal`` names parameters drawn like embeddings (a learned position table)."""
+    a module's ``init_normal`` names parameters drawn like embeddings (a learned position table),
+    its ``init_residual`` parameters drawn like residual output linears (stacked expert weights)."""
     init, d = spec.init, spec.d_model
     residual_std = init.std / math.sqrt(2 * spec.n_layers) if init.scaled_residual else init.std
     residual = {id(m.weight) for part in _residual_parts(model) for m in residual_linears(part)}
@@ -131,3 +132,5 @@ def init_weights(model: nn.Module, spec: FamilySpec) -> None:
             normal(m.weight, d**-0.5 if init.scheme == "xavier" else init.std)
         for name in getattr(m, "init_normal", ()):
             normal(getattr(m, name), init.std)
+        for name in getattr(m, "init_residual", ()):
+            normal(getattr(m, name), residual_std)

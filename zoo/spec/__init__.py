@@ -10,6 +10,7 @@ fix; nothing is rewritten behind the user's back (derived sizes are properties).
 
     zoo.spec.base       Spec, ComponentSpec, and the dispatch of a part's spec by its registered kind
     zoo.spec.parts      the specs of attention, positions, FFNs, norms, heads and ViT pools
+    zoo.spec.moe        the mixture-of-experts FFN (ffn.kind: moe): experts, router, shared expert
     zoo.spec.rope       the scalings of RoPE's frequencies (linear, dynamic, llama3, yarn, longrope)
     zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel) and per-layer patterns
     zoo.spec.families   FamilySpec and the four families: decoder, encoder, encoder_decoder, vit
@@ -56,6 +57,7 @@ from zoo.spec.load import (
     to_yaml,
 )
 from zoo.spec.migrate import SpecNote
+from zoo.spec.moe import MoERouterSpec, MoESpec
 from zoo.spec.parts import (
     AlibiSpec,
     AnyAttention,
@@ -66,6 +68,7 @@ from zoo.spec.parts import (
     AnyPosition,
     AttentionSpec,
     ClsPoolSpec,
+    FFNBaseSpec,
     FFNSpec,
     GatedFFNSpec,
     GeGLUSpec,
@@ -106,9 +109,9 @@ __all__ = [
     "PRESETS_DIR", "AlibiSpec", "AnyAttention", "AnyBlock", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition",
     "AnyRopeScaling", "AttentionSpec", "BlockSpec", "ClassifierSpec", "ClsPoolSpec", "ComponentSpec", "ConvStemSpec",
     "DecoderSpec", "Dispatch", "DropoutSpec", "DynamicScalingSpec", "EmbeddingSpec", "EncoderDecoderSpec",
-    "EncoderSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "Kinds",
+    "EncoderSpec", "FFNBaseSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "Kinds",
     "LMHeadSpec", "Layer", "LayerNormSpec", "LayerPattern", "LearnedSpec", "LinearHeadSpec", "LinearScalingSpec",
-    "Llama3ScalingSpec", "LongRopeScalingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "ModelSpec", "NoHeadSpec",
+    "Llama3ScalingSpec", "LongRopeScalingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
     "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
     "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "RMSNormSpec", "Rate", "ReluFFNSpec", "RopeScalingSpec",
     "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",

@@ -18,7 +18,7 @@ from zoo.spec.rope import AnyRopeScaling
 
 __all__ = [
     "AlibiSpec", "AnyAttention", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition", "AttentionSpec",
-    "ClsPoolSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
+    "ClsPoolSpec", "FFNBaseSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
     "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
     "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "RMSNormSpec", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec",
     "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
@@ -286,7 +286,15 @@ class SinCos2dSpec(PositionSpec):
 
 
 # --------------------------------------------------------------------------------------------- FFN
-class FFNSpec(ComponentSpec):
+class FFNBaseSpec(ComponentSpec):
+    """The base of every FFN kind's spec (the ffn registry's spec base): a part mapping [B, T, D] to
+    [B, T, D]. ``hidden_size(d_model)``: its hidden width (a mixture of experts: each expert's)."""
+
+    def hidden_size(self, d_model: int) -> int:
+        raise NotImplementedError
+
+
+class FFNSpec(FFNBaseSpec):
     """Position-wise feed-forward network. ``hidden`` defaults per kind (see ``hidden_size``)."""
 
     hidden: PositiveInt | None = None
@@ -458,7 +466,7 @@ AnyHead = Annotated[ComponentSpec, Dispatch("head", shorthand=True)]
 register_specs("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec})
 register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
                                           "rope": RopeSpec, "alibi": AlibiSpec, "sincos2d": SinCos2dSpec})
-register_specs("ffn", FFNSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec,
+register_specs("ffn", FFNBaseSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec,
                                 "geglu": GeGLUSpec})
 register_specs("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec})
 register_specs("pool", PoolSpec, {"cls": ClsPoolSpec, "mean": MeanPoolSpec, "map": MapPoolSpec})

@@ -277,11 +277,12 @@ def same_layers(spec: FamilySpec, where: str, *, but: tuple[str, ...] = ()) -> N
 
 
 # What every text reference states the same way: sizes, the vocabulary, attention heads and sizes,
-# the FFN's width and biases, the norm's eps, the LM head's tying, the dropout rates it maps.
+# the dense FFN kinds (the activation picks among them; no converter writes an moe FFN), their width
+# and biases, the norm's eps, the LM head's tying, the dropout rates it maps.
 TEXT_CLAIMS: Claims = {
     "family": one_of("decoder"), "d_model": ANY, "n_layers": ANY, "vocab_size": ANY, "max_seq_len": ANY,
     "block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
     "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY,
-    "block.attention.bias": ANY, "block.ffn.kind": ANY, "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
-    "block.ffn.approximate": ANY, "block.norm.eps": ANY, "head.kind": one_of("lm"), "head.tied": ANY,
+    "block.attention.bias": ANY, "block.ffn.kind": one_of("relu", "gelu", "silu", "swiglu", "geglu"),
+    "block.ffn.hidden": ANY, "block.ffn.bias": ANY, "block.ffn.approximate": ANY, "block.norm.eps": ANY, "head.kind": one_of("lm"), "head.tied": ANY,
 }

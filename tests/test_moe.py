@@ -1,0 +1,167 @@
+"""The mixture-of-experts FFN (ffn.kind: moe) against HF's own sparse MoE blocks at random init,
+its grouped product against a plain loop, its load-balancing loss against HF's, and the spec's
+checks, building, training, saving and summary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+from zoo.cli import main
+from zoo.components.moe import load_balancing_loss
+from zoo.kernels import grouped
+from zoo.spec import SpecError
+from zoo.summary import summarize
+
+D, F, E, K = 21, 13, 5, 2  # odd sizes
+
+
+def _zoo_moe(**ffn):
+    spec = zoo.spec.MoESpec.model_validate({"n_experts": E, "top_k": K, "expert": {"kind": "swiglu", "hidden": F}, **ffn})
+    return zoo.registry("ffn").builder("moe")(spec, dim=D, dropout=0.0)
+
+
+def _copy(moe, hf):
+    with torch.no_grad():
+        moe.router.weight.copy_(hf.gate.weight)
+        moe.w_gate_up.copy_(hf.experts.gate_up_proj)
+        moe.w_down.copy_(hf.experts.down_proj)
+        if getattr(hf, "shared_expert", None) is not None:
+            s = hf.shared_expert
+            moe.shared.fc1.weight.copy_(torch.cat([s.gate_proj.weight, s.up_proj.weight]))
+            moe.shared.fc2.weight.copy_(s.down_proj.weight)
+            moe.shared_gate.weight.copy_(hf.shared_expert_gate.weight)
+
+
+def _randomize(module, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return module
+
+
+def _compare(moe, hf):
+    x = torch.randn(3, 7, D, generator=torch.Generator().manual_seed(1))
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = moe(xa), hf(xb)
+    assert (ya - yb).abs().max() < 1e-5
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(2))
+    ya.backward(g)
+    yb.backward(g)
+    assert (xa.grad - xb.grad).abs().max() < 1e-5
+    assert (moe.router.weight.grad - hf.gate.weight.grad).abs().max() < 1e-5
+    assert (moe.w_gate_up.grad - hf.experts.gate_up_proj.grad).abs().max() < 1e-5
+    assert (moe.w_down.grad - hf.experts.down_proj.grad).abs().max() < 1e-5
+    assert moe.router_logits.shape == (21, E)
+
+
+def test_moe_equals_hf_mixtral_sparse_block_forward_and_gradients():
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = MixtralConfig(hidden_size=D, intermediate_size=F, num_local_experts=E, num_experts_per_tok=K)
+    hf = _randomize(MixtralSparseMoeBlock(config))
+    moe = _zoo_moe()
+    _copy(moe, hf)
+    _compare(moe, hf)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_moe_equals_hf_qwen2_moe_block_with_shared_expert(norm):
+    from transformers import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    config = Qwen2MoeConfig(hidden_size=D, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=K,
+                            shared_expert_intermediate_size=17, norm_topk_prob=norm)
+    hf = _randomize(Qwen2MoeSparseMoeBlock(config))
+    moe = _zoo_moe(router={"norm_topk_prob": norm}, shared_hidden=17)
+    _copy(moe, hf)
+    _compare(moe, hf)
+    assert (moe.shared_gate.weight.grad - hf.shared_expert_gate.weight.grad).abs().max() < 1e-5
+
+
+def test_grouped_mm_equals_the_loop_over_experts():
+    g = torch.Generator().manual_seed(0)
+    counts = torch.tensor([3, 0, 9, 4])
+    x = torch.randn(16, 8, generator=g, requires_grad=True)
+    w = torch.randn(4, 12, 8, generator=g, requires_grad=True)
+    assert grouped.applies(x, w)  # aligned sizes take torch's grouped_mm
+    y = grouped.grouped_mm(x, w, counts, counts.cumsum(0).to(torch.int32))
+    ref = grouped._loop(x, w, counts)
+    assert (y - ref).abs().max() < 1e-5
+    y.sum().backward()  # a broadcast gradient
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    ref.sum().backward()
+    assert (gx - x.grad).abs().max() < 1e-5 and (gw - w.grad).abs().max() < 1e-5
+    assert not grouped.applies(x[:, :7], w[:, :, :7])  # odd sizes take the loop
+    assert not grouped.applies(torch.randn(16, 7), torch.randn(4, 12, 7))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_load_balancing_loss_equals_hf(padded):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    g = torch.Generator().manual_seed(0)
+    logits = tuple(torch.randn(2 * 6, E, generator=g) for _ in range(3))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]) if padded else None
+    ours = load_balancing_loss(logits, K, E, mask)
+    theirs = load_balancing_loss_func(logits, E, K, mask)
+    assert abs(float(ours) - float(theirs)) < 1e-6
+
+
+def test_top_k_beyond_the_experts_is_a_spec_error():
+    with pytest.raises(SpecError, match=r"top_k.*n_experts"):
+        zoo.parse_spec({**_decoder(), "block": {"ffn": {"kind": "moe", "n_experts": 2, "top_k": 3}}})
+
+
+def _decoder(**ffn) -> dict:
+    return {"family": "decoder", "vocab_size": 61, "max_seq_len": 16, "d_model": 24, "n_layers": 2,
+            "position": {"kind": "rope"},
+            "block": {"attention": {"kind": "gqa", "n_heads": 4, "n_kv_heads": 2, "bias": False},
+                      "norm": {"kind": "rmsnorm"},
+                      "ffn": {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "swiglu", "hidden": 20},
+                              **ffn}}}
+
+
+def test_moe_decoder_builds_trains_saves_loads_and_summarises(tmp_path):
+    spec = zoo.parse_spec(_decoder(shared_hidden=12))
+    model = zoo.build(spec, seed=0)
+    tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
+    model.train()
+    logits = model(tokens)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+    loss.backward()
+    ffn = model.stack.blocks[0].ffn if hasattr(model, "stack") else next(m for m in model.modules()
+                                                                          if isinstance(m, zoo.components.MoE))
+    assert ffn.w_gate_up.grad is not None and ffn.w_gate_up.grad.abs().sum() > 0
+    model.eval()
+    path = zoo.save(model, tmp_path / "moe.safetensors")
+    back = zoo.load(path)
+    assert back.spec == spec
+    with torch.no_grad():
+        assert torch.equal(model(tokens), back(tokens))
+    s = summarize(spec)
+    assert s.parameters == sum(p.numel() for p in model.parameters())
+    assert s.parts["ffn"] == sum(p.numel() for n, p in model.named_parameters() if ".ffn." in n)
+    active = 24 * 4 + 2 * 3 * 24 * 20 + 3 * 24 * 12 + 24  # router, top_k experts, shared expert and its gate
+    assert ffn.flops(9) == 2 * 9 * active
+    spec_file = tmp_path / "moe.yaml"
+    spec_file.write_text(zoo.to_yaml(spec))
+    assert main(["summary", str(spec_file)]) == 0
+
+
+@pytest.mark.reference
+def test_every_converter_refuses_an_moe_ffn_by_name():
+    from test_claims import CONVERTERS, base_specs, convert_back
+
+    from zoo.interop import ConversionError
+
+    moe = {"kind": "moe", "n_experts": 3, "top_k": 2, "expert": {"kind": "swiglu", "hidden": 10}}
+    for name in CONVERTERS:
+        data = base_specs(name)[0].model_dump(mode="json")
+        data["block"] = {**data["block"], "ffn": moe}
+        with pytest.raises(ConversionError, match=r"block\.ffn\.(kind|n_experts|top_k|expert|router)"):
+            convert_back(name, zoo.parse_spec(data))

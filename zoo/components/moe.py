@@ -1,0 +1,138 @@
+"""A sparse mixture of gated-FFN experts (``ffn.kind: moe``, :class:`zoo.spec.moe.MoESpec`) and the
+load-balancing loss of its router.
+
+Forward: the router's logits [N, E] pick each token's ``top_k`` experts and weights as HF's
+Mixtral/Qwen2-MoE routers do (softmax in fp32, ``torch.topk`` on the same values, so ties break
+alike); the N * top_k (token, expert) pairs are sorted by expert, each expert's contiguous slice
+goes through its gated FFN by :func:`zoo.kernels.grouped_mm` (no loop over experts where torch's
+grouped_mm applies), and the weighted outputs are added back per token. Dropless: every routed
+token is computed; no capacity factor is offered.
+
+The router logits of the last forward pass stay on the module (``router_logits``, [N, E], N = B*T),
+for :func:`load_balancing_loss`.
+
+Shapes: B batch, T tokens, N = B*T, D dim, E experts, F per-expert hidden, k top_k.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.components.dropout import Dropout
+from zoo.components.ffn import GatedMLP
+from zoo.components.linear import Linear
+from zoo.kernels import grouped_mm
+from zoo.registry import register
+
+__all__ = ["MoE", "load_balancing_loss"]
+
+
+class MoE(nn.Module):
+    residual_out = ()  # the experts' w_down is drawn with the residual std (init_residual)
+    summary_part = "ffn"
+    init_normal = ("w_gate_up",)
+    init_residual = ("w_down",)
+
+    def __init__(self, dim: int, hidden: int, *, n_experts: int, top_k: int, activation: nn.Module,
+                 softmax_before_topk: bool = True, norm_topk_prob: bool = True, jitter: float = 0.0,
+                 shared_hidden: int | None = None, shared_gate: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_experts, self.top_k, self.hidden = n_experts, top_k, hidden
+        self.softmax_before_topk, self.norm_topk_prob, self.jitter = softmax_before_topk, norm_topk_prob, jitter
+        self.router = Linear(dim, n_experts, bias=False)  # HF: gate.weight [E, D]
+        self.w_gate_up = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))  # [gate | up] per expert
+        self.w_down = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.act = activation
+        self.drop = Dropout(dropout)
+        self.shared = None if shared_hidden is None else GatedMLP(dim, shared_hidden, bias=False, dropout=dropout,
+                                                                  activation=type(activation)())
+        self.shared_gate = Linear(dim, 1, bias=False) if shared_hidden is not None and shared_gate else None
+        self.router_logits: Tensor | None = None
+        nn.init.normal_(self.w_gate_up, std=0.02)
+        nn.init.normal_(self.w_down, std=0.02)
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(logits [N, E], weights [N, k] fp32, experts [N, k]) of tokens x [N, D]."""
+        logits = self.router(x)
+        if self.softmax_before_topk:
+            probs = F.softmax(logits.float(), dim=-1)
+            weights, experts = torch.topk(probs, self.top_k, dim=-1)
+            if self.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+        else:
+            top, experts = torch.topk(logits.float(), self.top_k, dim=-1)
+            weights = F.softmax(top, dim=-1)
+        return logits, weights, experts
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
+        shape = x.shape
+        if self.training and self.jitter > 0:
+            x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
+        x = x.reshape(-1, shape[-1])
+        logits, weights, experts = self.route(x)
+        self.router_logits = logits
+        flat = experts.reshape(-1)  # (N * k,)
+        order = torch.argsort(flat, stable=True)
+        tokens = order // self.top_k
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        offsets = counts.cumsum(0).to(torch.int32)
+        xs = x.index_select(0, tokens)  # (N * k, D), sorted by expert
+        gate, up = grouped_mm(xs, self.w_gate_up, counts, offsets).chunk(2, dim=-1)
+        h = grouped_mm(self.drop(self.act(gate) * up).contiguous(), self.w_down, counts, offsets)
+        h = (h.float() * weights.reshape(-1)[order, None]).to(x.dtype)
+        out = torch.zeros_like(x).index_add(0, tokens, h)
+        if self.shared is not None:
+            s = self.shared(x)
+            out = out + (torch.sigmoid(self.shared_gate(x)) * s if self.shared_gate is not None else s)
+        return out.reshape(shape)
+
+    def flops(self, tokens: int, memory: int | None = None) -> int:
+        """Active FLOPs: the router and each token's top_k experts (and the shared expert)."""
+        d = self.router.in_features
+        shared = 0 if self.shared is None else 3 * d * self.shared.fc2.in_features + (d if self.shared_gate else 0)
+        return 2 * tokens * (d * self.n_experts + self.top_k * 3 * d * self.hidden + shared)
+
+    def saved_per_token(self) -> int:
+        """The router's logits and probabilities (2E); per routed expert its input (D), [gate | up]
+        (2F), act(gate) and the product (2F) and its output (D); the shared expert's 4F."""
+        d = self.router.in_features
+        shared = 0 if self.shared is None else self.shared.saved_per_token() + 1
+        return 2 * self.n_experts + self.top_k * (2 * d + 4 * self.hidden) + shared
+
+    def mask_per_token(self) -> int:
+        return self.top_k * self.hidden if self.drop.p else 0
+
+
+def load_balancing_loss(router_logits: Tensor | tuple[Tensor, ...], top_k: int, n_experts: int,
+                        padding_mask: Tensor | None = None) -> Tensor:
+    """The Switch Transformer's auxiliary loss as HF's ``load_balancing_loss_func`` computes it:
+    ``n_experts * sum_e f_e * P_e`` over the layers' logits together ([N, E] each, or one tensor),
+    f_e the share of top-k assignments to expert e and P_e its mean router probability;
+    ``padding_mask`` [B, T] (True or 1: a real token) leaves padding out."""
+    logits = router_logits if isinstance(router_logits, Tensor) else torch.cat(list(router_logits))
+    probs = F.softmax(logits.float(), dim=-1)  # (L*N, E)
+    _, chosen = torch.topk(probs, top_k, dim=-1)
+    hits = F.one_hot(chosen, n_experts).sum(dim=1).float()  # (L*N, E)
+    if padding_mask is None:
+        keep = torch.ones(probs.shape[0], device=probs.device)
+    else:
+        mask = padding_mask.reshape(-1).float()
+        keep = mask.repeat(probs.shape[0] // mask.numel())
+    rows = keep.sum()
+    tokens_per_expert = (hits * keep[:, None]).sum(0) / rows
+    prob_per_expert = (probs * keep[:, None]).sum(0) / rows
+    return n_experts * torch.sum(tokens_per_expert * prob_per_expert)
+
+
+_ACTIVATIONS = {"swiglu": lambda spec: nn.SiLU(), "geglu": lambda spec: nn.GELU(approximate=spec.approximate)}
+
+
+@register("ffn", "moe")
+def _moe(spec, *, dim: int, dropout: float, **_) -> MoE:
+    return MoE(dim, spec.expert.hidden_size(dim), n_experts=spec.n_experts, top_k=spec.top_k,
+               activation=_ACTIVATIONS[spec.expert.kind](spec.expert),
+               softmax_before_topk=spec.router.softmax_before_topk, norm_topk_prob=spec.router.norm_topk_prob,
+               jitter=spec.router.jitter, shared_hidden=spec.shared_hidden, shared_gate=spec.shared_gate,
+               dropout=dropout)

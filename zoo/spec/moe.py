@@ -1,0 +1,98 @@
+"""The spec of a mixture-of-experts FFN (``ffn.kind: moe``): a router picks ``top_k`` of
+``n_experts`` gated FFNs for each token and sums their outputs weighted by the router's
+probabilities (Shazeer et al. 2017; Switch Transformer; Mixtral; Qwen2-MoE; OLMoE)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
+
+from zoo.spec.base import Kinds, Spec, register_specs
+from zoo.spec.parts import FFNBaseSpec, GatedFFNSpec, GeGLUSpec, SwiGLUSpec
+
+__all__ = ["MoERouterSpec", "MoESpec"]
+
+
+class MoERouterSpec(Spec):
+    """How the router turns its logits (a bias-free linear D -> n_experts) into each token's experts
+    and their weights. ``softmax_before_topk``: softmax over all experts, then the top-k
+    probabilities (Mixtral, Qwen2/3-MoE, OLMoE), renormalised to sum to one with ``norm_topk_prob``
+    (Mixtral always; Qwen's and OLMoE's ``norm_topk_prob``). ``softmax_before_topk: false``: the
+    top-k logits, then a softmax over those (equal to softmax-then-renormalise)."""
+
+    softmax_before_topk: bool = Field(True, description="softmax over all experts before picking the top k; "
+                                      "false: top k of the logits, softmax over those")
+    norm_topk_prob: bool = Field(True, description="renormalise the top-k probabilities to sum to one (Mixtral: "
+                                 "always; Qwen2-MoE/OLMoE: their norm_topk_prob)")
+    jitter: NonNegativeFloat = Field(0.0, description="training only: the FFN's input multiplied by uniform noise "
+                                     "in [1 - jitter, 1 + jitter] (Mixtral's router_jitter_noise); 0: none")
+
+    @model_validator(mode="after")
+    def _check(self) -> MoERouterSpec:
+        if not self.softmax_before_topk and not self.norm_topk_prob:
+            raise ValueError("router.norm_topk_prob: with softmax_before_topk false the softmax over the top k "
+                             "already sums to one; set norm_topk_prob: true (or softmax_before_topk: true)")
+        return self
+
+
+ExpertFFN = Annotated[GatedFFNSpec, Kinds("expert FFN", {"swiglu": SwiGLUSpec, "geglu": GeGLUSpec})]
+
+
+class MoESpec(FFNBaseSpec):
+    """A sparse mixture of gated-FFN experts. Each token goes to its ``top_k`` experts of
+    ``n_experts`` (router: :class:`MoERouterSpec`), whose outputs are summed with the router's
+    weights; ``shared_hidden`` adds an expert every token takes (Qwen2-MoE).
+
+    Routing is dropless: every expert takes every token routed to it, however many. No capacity
+    factor (tokens dropped beyond a per-expert limit, Switch Transformer) is offered.
+
+    ``expert`` is the experts' FFN, a gated kind (swiglu, geglu) whose ``hidden`` is each expert's
+    hidden size; experts have no biases, so ``expert.bias`` defaults to false here. The experts'
+    weights are stacked per expert (``w_gate_up`` [E, 2F, D], ``w_down`` [E, D, F]: HF Mixtral's
+    ``gate_up_proj``/``down_proj`` layout)."""
+
+    kind: Literal["moe"] = "moe"
+    n_experts: PositiveInt = Field(8, description="experts per layer (Mixtral's num_local_experts, Qwen's num_experts)")
+    top_k: PositiveInt = Field(2, description="experts each token is routed to (num_experts_per_tok)")
+    expert: ExpertFFN = Field(default_factory=lambda: SwiGLUSpec(bias=False),
+                              description="each expert's gated FFN (swiglu or geglu); its hidden is the per-expert "
+                              "hidden size (Mixtral's intermediate_size, Qwen's moe_intermediate_size)")
+    router: MoERouterSpec = Field(default_factory=MoERouterSpec, description="how tokens pick their experts")
+    shared_hidden: PositiveInt | None = Field(
+        None, description="hidden size of a shared expert every token takes besides its routed ones, a gated FFN of "
+        "the experts' kind (Qwen2-MoE's shared_expert_intermediate_size); null: no shared expert")
+    shared_gate: bool = Field(True, description="with a shared expert: its output scaled by sigmoid of a bias-free "
+                              "linear D -> 1 (Qwen2-MoE's shared_expert_gate)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _experts_without_bias(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "hidden" in data:
+                raise ValueError("hidden: an moe FFN's hidden size is each expert's; set expert.hidden instead")
+            expert = data.get("expert")
+            if isinstance(expert, dict) and "bias" not in expert:
+                data = {**data, "expert": {**expert, "bias": False}}
+        return data
+
+    @field_validator("expert")
+    @classmethod
+    def _check_expert(cls, expert: GatedFFNSpec) -> GatedFFNSpec:
+        if expert.bias:
+            raise ValueError("expert.bias: experts' stacked weights have no biases; set expert.bias: false")
+        return expert
+
+    @model_validator(mode="after")
+    def _check_top_k(self) -> MoESpec:
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k ({self.top_k}) routes each token to more experts than there are "
+                             f"(n_experts: {self.n_experts}); set top_k <= n_experts")
+        return self
+
+    def hidden_size(self, d_model: int) -> int:
+        """Each expert's hidden size."""
+        return self.expert.hidden_size(d_model)
+
+
+register_specs("ffn", FFNBaseSpec, {"moe": MoESpec})
