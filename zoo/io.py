@@ -376,17 +376,11 @@ def load(
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, got {dtype!r}")
     header = read_header(path)
-    spec = _spec_of(header)
     device = _device(device)
     target = dtype if dtype is not None else _uniform_float_dtype(header)
-    model = build(spec, device="meta", dtype=target)
+    model, plan, state = _checked_meta(header, target)
+    spec = model.spec
     rebuild = _rebuild_needed(model)
-    label = f"{str(header.path)!r} does not fit its spec ({spec.name or spec.family})"
-    plan, problems = _plan(model, {n: shape for n, (_, shape) in header.tensors.items()})
-    if problems:
-        raise LoadError(f"{label}: {problems}")
-    state = model.state_dict(keep_vars=True)
-    _check_kinds(plan, header, state, label)
     if rebuild:  # a part that cannot recompute its derived buffers: build it for real (costs a second copy)
         model = build(spec, device=device, dtype=target)
         state = model.state_dict(keep_vars=True)
@@ -454,6 +448,20 @@ class _Stored(Mapping):
         return len(self._stored)
 
 
+def _checked_meta(header: FileHeader, dtype: torch.dtype | None) -> tuple[nn.Module, dict, dict[str, Tensor]]:
+    """The file's model built on the meta device, the plan of which stored tensor fills which names,
+    and the model's state dict; a file whose tensors do not fit its spec is a :class:`LoadError`."""
+    spec = _spec_of(header)
+    model = build(spec, device="meta", dtype=dtype)
+    label = f"{str(header.path)!r} does not fit its spec ({spec.name or spec.family})"
+    plan, problems = _plan(model, {n: shape for n, (_, shape) in header.tensors.items()})
+    if problems:
+        raise LoadError(f"{label}: {problems}")
+    state = model.state_dict(keep_vars=True)
+    _check_kinds(plan, header, state, label)
+    return model, plan, state
+
+
 def read_lazily(path: str | os.PathLike, *, dtype: torch.dtype | None = None) -> tuple[nn.Module, Mapping[str, Tensor]]:
     """The model a zoo file holds, built on the meta device (``model.spec`` is the file's spec), and
     its state dict as a mapping whose tensors are read from the file when looked up, cast to
@@ -461,14 +469,7 @@ def read_lazily(path: str | os.PathLike, *, dtype: torch.dtype | None = None) ->
     checked against its spec as :func:`load` checks it. For work on one tensor at a time (``zoo
     convert`` of a model larger than memory)."""
     header = read_header(path)
-    spec = _spec_of(header)
-    model = build(spec, device="meta", dtype=dtype if dtype is not None else _uniform_float_dtype(header))
-    label = f"{str(header.path)!r} does not fit its spec ({spec.name or spec.family})"
-    plan, problems = _plan(model, {n: shape for n, (_, shape) in header.tensors.items()})
-    if problems:
-        raise LoadError(f"{label}: {problems}")
-    state = model.state_dict(keep_vars=True)
-    _check_kinds(plan, header, state, label)
+    model, plan, state = _checked_meta(header, dtype if dtype is not None else _uniform_float_dtype(header))
     stored = {name: s for s, names in plan.items() for name in names}
     return model, _Stored(header, {n: stored[n] for n in state}, {n: t.dtype for n, t in state.items()})
 
