@@ -84,6 +84,16 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------- message catalogs
+def assert_greedy_equals_hf(model, hf, prompt: torch.Tensor, mask: torch.Tensor | None, new_tokens: int) -> None:
+    """zoo's cached greedy decoding of ``prompt`` (``mask``: True = real token, None = all real) equals
+    HF's ``generate`` for ``new_tokens`` tokens, run to the full length on both sides (no eos)."""
+    hf.generation_config.eos_token_id = None
+    attention = torch.ones_like(prompt) if mask is None else mask.long()
+    ours = zoo.generate(model, prompt, padding_mask=mask, max_new_tokens=new_tokens).tokens
+    theirs = hf.generate(prompt, attention_mask=attention, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, theirs[:, prompt.shape[1]:])
+
+
 def write_catalog(path: Path, entries, *, charset: str = "utf-8") -> Path:
     """A compiled catalog of ``entries``: (msgid, msgstr) or (msgid, msgstr, context)."""
     from babel.messages.catalog import Catalog

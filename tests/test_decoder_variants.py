@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import max_diff, positions, randomize
+from conftest import assert_greedy_equals_hf, max_diff, positions, randomize
 from torch import nn
 
 import zoo
@@ -113,12 +113,9 @@ def test_converts_both_ways_saves_and_decodes_as_hf(case, tmp_path):
 
     # greedy decoding through zoo's KV cache equals HF's, past the window (prompt 5 + 12 new tokens),
     # unpadded and left-padded
-    hf.generation_config.eos_token_id = None  # run the full length in both
     prompt = tokens(3, 5, seed=3)
     for prompt_mask in (torch.ones_like(prompt, dtype=torch.bool), left_padding(3, 5)):
-        ours = zoo.generate(model, prompt, padding_mask=prompt_mask, max_new_tokens=12).tokens
-        theirs = hf.generate(prompt, attention_mask=prompt_mask.long(), max_new_tokens=12, do_sample=False, pad_token_id=0)
-        assert torch.equal(ours, theirs[:, prompt.shape[1]:])
+        assert_greedy_equals_hf(model, hf, prompt, prompt_mask, 12)
 
 
 def test_sliding_window_cache_holds_the_window_only():

@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from conftest import max_diff, positions, randomize
+from conftest import assert_greedy_equals_hf, max_diff, positions, randomize
 from torch import nn
 
 import zoo
@@ -88,12 +88,7 @@ def test_gpt2_both_ways(kw):
 
 def test_gpt2_greedy_generation_equals_hf():
     hf = gpt2(n_embd=32, n_head=4, n_layer=2)
-    hf.generation_config.eos_token_id = None  # run the full length in both
-    model = from_hf(hf)
-    prompt = tokens(2, 5, seed=3)
-    ours = zoo.generate(model, prompt, max_new_tokens=12).tokens
-    theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert torch.equal(ours, theirs[:, prompt.shape[1]:])
+    assert_greedy_equals_hf(from_hf(hf), hf, tokens(2, 5, seed=3), None, 12)
 
 
 # ---------------------------------------------------------------------------------------- BERT

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import max_diff, positions, randomize
+from conftest import assert_greedy_equals_hf, max_diff, positions, randomize
 
 import zoo
 from zoo.components.rope import RotaryPosition, scaled_frequencies
@@ -182,15 +182,12 @@ def test_cached_decoding_follows_hf_step_by_step(name):
 @pytest.mark.parametrize("name", ["dynamic", "longrope", "yarn"])
 def test_greedy_generation_equals_hf_past_the_original_length(name, padded):
     hf = llama(name, seed=2)
-    hf.generation_config.eos_token_id = None  # run the full length in both
-    model = from_hf(hf)
     prompt = tokens(2, 8, seed=3)
-    mask = torch.ones_like(prompt)
+    mask = None
     if padded:
-        mask[0, :3] = 0
-    ours = zoo.generate(model, prompt, padding_mask=mask.bool() if padded else None, max_new_tokens=LONG - 8).tokens
-    theirs = hf.generate(prompt, attention_mask=mask, max_new_tokens=LONG - 8, do_sample=False, pad_token_id=0)
-    assert torch.equal(ours, theirs[:, prompt.shape[1]:])
+        mask = torch.ones_like(prompt, dtype=torch.bool)
+        mask[0, :3] = False
+    assert_greedy_equals_hf(from_hf(hf), hf, prompt, mask, LONG - 8)
 
 
 # ------------------------------------------------------------------------------ other decoders
