@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from zoo.spec.base import Kinds, Spec, register_specs
 from zoo.spec.parts import FFNBaseSpec, GatedFFNSpec, GeGLUSpec, SwiGLUSpec
@@ -27,6 +27,16 @@ class MoERouterSpec(Spec):
                                  "always; Qwen2-MoE/OLMoE: their norm_topk_prob)")
     jitter: NonNegativeFloat = Field(0.0, description="training only: the FFN's input multiplied by uniform noise "
                                      "in [1 - jitter, 1 + jitter] (Mixtral's router_jitter_noise); 0: none")
+    aux_loss_coef: NonNegativeFloat = Field(
+        0.01, description="weight of the Switch Transformer load-balancing loss the training loop adds (HF's "
+        "router_aux_loss_coef, computed as HF's load_balancing_loss_func over all MoE layers); 0: not added")
+    z_loss_coef: NonNegativeFloat = Field(
+        0.0, description="weight of the router z-loss (ST-MoE: mean squared logsumexp of the router logits) the "
+        "training loop adds; 0: not added")
+    bias_update: NonNegativeFloat = Field(
+        0.0, description="auxiliary-loss-free balancing (DeepSeek-V3): after each optimizer step every expert's "
+        "routing bias moves by this rate toward equal load (the bias changes which experts are picked, not their "
+        "weights); 0: no bias")
 
     @model_validator(mode="after")
     def _check(self) -> MoERouterSpec:
@@ -44,8 +54,10 @@ class MoESpec(FFNBaseSpec):
     ``n_experts`` (router: :class:`MoERouterSpec`), whose outputs are summed with the router's
     weights; ``shared_hidden`` adds an expert every token takes (Qwen2-MoE).
 
-    Routing is dropless: every expert takes every token routed to it, however many. No capacity
-    factor (tokens dropped beyond a per-expert limit, Switch Transformer) is offered.
+    Routing is dropless by default: every expert takes every token routed to it, however many;
+    a ``capacity_factor`` caps each expert (Switch Transformer) and drops the tokens beyond it (one
+    field, so a capacity cannot contradict a dropless setting). The router's losses (``router.aux_loss_coef``, ``router.z_loss_coef``)
+    are added by the training loop; ``router.bias_update`` balances without a loss (DeepSeek-V3).
 
     ``expert`` is the experts' FFN, a gated kind (swiglu, geglu) whose ``hidden`` is each expert's
     hidden size; experts have no biases, so ``expert.bias`` defaults to false here. The experts'
@@ -64,6 +76,10 @@ class MoESpec(FFNBaseSpec):
         "the experts' kind (Qwen2-MoE's shared_expert_intermediate_size); null: no shared expert")
     shared_gate: bool = Field(True, description="with a shared expert: its output scaled by sigmoid of a bias-free "
                               "linear D -> 1 (Qwen2-MoE's shared_expert_gate)")
+    capacity_factor: PositiveFloat | None = Field(
+        None, description="null: dropless (every expert computes every token routed to it); a number: each expert "
+        "takes at most capacity_factor * tokens * top_k / n_experts tokens and drops the rest, which the training "
+        "loop logs (Switch Transformer: 1.0-1.25)")
 
     @model_validator(mode="before")
     @classmethod
