@@ -20,8 +20,11 @@ SETUPS below, which writes the files the block reads (a run's outputs, a local c
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -99,7 +102,32 @@ def commands(script: str) -> list[str]:
     return [c for c in (line.strip() for line in joined.splitlines()) if c and not c.startswith("#")]
 
 
+IN_PROCESS = ("average", "convert", "inspect", "list", "presets", "show", "summary")  # zoo commands without global state
+
+
+def _in_process(command: str) -> subprocess.CompletedProcess | None:
+    """A plain ``zoo COMMAND ...`` line (no pipes, redirects, globs or variables) run by ``zoo.cli.main``
+    in this process (the test's cwd is the doc's folder), as the console script would run it, without
+    a new interpreter's start-up (seconds per command); None for any other command."""
+    from zoo.cli import main
+
+    try:
+        argv = shlex.split(command, comments=True)
+    except ValueError:
+        return None
+    if len(argv) < 2 or argv[0] != "zoo" or argv[1] not in IN_PROCESS or re.search(r"[|<>;&$*?`]", command.split("#")[0]):
+        return None
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv[1:])
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 def _shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = _in_process(command)
+    if done is not None:
+        assert Path.cwd() == cwd
+        return done
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "recipes")]),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     command = re.sub(r"^python\b", sys.executable, command)
@@ -243,4 +271,8 @@ def test_every_skip_says_why_and_names_its_shrunk_run():
 def test_commands_split_as_a_shell_reads_them():
     script = "zoo a \\\n   --b 1   # two lines\n# a comment\n\nzoo c\n"
     assert commands(script) == ["zoo a --b 1   # two lines", "zoo c"]
+    assert _in_process("zoo schema > out.json") is None and _in_process("zoo average runs/ckpt-*.pt -o a") is None
+    assert _in_process("zoo show gpt2-small | head") is None and _in_process("python -m zoo show gpt2-small") is None
+    shown = _in_process("zoo show gpt2-small --set n_layers=3   # a comment")
+    assert shown.returncode == 0 and "n_layers: 3" in shown.stdout
     assert shutil.which("bash"), "the doc commands run in bash"
