@@ -39,5 +39,5 @@ class Mixtral(MoEDecoder):
     @classmethod
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
         c["sliding_window"] = s.block.attention.window
-        if c["head_dim"] * c["num_attention_heads"] == c["hidden_size"]:
-            c["head_dim"] = None  # as the released configs: null is hidden_size / heads
+        if c["head_dim"] * c["num_attention_heads"] == c["hidden_size"] and s.position.scaling is None:
+            c["head_dim"] = None  # as the released configs (null: hidden_size / heads); HF's rope scalings need it set
