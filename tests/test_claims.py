@@ -58,6 +58,24 @@ HF_CONFIGS = {  # (config class, fields): small sizes no preset has
                                            num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, sliding_window=5,
                                            resid_pdrop=0.1, pad_token_id=None, rope_parameters={
                                                "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    # mixture-of-experts decoders: jitter, a window, dense layers among the MoE ones, a shared expert
+    "MixtralForCausalLM": ("MixtralConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
+                                                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=10,
+                                                 num_local_experts=3, num_experts_per_tok=2, sliding_window=5,
+                                                 router_jitter_noise=0.1, router_aux_loss_coef=0.02)),
+    "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=3,
+                                                   num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
+                                                   moe_intermediate_size=10, shared_expert_intermediate_size=12, num_experts=3,
+                                                   num_experts_per_tok=2, mlp_only_layers=[1], use_sliding_window=True,
+                                                   sliding_window=5, max_window_layers=1)),
+    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=3,
+                                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=40,
+                                                   moe_intermediate_size=10, num_experts=3, num_experts_per_tok=2,
+                                                   decoder_sparse_step=2, norm_topk_prob=True, use_sliding_window=True,
+                                                   sliding_window=5)),
+    "OlmoeForCausalLM": ("OlmoeConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=10, num_experts=3,
+                                             num_experts_per_tok=2)),
     # backbones without a head (head: none), named in the config's architectures
     "GPT2Model": ("GPT2Config", dict(vocab_size=V, n_positions=32, n_embd=24, n_layer=2, n_head=3, n_inner=40,
                                      architectures=["GPT2Model"])),
@@ -144,6 +162,8 @@ def _layer(spec: FamilySpec, layer) -> dict:
                         "v_head_dim": att.v_size(d), "out_bias": att.has_out_bias, "scale_dim": att.scale_size(d)}
     if hasattr(layer.block.ffn, "hidden_size"):
         b["ffn"] = {**b["ffn"], "hidden": layer.block.ffn.hidden_size(spec.d_model)}
+    if hasattr(layer.block.ffn, "expert"):  # a mixture of experts: each expert's width
+        b["ffn"]["expert"] = {**b["ffn"]["expert"], "hidden": layer.block.ffn.expert.hidden_size(spec.d_model)}
     pool = getattr(spec, "pool", None)
     if getattr(pool, "kind", None) == "map":  # its heads and width default to the blocks'
         b["pool"] = {"n_heads": pool.n_heads or spec.block.attention.n_heads,
@@ -213,7 +233,9 @@ def candidates(cls: type, field: str, value: Any) -> list[Any]:
             out += [v for v in ((value or 1.0) * 0.5, (value or 1.0) * 2, 0.1) if v != value]
         elif origin is list and typing.get_args(t) and typing.get_args(t)[0] is LayerPattern:
             out += [[{"at": 0, "block": {"attention": {"window": 2}}}], [{"at": 0, "position": {"kind": "none"}}],
-                    [{"at": -1, "block": {"ffn": {"hidden": 16}}}]]
+                    [{"at": -1, "block": {"ffn": {"hidden": 16}}}],
+                    [{"at": 0, "block": {"ffn": {"kind": "swiglu", "hidden": 16, "bias": False}}}],  # a dense layer
+                    [{"at": -1, "block": {"ffn": {"kind": "moe", "n_experts": 3, "top_k": 2, "expert": {"kind": "swiglu", "hidden": 8}}}}]]
         elif origin is list:
             out += [[8], [8, 8]] + ([[2 * v for v in value]] if value else [])
         elif isinstance(t, type) and issubclass(t, Spec) and value is None:

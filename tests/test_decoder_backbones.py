@@ -32,7 +32,8 @@ ROTARY = {"vocab_size": V, "num_hidden_layers": 3, "max_position_embeddings": 64
           "num_attention_heads": 6, "intermediate_size": 56, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None}
 GQA = {**ROTARY, "num_key_value_heads": 2}
 
-# (class prefix, config fields), in ARCHS's order: hidden 48, 3 layers, 6 heads (2 kv heads and head_dim 16 where the class has them)
+# (class prefix, config fields), in ARCHS's order: hidden 48, 3 layers, 6 heads (2 kv heads and head_dim 16 where the class
+# has them; 3 experts, 2 per token, and dense layers where the class has them)
 BACKBONES = {
     "GPT2": {"vocab_size": V, "n_positions": 64, "n_embd": 48, "n_layer": 3, "n_head": 6, "n_inner": 56, "bos_token_id": 0,
              "eos_token_id": 0},
@@ -49,6 +50,12 @@ BACKBONES = {
     "Gemma2": {**GQA, "head_dim": 16, "sliding_window": 4, "attn_implementation": "eager"},
     "Gemma3Text": {**GQA, "head_dim": 16, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention",
                                                                           "sliding_attention"]},
+    "Mixtral": {**GQA, "num_local_experts": 3, "num_experts_per_tok": 2, "sliding_window": 4},
+    "Qwen2Moe": {**GQA, "num_experts": 3, "num_experts_per_tok": 2, "moe_intermediate_size": 20,
+                 "shared_expert_intermediate_size": 24, "mlp_only_layers": [0]},
+    "Qwen3Moe": {**GQA, "head_dim": 16, "num_experts": 3, "num_experts_per_tok": 2, "moe_intermediate_size": 20,
+                 "decoder_sparse_step": 2},
+    "Olmoe": {**GQA, "num_experts": 3, "num_experts_per_tok": 2},
 }
 HEADED = {"GPT2": "GPT2LMHeadModel", "Gemma3Text": "Gemma3ForCausalLM"}  # else <prefix>ForCausalLM
 

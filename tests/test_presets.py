@@ -21,12 +21,17 @@ EXACT = {
     "vit-medium-16-reg4-gap-256": 38_881_768,
     "vit-so150m-16-reg4-map-256": 141_481_064,
     "vit-small-16-reg4": 22_051_816,  # timm vit_small_patch16_224 with reg_tokens=4, no_embed_class=True
-    # HF {Llama,Qwen3,Gemma2,Gemma3,Phi3}ForCausalLM from the releases' configs (tests/test_presets_hf.py)
+    # HF {Llama,Qwen3,Gemma2,Gemma3,Phi3,Mixtral,Qwen3Moe,Olmoe,Qwen2Moe}ForCausalLM from the releases' configs
+    # (tests/test_presets_hf.py)
     "llama-3.2-1b": 1_235_814_400,
     "qwen3-0.6b": 596_049_920,
     "gemma-2-2b": 2_614_341_888,
     "gemma-3-1b": 999_885_952,
     "phi-3-mini": 3_821_079_552,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen3-30b-a3b": 30_532_122_624,
+    "olmoe-1b-7b": 6_919_161_856,
+    "qwen1.5-moe-a2.7b": 14_315_784_192,
 }
 
 

@@ -1,10 +1,11 @@
 """The presets of released decoders are their HF configs, and their tiny variants convert to HF exactly.
 
-Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``), on the
+Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, and the
+mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``, ``qwen1.5-moe-a2.7b``), on the
 meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
 has the parameter count of the HF class built from that config (tied tensors once), and writes back to
 the same config values. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
-``gemma-3-tiny``, ``phi-3-tiny``): at random init each converts to its HF class with the same logits
+``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
 
@@ -55,6 +56,31 @@ RELEASES = {
         "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
         "original_max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         "sliding_window": 2047, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False}),
+    "mixtral-8x7b": ("MixtralForCausalLM", "MixtralConfig", 46_702_792_704, {  # mistralai/Mixtral-8x7B-v0.1
+        "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "sliding_window": None, "hidden_act": "silu",
+        "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02, "tie_word_embeddings": False}),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", 30_532_122_624, {  # Qwen/Qwen3-30B-A3B
+        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        "attention_bias": False, "use_sliding_window": False, "num_experts": 128, "num_experts_per_tok": 8,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
+        "tie_word_embeddings": False}),
+    "olmoe-1b-7b": ("OlmoeForCausalLM", "OlmoeConfig", 6_919_161_856, {  # allenai/OLMoE-1B-7B-0924
+        "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024, "num_hidden_layers": 16,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "attention_bias": False, "clip_qkv": None,
+        "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "router_aux_loss_coef": 0.01,
+        "tie_word_embeddings": False}),
+    "qwen1.5-moe-a2.7b": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", 14_315_784_192, {  # Qwen/Qwen1.5-MoE-A2.7B
+        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "use_sliding_window": False,
+        "sliding_window": 32768, "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": False,
+        "decoder_sparse_step": 1, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False}),
 }
 NOT_SPEC = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}  # token ids are no part of a spec
 
@@ -94,6 +120,10 @@ TINY = {
     "gemma-2-tiny": ("gemma-2-2b", "Gemma2ForCausalLM", "Gemma2ForCausalLM"),
     "gemma-3-tiny": ("gemma-3-1b", "Gemma3ForCausalLM", "Gemma3ForCausalLM"),
     "phi-3-tiny": ("phi-3-mini", "Phi3ForCausalLM", "MistralForCausalLM"),  # without partial rotary, Mistral's function
+    "mixtral-tiny": ("mixtral-8x7b", "MixtralForCausalLM", "MixtralForCausalLM"),
+    "qwen3-moe-tiny": ("qwen3-30b-a3b", "Qwen3MoeForCausalLM", "Qwen3MoeForCausalLM"),
+    "olmoe-tiny": ("olmoe-1b-7b", "OlmoeForCausalLM", "OlmoeForCausalLM"),
+    "qwen1.5-moe-tiny": ("qwen1.5-moe-a2.7b", "Qwen2MoeForCausalLM", "Qwen2MoeForCausalLM"),
 }
 WINDOW = 64
 
@@ -106,8 +136,8 @@ def scramble(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
         for p in model.parameters():
             if p.dim() == 1:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+            else:  # [out, in], or stacked experts [E, out, in]
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
     return model.eval()
 
 
@@ -129,7 +159,11 @@ def test_tiny_presets_keep_their_release_details(name):
     assert (a.kind, a.qk_norm, a.softcap, a.bias) == (r.kind, r.qk_norm, r.softcap, r.bias)
     assert (a.window is None) == (r.window is None) and a.window in (None, WINDOW)
     assert tiny.block.kind == release.block.kind and tiny.block.norm == release.block.norm
-    assert (tiny.block.ffn.kind, tiny.block.ffn.bias) == (release.block.ffn.kind, release.block.ffn.bias)
+    f, rf = tiny.block.ffn, release.block.ffn
+    assert (f.kind, getattr(f, "bias", None)) == (rf.kind, getattr(rf, "bias", None))
+    if rf.kind == "moe":  # the same routing and experts' kind, fewer and narrower experts
+        assert f.router == rf.router and f.expert.kind == rf.expert.kind and f.top_k <= rf.top_k < f.n_experts <= rf.n_experts
+        assert (f.shared_hidden is None) == (rf.shared_hidden is None) and f.shared_gate == rf.shared_gate
     assert tiny.position == release.position and tiny.embedding == release.embedding
     assert tiny.head == release.head and tiny.dropout == release.dropout and tiny.init == release.init
     assert [layer.at for layer in tiny.layers] == [layer.at for layer in release.layers]

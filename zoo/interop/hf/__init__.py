@@ -13,9 +13,12 @@ head size), ``Olmo2ForCausalLM`` (qk-norm, norms after each sub-layer), ``Qwen3F
 (per-head qk-norm, its own head size, per-layer windows) ``Phi3ForCausalLM`` (fused ``qkv_proj``
 and ``gate_up_proj``, partial rotary), ``Gemma2ForCausalLM`` (sandwich norms, soft-capped attention
 and final logits, ``query_pre_attn_scalar``, local and global layers), ``Gemma3ForCausalLM`` (as
-Gemma 2 with a (1 + w) qk-norm per head and a RoPE base per layer type), and ``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel
-attention and FFN, LayerNorm). Each decoder class's backbone without its head (``GPT2Model``,
-``LlamaModel``, ..., ``Phi3Model``: :class:`~zoo.interop.hf.base.Headless`) converts to and from a
+Gemma 2 with a (1 + w) qk-norm per head and a RoPE base per layer type), ``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel
+attention and FFN, LayerNorm), and the mixtures of experts (:mod:`zoo.interop.hf.moe`: ``ffn.kind:
+moe``) ``MixtralForCausalLM``, ``Qwen2MoeForCausalLM`` (a shared expert, dense layers),
+``Qwen3MoeForCausalLM`` (per-head qk-norm, dense layers) and ``OlmoeForCausalLM`` (qk-norm over the
+whole projections). Each decoder class's backbone without its head (``GPT2Model``,
+``LlamaModel``, ..., ``OlmoeModel``: :class:`~zoo.interop.hf.base.Headless`) converts to and from a
 zoo decoder with ``head: none``. A decoder converts by default to the first of these that
 expresses it (the backbones come last, and take the decoders without a head).
 Every rotary one carries RoPE scaling (``rope_parameters`` <-> ``position.scaling``,

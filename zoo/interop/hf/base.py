@@ -19,6 +19,7 @@ from zoo.spec import FamilySpec, LMHeadSpec
 __all__ = [
     "BUILTIN_ATTENTION",
     "GATED",
+    "MOE_CLAIMS",
     "TEXT_CLAIMS",
     "TWO_LAYER",
     "Architecture",
@@ -108,6 +109,17 @@ class Architecture:
     def prepare_to(state: dict[str, Tensor], s: FamilySpec) -> dict[str, Tensor]:
         return state
 
+    @classmethod
+    def stored_in_parts(cls, config: Any) -> dict[str, tuple[str, ...]]:
+        """Reference tensors that checkpoint files hold in parts, from the HF ``config``: {model
+        tensor name: its parts' names in the files, in order}. The tensor's rows (all its dims but
+        the last, flattened) are its parts' rows one after the other, each part a matrix of an
+        equal share of them. HF 5.x's mixture-of-experts modules hold each layer's experts fused
+        (``mlp.experts.gate_up_proj`` [E, 2F, D]) while checkpoints, downloaded or written by
+        ``save_pretrained``, name each expert's projections (``mlp.experts.{e}.gate_proj.weight``
+        [F, D], ...): :mod:`zoo.interop.hf.stream` reads and writes those names."""
+        return {}
+
 
 class Headless(Architecture):
     """A reference's backbone without its head (HF's ``*Model``: ``LlamaModel`` for ``LlamaForCausalLM``),
@@ -141,6 +153,11 @@ class Headless(Architecture):
     def rules(cls, s: FamilySpec) -> list[Rule]:
         return [Rule(r.zoo, tuple(_unprefixed(n, cls.prefix) for n in r.ref), r.transpose)
                 for r in super().rules(s) if r.zoo.split(".")[0] != "head"]
+
+    @classmethod
+    def stored_in_parts(cls, config: Any) -> dict[str, tuple[str, ...]]:
+        return {_unprefixed(name, cls.prefix): tuple(_unprefixed(p, cls.prefix) for p in parts)
+                for name, parts in super().stored_in_parts(config).items()}
 
     @classmethod
     def prepare_from(cls, ref: dict[str, Tensor], s: FamilySpec) -> dict[str, Tensor]:
@@ -263,26 +280,39 @@ def token_ids(c: dict, vocab: int, defaults: dict[str, int | None], given: dict)
             c[field] = default if default is None or default < vocab else None
 
 
-def same_layers(spec: FamilySpec, where: str, *, but: tuple[str, ...] = ()) -> None:
+def same_layers(spec: FamilySpec, where: str, *, but: tuple[str, ...] = (), parts: tuple[str, ...] = ()) -> None:
     """Every layer as the model's block, with its position, but for the attention fields ``but``
-    (e.g. ``window``): what per-layer patterns this architecture's config expresses."""
+    (e.g. ``window``) and the block's ``parts`` (e.g. ``ffn``, which the caller checks layer by
+    layer): what per-layer patterns this architecture's config expresses."""
+    others = [f"its attention {', '.join(but)}"] * bool(but) + [f"its {p}" for p in parts]
     for name in spec.stacks():
         for i, layer in enumerate(spec.stack_layers(name)):
             b = layer.block
-            plain = b.model_copy(update={"attention": b.attention.model_copy(update={f: getattr(spec.block.attention, f) for f in but})})
+            plain = b.model_copy(update={"attention": b.attention.model_copy(update={f: getattr(spec.block.attention, f) for f in but}),
+                                         **{p: getattr(spec.block, p) for p in parts}})
             if plain != spec.block or layer.position is not None:
                 what = "position" if layer.position is not None else "block"
                 raise unsupported(where, "layers", f"layer {i}'s {what}",
-                                  "this architecture repeats one layer" + (f" but for its attention {', '.join(but)}" if but else ""))
+                                  "this architecture repeats one layer" + (f" but for {' and '.join(others)}" if others else ""))
 
 
 # What every text reference states the same way: sizes, the vocabulary, attention heads and sizes,
-# the dense FFN kinds (the activation picks among them; no converter writes an moe FFN), their width
-# and biases, the norm's eps, the LM head's tying, the dropout rates it maps.
+# the dense FFN kinds (the activation picks among them; the MoE decoders claim MOE_CLAIMS instead),
+# their width and biases, the norm's eps, the LM head's tying, the dropout rates it maps.
 TEXT_CLAIMS: Claims = {
     "family": one_of("decoder"), "d_model": ANY, "n_layers": ANY, "vocab_size": ANY, "max_seq_len": ANY,
     "block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
     "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY,
     "block.attention.bias": ANY, "block.ffn.kind": one_of("relu", "gelu", "silu", "swiglu", "geglu"),
     "block.ffn.hidden": ANY, "block.ffn.bias": ANY, "block.ffn.approximate": ANY, "block.norm.eps": ANY, "head.kind": one_of("lm"), "head.tied": ANY,
+}
+
+# What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) state the same way: an
+# moe FFN, its experts (count, top-k, their gated FFN: the activation and width) and the router's
+# softmax before the top k, its load-balancing loss weight (router_aux_loss_coef). Each class adds
+# what it has beyond these (norm_topk_prob, Mixtral's jitter, Qwen2-MoE's shared expert); the router's
+# z-loss, DeepSeek-V3's bias_update and a capacity factor none of them has, so they stay unclaimed.
+MOE_CLAIMS: Claims = {
+    "block.ffn.kind": one_of("moe"), "block.ffn.n_experts": ANY, "block.ffn.top_k": ANY, "block.ffn.expert": ANY,
+    "block.ffn.router.softmax_before_topk": one_of(True), "block.ffn.router.aux_loss_coef": ANY,
 }

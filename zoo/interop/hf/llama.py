@@ -79,8 +79,7 @@ class Llama(Architecture):
             "block": {
                 "attention": {"kind": kind, "n_heads": h, "n_kv_heads": g if kind == "gqa" else None,
                               "head_dim": head_dim, "v_head_dim": head_dim},
-                "ffn": {**ffn_of(GATED, getattr(c, cls.act_field), where, cls.act_field), "hidden": c.intermediate_size,
-                        "bias": False},
+                "ffn": cls.ffn(c, where),
                 "norm": {"kind": "rmsnorm", "eps": c.rms_norm_eps},
                 "kind": cls.block_kind,
             },
@@ -89,6 +88,12 @@ class Llama(Architecture):
         }
         cls.read(c, s, where)
         return s
+
+    @classmethod
+    def ffn(cls, c: Any, where: str) -> dict:
+        """The model's FFN from the config: a gated FFN, its activation ``act_field``, its width
+        ``intermediate_size`` (``read`` sets its bias)."""
+        return {**ffn_of(GATED, getattr(c, cls.act_field), where, cls.act_field), "hidden": c.intermediate_size, "bias": False}
 
     @classmethod
     def rope(cls, c: Any, where: str) -> dict:
@@ -122,9 +127,9 @@ class Llama(Architecture):
             require(att.qk_size(d) * att.n_heads == d, where, "block.attention.head_dim", att.qk_size(d),
                     f"{cls.name}'s head size is hidden_size / num_attention_heads ({d} / {att.n_heads})")
         c = {
-            "vocab_size": s.vocab_size, "hidden_size": d, "intermediate_size": s.block.ffn.hidden_size(d),
+            "vocab_size": s.vocab_size, "hidden_size": d, **cls.ffn_config(s, where),
             "num_hidden_layers": s.n_layers, "num_attention_heads": att.n_heads, "num_key_value_heads": att.n_kv_heads,
-            cls.act_field: act_name(s.block.ffn, cls.acts, where), "max_position_embeddings": s.max_seq_len,
+            "max_position_embeddings": s.max_seq_len,
             "rms_norm_eps": s.block.norm.eps, "rope_parameters": write_rope(s.position, partial=cls.partial_rotary),
             "attention_dropout": s.dropout.attention, "initializer_range": s.init.std, "tie_word_embeddings": s.head.tied,
         }
@@ -135,6 +140,11 @@ class Llama(Architecture):
         return c
 
     @classmethod
+    def ffn_config(cls, s: FamilySpec, where: str) -> dict:
+        """The config fields of the spec's FFN: its width and activation (``write`` writes its bias)."""
+        return {"intermediate_size": s.block.ffn.hidden_size(s.d_model), cls.act_field: act_name(s.block.ffn, cls.acts, where)}
+
+    @classmethod
     def write(cls, s: FamilySpec, c: dict, where: str) -> None:
         """Check what the reference's own config fields can express; write them into ``c``."""
         c.update(attention_bias=s.block.attention.bias, mlp_bias=s.block.ffn.bias)
@@ -142,21 +152,26 @@ class Llama(Architecture):
     # ---------------------------------------------------------------------------- tensors
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:
-        att, fb = s.block.attention, s.block.ffn.bias
+        att = s.block.attention
         attn_norm, ffn_norm = cls.norm_names
         rules = [rule("tok_emb.weight", "model.embed_tokens.weight")]
-        for i in range(s.n_layers):
+        for i, layer in enumerate(s.stack_layers()):
             z, h = f"stack.blocks.{i}", f"model.layers.{i}"
             rules += [
                 rule(f"{z}.attn_norm.weight", f"{h}.{attn_norm}.weight"),
                 *fused(f"{z}.attn.qkv", [f"{h}.self_attn.{p}" for p in cls.qkv], bias=att.bias),
                 *weights(f"{z}.attn.out", f"{h}.self_attn.o_proj", bias=att.has_out_bias),
                 rule(f"{z}.ffn_norm.weight", f"{h}.{ffn_norm}.weight"),
-                *fused(f"{z}.ffn.fc1", [f"{h}.mlp.{p}" for p in cls.gate_up], bias=fb),  # [gate | up]
-                *weights(f"{z}.ffn.fc2", f"{h}.mlp.down_proj", bias=fb),
+                *cls.ffn_rules(layer.block.ffn, z, h),
             ]
             rules += cls.layer_rules(s, z, h)
         return rules + [rule("stack.norm.weight", "model.norm.weight"), rule("head.weight", "lm_head.weight")]
+
+    @classmethod
+    def ffn_rules(cls, ffn, z: str, h: str) -> list[Rule]:
+        """Rules for the FFN ``ffn`` (a spec) of zoo block ``z`` and reference layer ``h``."""
+        return [*fused(f"{z}.ffn.fc1", [f"{h}.mlp.{p}" for p in cls.gate_up], bias=ffn.bias),  # [gate | up]
+                *weights(f"{z}.ffn.fc2", f"{h}.mlp.down_proj", bias=ffn.bias)]
 
     @classmethod
     def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:

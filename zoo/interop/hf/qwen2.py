@@ -31,8 +31,8 @@ def read_windows(c: Any, s: dict, where: str) -> None:
     unknown = sorted(set(types) - {FULL, SLIDING})
     if unknown:
         raise unsupported(where, "layer_types", unknown[0], f"zoo reads {FULL} and {SLIDING} layers")
-    if SLIDING in types and c.sliding_window is None:
-        raise unsupported(where, "sliding_window", None, "sliding_attention layers need a window")
+    if SLIDING in types and not c.sliding_window:
+        raise unsupported(where, "sliding_window", c.sliding_window, "sliding_attention layers need a window")
     sliding = [i for i, t in enumerate(types) if t == SLIDING]
     if len(sliding) == len(types):
         s["block"]["attention"]["window"] = c.sliding_window
@@ -42,10 +42,11 @@ def read_windows(c: Any, s: dict, where: str) -> None:
         s["layers"] = [{"at": at, "block": {"attention": {"window": c.sliding_window}}}]
 
 
-def write_windows(s: FamilySpec, c: dict, where: str, name: str) -> None:
+def write_windows(s: FamilySpec, c: dict, where: str, name: str, *, parts: tuple[str, ...] = ()) -> None:
     """The spec's windows as ``use_sliding_window``, ``sliding_window``, ``layer_types`` and the
-    ``max_window_layers`` that gives them; layers that differ otherwise, or two sizes, are refused."""
-    same_layers(s, where, but=("window",))
+    ``max_window_layers`` that gives them; layers that differ otherwise (but for the block ``parts``
+    the caller checks), or two sizes, are refused."""
+    same_layers(s, where, but=("window",), parts=parts)
     windows = [layer.block.attention.window for layer in s.stack_layers()]
     sizes = sorted({w for w in windows if w is not None})
     require(len(sizes) <= 1, where, "block.attention.window", sizes, f"{name} has one sliding_window for its sliding layers")

@@ -12,12 +12,16 @@ and outputs (the largest: the embedding, or one layer's fused q/k/v) besides the
 whatever the size of the checkpoint; the output is sharded above ``max_shard_size``.
 
 Names are read as ``from_pretrained`` reads them (transformers' renamings, such as GPT-NeoX's
-``embed_out``, and the base model's prefix), and written as ``save_pretrained`` writes them
-(each tied tensor once, under the name HF keeps). Floating-point tensors are cast to ``dtype``,
-by default to the dtype ``from_pretrained`` would give the model (config.json's ``dtype``, else
-the checkpoint's). A checkpoint that needs transformers to transform tensors while loading (none
-of the classes here do), or holds only ``pytorch_model.bin``, raises :class:`NotStreamable`: the
-caller reads it whole with ``from_pretrained`` instead.
+``embed_out`` or Mixtral's ``block_sparse_moe``, and the base model's prefix), and written as
+``save_pretrained`` writes them (each tied tensor once, under the name HF keeps). A tensor the
+checkpoint holds in parts (:meth:`~zoo.interop.hf.base.Architecture.stored_in_parts`: the
+mixture-of-experts decoders' fused experts, stored one expert's matrix at a time) is read from its
+parts and written as them; memory then holds one layer's experts twice (e.g. 1.9 GB in bf16 for
+Mixtral-8x7B's [gate | up]). Floating-point tensors are cast to ``dtype``, by default to the dtype
+``from_pretrained`` would give the model (config.json's ``dtype``, else the checkpoint's). A
+checkpoint that needs transformers to transform tensors in another way while loading (none of the
+classes here do), or holds only ``pytorch_model.bin``, raises :class:`NotStreamable`: the caller
+reads it whole with ``from_pretrained`` instead.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ from zoo.spec import parse_spec
 __all__ = ["HF_WEIGHTS", "NotStreamable", "Streamed", "hf_dir_to_zoo", "zoo_to_hf_dir"]
 
 HF_WEIGHTS = "model.safetensors"  # and model.safetensors.index.json with model-0000k-of-0000n.safetensors
+
+
+Stored = str | tuple[str, ...]  # where a checkpoint holds a model tensor: one name, or its parts' names
 
 
 class NotStreamable(Exception):
@@ -169,18 +176,60 @@ def _load_dtype(config: Any, files: Files) -> torch.dtype:
     return torch.float32
 
 
-def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, files: Files) -> tuple[dict[str, str], list[str]]:
-    """({model name: checkpoint name} for every model name the checkpoint fills, checkpoint names the
-    class does not read), refusing a checkpoint that lacks a tensor, or whose tensors do not fit."""
+def _part_shape(shape: torch.Size, n: int) -> tuple[int, int]:
+    """The shape of each of the ``n`` parts of a tensor of ``shape`` (Architecture.stored_in_parts)."""
+    return shape.numel() // shape[-1] // n, shape[-1]
+
+
+def _read(files: Files, stored: Stored, shape: torch.Size) -> Tensor:
+    """The tensor of ``shape`` stored under one checkpoint name, or in parts under several."""
+    if isinstance(stored, str):
+        return files.read(stored)
+    return torch.cat([files.read(key) for key in stored]).reshape(shape)
+
+
+def _parts_of(files: Files, parts: dict[str, tuple[str, ...]], prefix: str) -> dict[str, list[str | None]]:
+    """{model name: the checkpoint names of its parts (None: not in the checkpoint)} of the tensors
+    stored in ``parts``, the checkpoint's names taken with or without the base model's ``prefix``."""
+    part_of = {p: (name, j) for name, names in parts.items() for j, p in enumerate(names)}
+    found: dict[str, list[str | None]] = {name: [None] * len(names) for name, names in parts.items()}
+    for key in files.tensors:
+        for name in (key, key.removeprefix(f"{prefix}."), f"{prefix}.{key}") if prefix else (key,):
+            if name in part_of:
+                tensor, j = part_of[name]
+                found[tensor][j] = key
+                break
+    return found
+
+
+def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, files: Files) -> tuple[dict[str, Stored], list[str]]:
+    """({model name: checkpoint name, or its parts' names} for every model name the checkpoint fills,
+    checkpoint names the class does not read), refusing a checkpoint that lacks a tensor, or whose
+    tensors do not fit."""
     meta = hf.state_dict(keep_vars=True)
     rename = _renamer(hf, meta)
-    mapped, ignored = {}, []
+    parts = arch.stored_in_parts(config)
+    found = _parts_of(files, parts, getattr(hf, "base_model_prefix", ""))
+    in_parts = {key for keys in found.values() for key in keys if key is not None}
+    mapped: dict[str, Stored] = {}
+    ignored = []
     for key in files.tensors:
+        if key in in_parts:
+            continue
         new = rename(key)
         if new in meta and new not in mapped:
             mapped[new] = key
         else:
             ignored.append(key)
+    for name, keys in found.items():
+        held = [k for k in keys if k is not None]
+        if not held or name in mapped:  # none (the tensor itself may be there) or both: the parts unread
+            ignored += held
+            continue
+        lost = [part for part, k in zip(parts[name], keys) if k is None]
+        if lost:
+            raise ConversionError(f"{src}: the checkpoint holds some parts of {name} but not {_listing(lost)}")
+        mapped[name] = tuple(held)
     unread = list(getattr(hf, "_keys_to_ignore_on_load_unexpected", None) or ()) + [r"rotary_emb\.inv_freq", r"(^|\.)position_ids$"]
     ignored = [k for k in ignored if not re.search("|".join(f"({p})" for p in unread), k)]  # as from_pretrained reports them
     patterns = list(getattr(hf, "_keys_to_ignore_on_load_missing", None) or ())
@@ -197,13 +246,18 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
         holds = ", ".join(getattr(config, "architectures", None) or ["another model"])
         raise ConversionError(f"{src}: the weights do not fit {arch.name}: it has no {_listing(missing, 4)} "
                               f"(the directory holds {holds})")
-    wrong = [f"{files_key} is {list(files.tensors[files_key][1])}, config.json makes {list(meta[name].shape)}"
-             for name, files_key in mapped.items() if tuple(files.tensors[files_key][1]) != tuple(meta[name].shape)]
+    def want(name: str, stored: Stored) -> list[tuple[str, tuple[int, ...]]]:
+        if isinstance(stored, str):
+            return [(stored, tuple(meta[name].shape))]
+        return [(key, _part_shape(meta[name].shape, len(stored))) for key in stored]
+
+    wrong = [f"{key} is {list(files.tensors[key][1])}, config.json makes {list(shape)}"
+             for name, stored in mapped.items() for key, shape in want(name, stored) if tuple(files.tensors[key][1]) != shape]
     if wrong:
         raise ConversionError(f"{src}: the checkpoint's tensors do not fit its config.json ({arch.name}): "
                               f"{_listing(wrong)}; is config.json the one these weights were saved with?")
     for first, other in twice:  # one tied tensor stored under two names must hold one value
-        if not torch.equal(files.read(mapped[first]), files.read(mapped[other])):
+        if not torch.equal(_read(files, mapped[first], meta[first].shape), _read(files, mapped[other], meta[other].shape)):
             raise ConversionError(f"{src}: config.json ties {first} and {other}, but the checkpoint holds different "
                                   f"values for them; untie them in config.json (tie_word_embeddings: false)")
     return file_of, ignored
@@ -227,7 +281,7 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
     def cast(t: Tensor) -> Tensor:
         return t.to(target) if t.is_floating_point() and t.dtype != target else t
 
-    buffers = {n: cast(files.read(file_of[n])) for n, _ in hf.named_buffers() if n in file_of}
+    buffers = {n: cast(_read(files, file_of[n], b.shape)) for n, b in hf.named_buffers() if n in file_of}
     if buffers:  # the spec may read them (Marian's final_logits_bias); parameters stay on the meta device
         hf.load_state_dict(buffers, strict=False, assign=True)
     where = f"{arch.name} -> zoo"
@@ -238,7 +292,7 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
     def read(name: str) -> Tensor:
         if name not in file_of:
             return meta[name]  # one HF computes itself (Marian's position tables): on the meta device
-        return arch.prepare_from({name: cast(files.read(file_of[name]))}, spec)[name]
+        return arch.prepare_from({name: cast(_read(files, file_of[name], meta[name].shape))}, spec)[name]
 
     ref = _Lazy(meta, read)
     rules = arch.rules(spec)
@@ -294,6 +348,7 @@ def zoo_to_hf_dir(src: Path, dst: Path, *, architecture: str | None = None, dtyp
     extras = {n: t for n, t in arch.extra_to(state, spec, shapes).items()}
 
     saved = _saved_names(hf)  # model name -> checkpoint name
+    parts = arch.stored_in_parts(config)  # model name -> the checkpoint names of its parts
     group_of = {n: names for names in tie_groups(meta).values() for n in names}
     producer: dict[str, tuple[int, str]] = {}  # saved model name -> (rule index, the rule's reference name)
     sources: dict[str, set] = {}  # a tied group's first name -> the zoo tensors that make its members
@@ -315,20 +370,29 @@ def zoo_to_hf_dir(src: Path, dst: Path, *, architecture: str | None = None, dtyp
     def dtype_of(name: str) -> torch.dtype:
         return target if meta[name].is_floating_point() else meta[name].dtype
 
+    def written(m: str, tensor: Tensor | None = None) -> list[tuple[str, Any]]:
+        """(checkpoint name, shape, or the tensor when given) of what model tensor ``m`` is written as."""
+        if m not in parts:
+            return [(saved[m], tuple(shapes[m]) if tensor is None else tensor)]
+        shape = _part_shape(shapes[m], len(parts[m]))
+        pieces = [shape] * len(parts[m]) if tensor is None else tensor.reshape(len(parts[m]), *shape)
+        return list(zip(parts[m], pieces))
+
     order = [(i, n, m) for m, (i, n) in producer.items()]
     order.sort(key=lambda x: (x[0], rules[x[0]].ref.index(x[1])))
-    entries = [Entry(saved[m], dtype_of(m), tuple(shapes[m])) for _, _, m in order]
-    entries += [Entry(saved[m], dtype_of(m), tuple(shapes[m])) for m in from_extras]
+    entries = [Entry(name, dtype_of(m), shape) for m in [*(m for _, _, m in order), *from_extras] for name, shape in written(m)]
 
     def tensors() -> Iterator[tuple[str, Tensor]]:
         done = None
         for i, n, m in order:
             if done is None or done[0] != i:
                 done = (i, reference_tensors(rules[i], state[rules[i].zoo], shapes, where))
-            yield saved[m], done[1][n].to(dtype_of(m))
+            for name, t in written(m, done[1][n]):
+                yield name, t.to(dtype_of(m)).contiguous()
         done = None
         for m, n in from_extras.items():
-            yield saved[m], extras[n].to(dtype_of(m)).contiguous()
+            for name, t in written(m, extras[n]):
+                yield name, t.to(dtype_of(m)).contiguous()
 
     dst.mkdir(exist_ok=True)
     write_files(dst / HF_WEIGHTS, entries, tensors(), max_shard_size=max_shard_size, single={"format": "pt"},
