@@ -191,9 +191,10 @@ def test_tiny_presets_convert_to_hf_and_decode_the_same(name):
     with torch.no_grad():
         logits = model(x)
         assert logits.abs().max() > 1.0  # O(1) logits: the tolerance below is a real test
-        assert max_diff(logits, hf(x).logits) < ATOL
+        tol = max(ATOL, 2e-5 * logits.abs().max().item())  # fp32 rounding grows with the logits (Gemma's reach ~10)
+        assert max_diff(logits, hf(x).logits) < tol
         ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
-        assert max_diff(model(x, mask), ref, mask) < ATOL
+        assert max_diff(model(x, mask), ref, mask) < tol
 
     # greedy decoding through zoo's KV cache equals HF's generate, past the window: prompt 60 + 12 new
     hf.generation_config.eos_token_id = None
