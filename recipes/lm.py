@@ -5,16 +5,20 @@ unigram baseline, sample from it, and export it with its tokenizer.
     python recipes/lm.py model=gpt2-small data.text=[corpus/] train.steps=20000 ...
     torchrun --nproc_per_node 8 recipes/lm.py --config my.yaml
     python recipes/lm.py --resume                          # continue exactly where the run stopped
+    zoo ablate recipes/ablations/lm-moe.yaml               # dense vs mixture of experts at equal active parameters
 
 Data (``data.text``): plain-text files or folders of ``*.txt`` (one document a line); without it, the
 glosses of WordNet (Debian's ``wordnet-base``). A byte-level BPE is trained on the training split
 (or ``data.tokenizer`` is used), documents are joined with ``<eos>`` and cut into blocks of
-``train.block_len`` tokens. Any decoder spec works (``model``: a preset or a YAML file). See
+``train.block_len`` tokens. Any decoder spec works (``model``: a preset or a YAML file), a mixture
+of experts too (``block.ffn.kind=moe``: the loop adds its router losses and logs its experts' load).
+The run writes ``results.json`` (parameters, valid perplexity) for ``zoo ablate``. See
 docs/recipes/lm.md.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -29,6 +33,7 @@ from zoo.atomic import atomic_write_text
 from zoo.data import bpe
 from zoo.data import text as T
 from zoo.spec import SpecError
+from zoo.summary import active_parameters
 from zoo.train import (
     Config,
     ListTask,
@@ -56,6 +61,8 @@ class TrainConfig(Config):
     steps: PositiveInt = Field(1000, description="optimizer steps")
     batch_size: PositiveInt = Field(32, description="blocks per micro-batch per process")
     block_len: PositiveInt = Field(128, description="tokens of context per block")
+    minutes: PositiveFloat | None = Field(None, description="stop after this much wall-clock training (the schedule "
+                                          "then follows the clock); null: train.steps alone")
 
 
 class SampleConfig(Config):
@@ -148,20 +155,24 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     if spec.max_seq_len < L:
         raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
     model = zoo.build(spec, seed=cfg.run.seed).to(device)
-    dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
-               f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
+    params, active = zoo.count_parameters(model), active_parameters(model)
+    dist.print(f"model: {cfg.model} ({spec.name}), {params / 1e6:.2f}M parameters"
+               + (f" ({active / 1e6:.2f}M active per token)" if active != params else "")
+               + f", {dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
     task = LMTask(cfg, dist, train_blocks, valid_blocks)
     fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist, total_steps=cfg.train.steps,
-                 resume=ckpt_path, config=cfg.model_dump(mode="json"))
+                 resume=ckpt_path, config=cfg.model_dump(mode="json"), minutes=cfg.train.minutes)
     model, valid, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
     ppl = valid["ppl"]
     dist.print(f"valid perplexity {ppl:.2f} (loss {valid['loss']:.3f}) vs unigram {unigram:.1f}: "
                f"{unigram / ppl:.1f}x lower; training {train_s / 60:.1f} min")
 
     # samples and export
-    results = {"valid_ppl": ppl, "valid_loss": valid["loss"], "unigram_ppl": unigram, "train_seconds": train_s}
+    results = {"params": params, "active_params": active, "steps": fitted.step, "valid_ppl": ppl,
+               "valid_loss": valid["loss"], "unigram_ppl": unigram, "train_seconds": train_s}
     if dist.is_main:
+        atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
         model.eval()
         g = torch.Generator(device=device).manual_seed(cfg.sample.seed)
         for prompt in cfg.sample.prompts:

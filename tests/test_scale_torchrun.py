@@ -1,7 +1,9 @@
 """FSDP2 under torchrun with two gloo processes, for the three training recipes at tiny sizes:
 ``run.strategy=fsdp`` with activation checkpointing trains, its first losses match DDP's, a run killed
 with SIGKILL (lm) or cut at a checkpoint (translate, imagenet) resumes to exactly the losses of an
-uninterrupted run, and its sharded checkpoint resumes on one process."""
+uninterrupted run, and its sharded checkpoint resumes on one process. The lm model's second layer is a
+mixture of experts with every router option on (tests/test_torchrun_loss.py's MOE_LAYER): its router
+losses, token counts and the experts' biases resume exactly too."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from zoo.train import list_checkpoints, read_metrics
 
@@ -78,8 +81,9 @@ def wordnet(tmp_path_factory) -> Path:
 
 
 def lm_args(wordnet: Path, out: Path, *extra: str) -> list[str]:
-    return [f"data.wordnet_dir={wordnet}", "data.vocab_size=300", "data.valid_fraction=0.1", f"run.out_dir={out}",
-            "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=2,block.attention.n_kv_heads=1,block.ffn.hidden=64]",
+    from test_torchrun_loss import LM_MODEL
+
+    return [f"data.wordnet_dir={wordnet}", "data.vocab_size=300", "data.valid_fraction=0.1", f"run.out_dir={out}", LM_MODEL,
             "train.batch_size=4", "train.block_len=16", "schedule.warmup=2", "run.log_every=1", "run.eval_every=1000",
             "run.checkpoint_every=4", "run.keep_checkpoints=100", "run.progress=false", "run.plot=false",
             "run.threads=1", "sample.max_new_tokens=4", "sample.prompts=[a]", *extra]
@@ -101,6 +105,13 @@ def test_lm_fsdp_killed_and_resumed_equals_uninterrupted_and_reshards(wordnet, t
     assert not (killed / "model").exists(), "the run ended before it could be killed"
     run("lm", lm_args(wordnet, killed, steps, *FSDP) + ["--resume"])
     assert losses(killed) == losses(whole)
+    logged = [[r for r in read_metrics(out / "metrics.jsonl") if r["split"] in ("train", "experts")] for out in (killed, whole)]
+    strip = [[{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in log] for log in logged]
+    assert strip[0] == strip[1] and any("aux_loss" in r for r in strip[0])  # router losses and loads as well
+    import zoo
+
+    biases = [zoo.load(out / "model" / "model.safetensors").stack.blocks[1].ffn.expert_bias for out in (killed, whole)]
+    assert torch.equal(*biases) and biases[0].abs().sum() > 0
 
     # the first losses of DDP on the same data
     ddp = tmp_path / "ddp"

@@ -3,7 +3,10 @@ is the same on two gloo processes as on one process over the same data, with run
 
 Two processes with ``run.grad_accum=1`` and one process with ``run.grad_accum=2`` see the same
 micro-batches in each step (the lm recipe's list of blocks, the ViT recipe's sampler order), so their
-metrics.jsonl agree to float rounding. Run as a script (under torchrun), this file trains a toy
+metrics.jsonl agree to float rounding. The lm runs' second layer is a mixture of experts with every
+router option on (load-balancing and z losses, capacity dropping, the experts' bias update), so its
+router losses, token counts and bias updates are checked to add up over processes and micro-batches
+as one process's do. Run as a script (under torchrun), this file trains a toy
 regression for one SGD step and writes its weights and logged loss for the test to check by hand."""
 
 from __future__ import annotations
@@ -61,9 +64,15 @@ def wordnet(tmp_path_factory) -> Path:
     return fake_wordnet(tmp_path_factory.mktemp("wordnet"))
 
 
+# layer 1 of the tiny lm model: a mixture of experts with every router option on
+MOE_LAYER = ("'layers=[{at: 1, block: {ffn: {kind: moe, n_experts: 3, top_k: 2, expert: {kind: swiglu, hidden: 24}, "
+             "capacity_factor: 1.0, router: {z_loss_coef: 0.001, bias_update: 0.001}}}}]'")
+LM_MODEL = ("model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=2,block.attention.n_kv_heads=1,block.ffn.hidden=64,"
+            f"{MOE_LAYER}]")
+
+
 def lm_args(wordnet: Path, out: Path, *extra: str) -> list[str]:
-    return [f"data.wordnet_dir={wordnet}", "data.vocab_size=300", "data.valid_fraction=0.1", f"run.out_dir={out}",
-            "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=2,block.attention.n_kv_heads=1,block.ffn.hidden=64]",
+    return [f"data.wordnet_dir={wordnet}", "data.vocab_size=300", "data.valid_fraction=0.1", f"run.out_dir={out}", LM_MODEL,
             "train.batch_size=4", "train.block_len=16", "train.steps=4", "schedule.warmup=2", "run.log_every=1",
             "run.eval_every=1000", "run.checkpoint_every=2", "run.keep_checkpoints=10", "run.progress=false",
             "run.plot=false", "run.threads=1", "run.precision=fp32", "sample.max_new_tokens=2", "sample.prompts=[a]", *extra]
@@ -79,9 +88,14 @@ def test_lm_train_loss_on_two_processes_is_the_one_process_loss(wordnet, tmp_pat
     launch(lm, lm_args(wordnet, one, f"run.strategy={strategy}", "run.grad_accum=2"), processes=1)
     assert_same_losses(two, one, rel=1e-5)  # the same blocks in each step: only float rounding differs
     assert rows(two)[0]["tokens_per_s"] > 0
+    for a, b in zip(rows(two), rows(one)):  # the router's losses are the micro-batches' mean, as the task's
+        assert a["aux_loss"] == pytest.approx(b["aux_loss"], rel=1e-5) and a["z_loss"] == pytest.approx(b["z_loss"], rel=1e-5)
+        assert a["dropped_tokens"] == b["dropped_tokens"]
+    assert rows(two, "experts") == rows(one, "experts") and len(rows(one, "experts")) == 4  # the same tokens per expert
     assert [v for _, v in losses(two, "valid")] == pytest.approx([v for _, v in losses(one, "valid")], rel=1e-5)
-    # and the same gradients: the exported weights agree after 4 AdamW steps with clipping (fp32)
+    # and the same gradients: the exported weights (the experts' biases too) agree after 4 AdamW steps with clipping (fp32)
     a, b = load(two / "model" / "model.safetensors").state_dict(), load(one / "model" / "model.safetensors").state_dict()
+    assert b["stack.blocks.1.ffn.expert_bias"].abs().sum() > 0 and any(r["dropped_tokens"] for r in rows(one))
     for name in b:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
     if strategy == "fsdp":  # the two-process sharded checkpoint resumes on one process with its loss's scale

@@ -86,6 +86,10 @@ def summary_table(s, spec) -> Table:
     table.add_column("value", justify="right")
     table.add_column("note")
     table.add_row("parameters", f"{s.parameters:,}", f"{human_bytes(s.weight_bytes)} in {s.dtype}")
+    if s.expert_parameters:
+        table.add_row("  active per token", f"{s.active_parameters:,}",
+                      f"{100 * s.active_parameters / max(s.parameters, 1):.1f}%: router, top_k experts and shared "
+                      f"expert of each MoE layer ({s.expert_parameters:,} in routed experts)")
     labels = {"embeddings": "embeddings", "attention": "attention", "ffn": "FFN", "norms": "norms", "head": "head"}
     for part in PARTS:
         note = f"{100 * s.parts[part] / max(s.parameters, 1):.1f}%"
@@ -96,7 +100,8 @@ def summary_table(s, spec) -> Table:
     per = f"per {s.unit}" + (f", T = {s.seq}" if s.unit == "token" else f" ({s.seq} tokens)")
     if s.flops_forward is not None:
         table.add_row(f"FLOPs {per}", "", "")
-        table.add_row("  forward", f"{s.flops_forward:,}", human_flops(s.flops_forward))
+        active = " (active experts: top_k per token)" if s.expert_parameters else ""
+        table.add_row("  forward", f"{s.flops_forward:,}", human_flops(s.flops_forward) + active)
         table.add_row("  training (3 x forward)", f"{s.flops_training:,}", human_flops(s.flops_training))
     if s.activation_bytes is not None:
         shape = f"{s.batch} x {s.seq} tokens" if s.unit == "token" else f"{s.batch} images"
@@ -160,6 +165,8 @@ def memory_table(plan) -> Table:
     rows = [("parameters (fp32 master)", plan.parameters), ("gradients", plan.gradients),
             ("optimizer state (AdamW)", plan.optimizer), ("gathered units / compute copies", plan.gathered),
             ("activations", plan.activations), ("total", plan.total)]
+    if plan.experts:
+        rows.insert(3, ("  the routed experts' share of these three", plan.experts))
     for label, value in rows:
         table.add_row(label, f"{value:,}", human_bytes(value))
     return table

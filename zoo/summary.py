@@ -18,13 +18,17 @@ against ``torch.utils.flop_counter`` and what autograd keeps):
   too for the short sequences it takes.)
 * The KV cache is the keys and values a decoder keeps per generated token; a layer with a sliding
   window holds the window - 1 tokens before the next one, a global layer every token.
+* A mixture of experts counts every expert in ``parameters`` and only what one token uses in
+  ``active_parameters`` (the router, ``top_k`` experts and the shared expert: its
+  ``active_parameters()`` declaration) and in the FLOPs (its ``flops`` declaration).
 * Everything comes from what the family declares (:class:`zoo.models.family.Family`: its stacks,
   FLOPs, saved activations, KV cache, the part of each parameter), so a registered family counts
   like a built-in one.
 * :func:`training_memory` plans one process's training memory (fp32 master weights, their gradients,
   AdamW's two moments, the activations) for ``ddp`` (every process holds everything) or ``fsdp``
   (weights, gradients and optimizer state divided over the processes, plus the units FSDP gathers
-  whole while they run), with or without activation checkpointing. It leaves out what the
+  whole while they run), with or without activation checkpointing; ``experts`` is the routed experts'
+  share of it (FSDP2 splits each stacked expert weight along its first dimension, the experts). It leaves out what the
   framework itself takes (CUDA context, allocator slack, code); ``python -m bench --only memory``
   measures it against real runs.
 
@@ -47,8 +51,8 @@ from zoo.components import parts
 from zoo.models.family import Family
 from zoo.spec import FamilySpec
 
-__all__ = ["PARTS", "Summary", "summarize", "parameter_parts", "forward_flops", "activation_bytes", "kv_cache_bytes",
-           "MemoryPlan", "training_memory"]
+__all__ = ["PARTS", "Summary", "summarize", "parameter_parts", "active_parameters", "expert_parameters", "forward_flops",
+           "activation_bytes", "kv_cache_bytes", "MemoryPlan", "training_memory"]
 
 PARTS = ("embeddings", "attention", "ffn", "norms", "head")
 
@@ -73,6 +77,8 @@ class Summary:
     cross_kv_bytes_per_source_token: int | None  # encoder-decoders only
     kv_cache_tokens: int | None = None  # tokens a sequence's cache holds at seq: all, or a sliding window's
     layers: tuple[dict, ...] = ()  # per layer of each stack: parameters, FLOPs per unit, window, KV cache
+    active_parameters: int | None = None  # what one token's forward pass uses (mixtures of experts: top_k experts)
+    expert_parameters: int = 0  # the routed experts' parameters, all of them (0: no mixture of experts)
 
     @property
     def weight_bytes(self) -> int:
@@ -116,6 +122,21 @@ def parameter_parts(model: nn.Module) -> dict[str, int]:
     for name, p in model.named_parameters():  # a tied parameter once, under its first name
         parts[fam.parameter_part(name)] += p.numel()
     return parts
+
+
+def active_parameters(model: nn.Module) -> int:
+    """The parameters one token's forward pass uses: all, less the experts a mixture of experts leaves
+    idle (what its ``active_parameters()`` declaration leaves out)."""
+    idle = sum(sum(p.numel() for p in m.parameters()) - m.active_parameters() for m in model.modules()
+               if callable(getattr(m, "active_parameters", None)))
+    return count_parameters(model) - idle
+
+
+def expert_parameters(model: nn.Module) -> list[tuple[int, int]]:
+    """(experts, parameters of one expert) of each mixture of experts in ``model`` (its
+    ``n_experts`` and ``expert_parameters()`` declarations), in module order."""
+    return [(m.n_experts, m.expert_parameters() // m.n_experts) for m in model.modules()
+            if callable(getattr(m, "expert_parameters", None))]
 
 
 def _tied(model: nn.Module) -> dict[str, str]:
@@ -252,6 +273,8 @@ def _summarize(spec: FamilySpec, model: nn.Module, *, batch: int, seq: int | Non
         cross_kv_bytes_per_source_token=cross,
         kv_cache_tokens=max(held) if held else None,
         layers=layers,
+        active_parameters=active_parameters(model),
+        expert_parameters=sum(e * per for e, per in expert_parameters(model)),
     )
 
 
@@ -271,6 +294,7 @@ class MemoryPlan:
     optimizer: int  # AdamW's two moments
     gathered: int  # fsdp: units gathered whole while they run (the root, a block and the next); bf16: weight copies
     activations: int
+    experts: int = 0  # of parameters + gradients + optimizer: the routed experts' (their shard under fsdp)
 
     @property
     def total(self) -> int:
@@ -291,6 +315,9 @@ def training_memory(spec: FamilySpec, *, processes: int = 1, strategy: str = "dd
     stays gathered from forward to backward) and two blocks (the running one and the next,
     prefetched), with a block's unsharded gradients before they are reduced. bf16: computing copies
     of the weights in 2 bytes (autocast's cache, or FSDP's bf16 gathers) and activations in 2 bytes.
+    ``experts``: the routed experts' part of the weights, gradients and moments; under fsdp each
+    layer's stacked expert weights split along the experts, ``ceil(E / processes)`` of them on the
+    process holding the most.
     """
     if processes < 1:
         raise ValueError(f"--shard: the number of processes must be at least 1, got {processes}")
@@ -309,12 +336,14 @@ def training_memory(spec: FamilySpec, *, processes: int = 1, strategy: str = "dd
         shard = -(-n // processes)
         params, grads, optim = 4 * shard, 4 * shard, 8 * shard
         gathered = compute * (root + 2 * block) + 4 * block
+        experts = 16 * sum(-(-e // processes) * per for e, per in expert_parameters(model))
     else:
         params, optim = 4 * n, 8 * n
         grads = 4 * n * (2 if processes > 1 else 1)
         gathered = 2 * n if precision == "bf16" else 0
+        experts = (16 if processes == 1 else 20) * sum(e * per for e, per in expert_parameters(model))
     activations = activation_bytes(model, batch=batch, seq=summary.seq, bytes_per_element=compute,
                                    checkpointing=checkpointing)
     return MemoryPlan(processes=processes, strategy=strategy, checkpointing=checkpointing, precision=precision,
                       batch=batch, seq=summary.seq, parameters=params, gradients=grads, optimizer=optim,
-                      gathered=gathered, activations=activations)
+                      gathered=gathered, activations=activations, experts=experts)

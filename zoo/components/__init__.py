@@ -32,7 +32,7 @@ from zoo.components.embedding import PatchEmbedding, TokenEmbedding
 from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.head import ClassifierHead, LMHead, MLMHead
 from zoo.components.linear import Linear
-from zoo.components.moe import MoE, load_balancing_loss
+from zoo.components.moe import MoE, load_balancing_loss, router_z_loss
 from zoo.components.norm import RMSNorm
 from zoo.components.pool import AttentionPool, ClsPool, MeanPool
 from zoo.components.position import (
@@ -51,5 +51,5 @@ __all__ = [
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
     "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
     "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
-    "MLMHead", "ClassifierHead", "MoE", "load_balancing_loss",
+    "MLMHead", "ClassifierHead", "MoE", "load_balancing_loss", "router_z_loss",
 ]

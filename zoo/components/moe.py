@@ -1,20 +1,35 @@
 """A sparse mixture of gated-FFN experts (``ffn.kind: moe``, :class:`zoo.spec.moe.MoESpec`) and the
-load-balancing loss of its router.
+losses of its router.
 
 Forward: the router's logits [N, E] pick each token's ``top_k`` experts and weights as HF's
 Mixtral/Qwen2-MoE routers do (softmax in fp32, ``torch.topk`` on the same values, so ties break
 alike); the N * top_k (token, expert) pairs are sorted by expert, each expert's contiguous slice
 goes through its gated FFN by :func:`zoo.kernels.grouped_mm` (no loop over experts where torch's
-grouped_mm applies), and the weighted outputs are added back per token. Dropless: every routed
-token is computed; no capacity factor is offered.
+grouped_mm applies), and the weighted outputs are added back per token.
 
-The router logits of the last forward pass stay on the module (``router_logits``, [N, E], N = B*T),
-for :func:`load_balancing_loss`.
+Two changes to routing, both off by default:
+
+* ``bias_update`` (DeepSeek-V3's auxiliary-loss-free balancing): a per-expert bias (the buffer
+  ``expert_bias``, saved with the weights) is added to the scores that pick the top k, never to the
+  weights; ``zoo.train.router`` moves it after each optimizer step toward equal load.
+* ``capacity_factor`` (Switch Transformer): in training, each expert takes at most
+  ``ceil(capacity_factor * N * top_k / E)`` of the pairs routed to it, the first by position (token
+  order in the batch, its rows one after another; padding tokens, which the module does not see as
+  such, take places too); the rest are dropped: that expert adds nothing to those tokens, whose
+  residual stream carries them on. Evaluation and decoding are dropless, so a cached decode equals a
+  full pass and no sequence changes another's outputs.
+
+What the last forward pass routed stays on the module, for the router's losses
+(:func:`load_balancing_loss`, :func:`router_z_loss`) and the training loop's statistics
+(:mod:`zoo.train.router`): ``router_logits`` [N, E] (N = B*T), ``routed`` [N, k] (each token's
+experts) and ``dropped`` (the pairs over capacity, a 0-d tensor; None where nothing is capped).
 
 Shapes: B batch, T tokens, N = B*T, D dim, E experts, F per-expert hidden, k top_k.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +41,7 @@ from zoo.components.linear import Linear
 from zoo.kernels import grouped_mm
 from zoo.registry import register
 
-__all__ = ["MoE", "load_balancing_loss"]
+__all__ = ["MoE", "load_balancing_loss", "router_z_loss"]
 
 
 class MoE(nn.Module):
@@ -37,10 +52,14 @@ class MoE(nn.Module):
 
     def __init__(self, dim: int, hidden: int, *, n_experts: int, top_k: int, activation: nn.Module,
                  softmax_before_topk: bool = True, norm_topk_prob: bool = True, jitter: float = 0.0,
-                 shared_hidden: int | None = None, shared_gate: bool = True, dropout: float = 0.0) -> None:
+                 shared_hidden: int | None = None, shared_gate: bool = True, dropout: float = 0.0,
+                 aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0, bias_update: float = 0.0,
+                 capacity_factor: float | None = None) -> None:
         super().__init__()
         self.n_experts, self.top_k, self.hidden = n_experts, top_k, hidden
         self.softmax_before_topk, self.norm_topk_prob, self.jitter = softmax_before_topk, norm_topk_prob, jitter
+        self.aux_loss_coef, self.z_loss_coef, self.bias_update = aux_loss_coef, z_loss_coef, bias_update
+        self.capacity_factor = capacity_factor
         self.router = Linear(dim, n_experts, bias=False)  # HF: gate.weight [E, D]
         self.w_gate_up = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))  # [gate | up] per expert
         self.w_down = nn.Parameter(torch.empty(n_experts, dim, hidden))
@@ -49,22 +68,44 @@ class MoE(nn.Module):
         self.shared = None if shared_hidden is None else GatedMLP(dim, shared_hidden, bias=False, dropout=dropout,
                                                                   activation=type(activation)())
         self.shared_gate = Linear(dim, 1, bias=False) if shared_hidden is not None and shared_gate else None
+        # persistent: it changes which experts a token takes, so it travels with the weights
+        self.register_buffer("expert_bias", torch.zeros(n_experts) if bias_update else None)
         self.router_logits: Tensor | None = None
+        self.routed: Tensor | None = None
+        self.dropped: Tensor | None = None
         nn.init.normal_(self.w_gate_up, std=0.02)
         nn.init.normal_(self.w_down, std=0.02)
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(logits [N, E], weights [N, k] fp32, experts [N, k]) of tokens x [N, D]."""
         logits = self.router(x)
-        if self.softmax_before_topk:
-            probs = F.softmax(logits.float(), dim=-1)
-            weights, experts = torch.topk(probs, self.top_k, dim=-1)
-            if self.norm_topk_prob:
-                weights = weights / weights.sum(dim=-1, keepdim=True)
-        else:
-            top, experts = torch.topk(logits.float(), self.top_k, dim=-1)
+        scores = F.softmax(logits.float(), dim=-1) if self.softmax_before_topk else logits.float()
+        if self.expert_bias is None:
+            top, experts = torch.topk(scores, self.top_k, dim=-1)
+        else:  # the bias picks the experts but never weighs them (DeepSeek-V3)
+            experts = torch.topk(scores.detach() + self.expert_bias.float(), self.top_k, dim=-1).indices
+            top = scores.gather(-1, experts)
+        if not self.softmax_before_topk:
             weights = F.softmax(top, dim=-1)
+        else:
+            weights = top / top.sum(dim=-1, keepdim=True) if self.norm_topk_prob else top
         return logits, weights, experts
+
+    def capacity(self, tokens: int) -> int | None:
+        """The most (token, expert) pairs one expert takes in training of ``tokens`` tokens; None: dropless."""
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(self.capacity_factor * tokens * self.top_k / self.n_experts)
+
+    def within_capacity(self, order: Tensor, counts: Tensor, sorted_experts: Tensor,
+                        capacity: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(order, counts, dropped): the pairs in ``order`` (sorted by expert, in token order within
+        each: a stable sort; ``sorted_experts`` their experts) past their expert's first ``capacity``
+        removed, the counts capped, and how many were removed."""
+        starts = counts.cumsum(0) - counts  # (E,) where each expert's pairs begin
+        place = torch.arange(order.numel(), device=order.device) - starts[sorted_experts]  # in its expert's queue
+        keep = place < capacity
+        return order[keep], counts.clamp(max=capacity), (~keep).sum()
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
         shape = x.shape
@@ -72,11 +113,14 @@ class MoE(nn.Module):
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         x = x.reshape(-1, shape[-1])
         logits, weights, experts = self.route(x)
-        self.router_logits = logits
+        self.router_logits, self.routed, self.dropped = logits, experts, None
         flat = experts.reshape(-1)  # (N * k,)
         order = torch.argsort(flat, stable=True)
-        tokens = order // self.top_k
         counts = torch.bincount(flat, minlength=self.n_experts)
+        capacity = self.capacity(x.shape[0]) if self.training else None
+        if capacity is not None:
+            order, counts, self.dropped = self.within_capacity(order, counts, flat[order], capacity)
+        tokens = order // self.top_k
         offsets = counts.cumsum(0).to(torch.int32)
         xs = x.index_select(0, tokens)  # (N * k, D), sorted by expert
         gate, up = grouped_mm(xs, self.w_gate_up, counts, offsets).chunk(2, dim=-1)
@@ -93,6 +137,16 @@ class MoE(nn.Module):
         d = self.router.in_features
         shared = 0 if self.shared is None else 3 * d * self.shared.fc2.in_features + (d if self.shared_gate else 0)
         return 2 * tokens * (d * self.n_experts + self.top_k * 3 * d * self.hidden + shared)
+
+    def expert_parameters(self) -> int:
+        """The routed experts' parameters, all ``n_experts`` of them (the shared expert is not one)."""
+        return self.w_gate_up.numel() + self.w_down.numel()
+
+    def active_parameters(self) -> int:
+        """The parameters one token's forward pass uses: the router, ``top_k`` experts and the
+        shared expert with its gate."""
+        idle = (self.n_experts - self.top_k) * (self.expert_parameters() // self.n_experts)
+        return sum(p.numel() for p in self.parameters()) - idle
 
     def saved_per_token(self) -> int:
         """The router's logits and probabilities (2E); per routed expert its input (D), [gate | up]
@@ -126,6 +180,19 @@ def load_balancing_loss(router_logits: Tensor | tuple[Tensor, ...], top_k: int, 
     return n_experts * torch.sum(tokens_per_expert * prob_per_expert)
 
 
+def router_z_loss(router_logits: Tensor | tuple[Tensor, ...], padding_mask: Tensor | None = None) -> Tensor:
+    """ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): the mean over tokens of
+    ``logsumexp(logits)^2``, over the layers' logits together ([N, E] each, as HF's Switch
+    Transformers concatenates them); ``padding_mask`` [B, T] (True or 1: a real token) leaves
+    padding out."""
+    logits = router_logits if isinstance(router_logits, Tensor) else torch.cat(list(router_logits))
+    z = torch.logsumexp(logits.float(), dim=-1).square()  # (L*N,)
+    if padding_mask is None:
+        return z.mean()
+    keep = padding_mask.reshape(-1).float().repeat(z.numel() // padding_mask.numel())
+    return (z * keep).sum() / keep.sum()
+
+
 _ACTIVATIONS = {"swiglu": lambda spec: nn.SiLU(), "geglu": lambda spec: nn.GELU(approximate=spec.approximate)}
 
 
@@ -135,4 +202,5 @@ def _moe(spec, *, dim: int, dropout: float, **_) -> MoE:
                activation=_ACTIVATIONS[spec.expert.kind](spec.expert),
                softmax_before_topk=spec.router.softmax_before_topk, norm_topk_prob=spec.router.norm_topk_prob,
                jitter=spec.router.jitter, shared_hidden=spec.shared_hidden, shared_gate=spec.shared_gate,
-               dropout=dropout)
+               dropout=dropout, aux_loss_coef=spec.router.aux_loss_coef, z_loss_coef=spec.router.z_loss_coef,
+               bias_update=spec.router.bias_update, capacity_factor=spec.capacity_factor)

@@ -37,11 +37,12 @@ def positions_for(mask: Tensor | None, length: int, device: torch.device) -> Ten
 @dataclass(frozen=True)
 class StackContext:
     """What :meth:`Stack.forward` hands each block: ``positions`` of the new tokens ([T] or [B, T],
-    for the model's ``position.add``) and one :class:`BlockContext` per layer (shared by layers that
-    attend alike)."""
+    for the model's ``position.add``), one :class:`BlockContext` per layer (shared by layers that
+    attend alike) and the new tokens' ``padding_mask`` [B, T] (None: every token is real)."""
 
     positions: Tensor
     layers: tuple[BlockContext, ...]
+    padding_mask: Tensor | None = None
 
     def with_memory(self, memory: Tensor, memory_mask: Tensor | None) -> StackContext:
         """The same, with cross-attention's ``memory`` [B, S, D] and its mask for every layer."""
@@ -70,6 +71,7 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.norm = norm if norm is not None else nn.Identity()
         self.checkpointing = False
+        self.padding_mask: Tensor | None = None  # the last forward pass's (see forward)
         self.windows = list(windows) if windows is not None else [None] * n
         own = list(positions) if positions is not None else [None] * n
         if len(self.windows) != n or len(own) != n:
@@ -111,11 +113,13 @@ class Stack(nn.Module):
             mask, is_causal = attention_mask(q_len=T, k_len=keys.shape[-1], causal=causal, padding_mask=padding,
                                              bias=bias, window=window, device=device)
             made.append(BlockContext(pos=pos, positions=positions, mask=mask, is_causal=is_causal))
-        return StackContext(positions=positions, layers=tuple(made[v] for v in self.variant_of))
+        return StackContext(positions=positions, layers=tuple(made[v] for v in self.variant_of), padding_mask=padding_mask)
 
     def forward(self, x: Tensor, ctx: StackContext, cache: KVCache | None = None) -> Tensor:
         """x [B, T, D] -> [B, T, D]; block i reads ``ctx.layers[i]``; ``cache`` holds earlier steps'
-        keys and values (incremental decoding), one layer's to each block."""
+        keys and values (incremental decoding), one layer's to each block. The pass's padding mask stays
+        on the stack (``padding_mask``), which a mixture of experts' router losses leave out."""
+        self.padding_mask = ctx.padding_mask
         recompute = self.checkpointing and cache is None and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             if recompute:

@@ -29,14 +29,15 @@ class MoERouterSpec(Spec):
                                      "in [1 - jitter, 1 + jitter] (Mixtral's router_jitter_noise); 0: none")
     aux_loss_coef: NonNegativeFloat = Field(
         0.01, description="weight of the Switch Transformer load-balancing loss the training loop adds (HF's "
-        "router_aux_loss_coef, computed as HF's load_balancing_loss_func over all MoE layers); 0: not added")
+        "router_aux_loss_coef, computed as HF's load_balancing_loss_func over all MoE layers of a stack, padding "
+        "left out); 0: not added (still logged)")
     z_loss_coef: NonNegativeFloat = Field(
-        0.0, description="weight of the router z-loss (ST-MoE: mean squared logsumexp of the router logits) the "
-        "training loop adds; 0: not added")
+        0.0, description="weight of the router z-loss (ST-MoE: the mean over tokens of logsumexp(router logits)^2) "
+        "the training loop adds; 0: not added (still logged)")
     bias_update: NonNegativeFloat = Field(
-        0.0, description="auxiliary-loss-free balancing (DeepSeek-V3): after each optimizer step every expert's "
-        "routing bias moves by this rate toward equal load (the bias changes which experts are picked, not their "
-        "weights); 0: no bias")
+        0.0, description="auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias (buffer expert_bias) is "
+        "added to the scores that pick the top k, not to the weights, and after each optimizer step moves by "
+        "this rate times sign(mean load - the expert's load) over the step's tokens; 0: no bias")
 
     @model_validator(mode="after")
     def _check(self) -> MoERouterSpec:
@@ -55,8 +56,9 @@ class MoESpec(FFNBaseSpec):
     weights; ``shared_hidden`` adds an expert every token takes (Qwen2-MoE).
 
     Routing is dropless by default: every expert takes every token routed to it, however many;
-    a ``capacity_factor`` caps each expert (Switch Transformer) and drops the tokens beyond it (one
-    field, so a capacity cannot contradict a dropless setting). The router's losses (``router.aux_loss_coef``, ``router.z_loss_coef``)
+    a ``capacity_factor`` caps each expert in training (Switch Transformer) and drops the tokens
+    beyond it, keeping the first by position (one field, so a capacity cannot contradict a dropless
+    setting). The router's losses (``router.aux_loss_coef``, ``router.z_loss_coef``)
     are added by the training loop; ``router.bias_update`` balances without a loss (DeepSeek-V3).
 
     ``expert`` is the experts' FFN, a gated kind (swiglu, geglu) whose ``hidden`` is each expert's
@@ -77,9 +79,10 @@ class MoESpec(FFNBaseSpec):
     shared_gate: bool = Field(True, description="with a shared expert: its output scaled by sigmoid of a bias-free "
                               "linear D -> 1 (Qwen2-MoE's shared_expert_gate)")
     capacity_factor: PositiveFloat | None = Field(
-        None, description="null: dropless (every expert computes every token routed to it); a number: each expert "
-        "takes at most capacity_factor * tokens * top_k / n_experts tokens and drops the rest, which the training "
-        "loop logs (Switch Transformer: 1.0-1.25)")
+        None, description="null: dropless (every expert computes every token routed to it); a number: in training "
+        "each expert takes at most ceil(capacity_factor * tokens * top_k / n_experts) of a batch's tokens, the first "
+        "by position, and drops the rest (the residual carries them), which the training loop logs; evaluation "
+        "and decoding stay dropless (Switch Transformer: 1.0-1.25)")
 
     @model_validator(mode="before")
     @classmethod

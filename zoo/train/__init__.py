@@ -46,6 +46,7 @@ from zoo.train.loop import Fitted, ListTask, Task, fit
 from zoo.train.metrics import MetricsLog, Progress, metrics_figure, perplexity, plot_metrics, read_metrics, series_styles
 from zoo.train.optim import (EMA, autocast, bf16_is_fast, build_optimizer, build_scheduler, lr_factor, param_groups,
                              resolve_precision, seed_everything)
+from zoo.train.router import MoELayer, RouterLosses, RouterTraining, moe_layers, plot_expert_load, router_losses
 from zoo.train.runtime import attention_kernels, tune_malloc
 
 __all__ = [
@@ -58,5 +59,6 @@ __all__ = [
     "apply_fsdp", "full_parameters", "gathered", "set_activation_checkpointing", "Task", "ListTask", "Fitted", "fit",
     "MetricsLog", "Progress", "metrics_figure", "perplexity", "plot_metrics", "read_metrics", "series_styles", "EMA", "autocast", "bf16_is_fast",
     "build_optimizer", "build_scheduler", "lr_factor", "param_groups", "resolve_precision", "seed_everything",
-    "attention_kernels", "tune_malloc",
+    "attention_kernels", "tune_malloc", "MoELayer", "RouterLosses", "RouterTraining", "moe_layers", "plot_expert_load",
+    "router_losses",
 ]

@@ -31,6 +31,12 @@ over all processes, over their units counted once each (the progress bar shows r
 Every value ``loss`` returns in its stats dict is summed over a log window and all processes and
 handed to ``Task.train_values`` with the window's training seconds (evaluation and checkpoints
 excluded); the default logs ``<key>_per_s`` for each.
+
+A model with mixture-of-experts layers gets its routers' losses added after each micro-batch's forward
+pass, weighted by one over the step's micro-batches on all processes; its experts' biases move after
+each optimizer step; the train rows log ``aux_loss`` and ``z_loss`` (and dropped tokens), ``experts``
+rows each layer's load per expert, and ``experts.png`` plots them (zoo.train.router). The task's
+``loss`` stays what it was: the logged train ``loss`` is the task's alone.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from zoo.train.errors import TrainError
 from zoo.train.fsdp import apply_fsdp, full_parameters, gathered, set_activation_checkpointing
 from zoo.train.metrics import MetricsLog, Progress, plot_metrics
 from zoo.train.optim import EMA, autocast, build_optimizer, build_scheduler, resolve_precision
+from zoo.train.router import LOAD_SPLIT, RouterTraining, plot_expert_load
 from zoo.train.runtime import attention_kernels
 
 __all__ = ["Task", "ListTask", "Fitted", "fit"]
@@ -233,6 +240,7 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
                                     (lambda s: max(s / total_steps, clock["elapsed"] / budget)))
     except ValueError as e:  # settings this model or machine cannot take: the message names them
         raise TrainError(str(e)) from None
+    router = RouterTraining.of(model)  # None for a model without MoE layers
     step, epoch, pos, elapsed_before = 0, 0, 0, 0.0
     window: dict[str, float] = {}
     valid: dict[str, Any] = {}
@@ -248,6 +256,8 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
                        f"continues at its step {pos} (a step now covers {st['world']}/{world} times the data)")
         elapsed_before, window, valid = float(st.get("elapsed", 0.0)), dict(st.get("window", {})), dict(st.get("valid", {}))
         task.load_state_dict(st.get("task", {}))
+        if router is not None:
+            router.load_state_dict(st.get("router", {}))
         ranks = st.get("rng_ranks")  # every process's generators: their draws differ with their batches
         restore_rng(ranks[dist.rank] if ranks is not None and len(ranks) == world else ckpt)
         dist.print(f"resumed from {resume} at step {step} (epoch {epoch}, step {pos} of it)")
@@ -290,6 +300,8 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
         dist.sync_buffers(*synced)
         state = {"epoch": epoch + 1 if at_end else epoch, "pos": 0 if at_end else pos, "elapsed": clock["elapsed"],
                  "window": window, "valid": valid, "task": task.state_dict(), "world": world}
+        if router is not None:
+            state["router"] = router.state_dict()
         if dist.enabled:
             state["rng_ranks"] = dist.gather_object(rng_state())
         if fsdp:
@@ -316,7 +328,7 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
                 t_step = time.perf_counter()
                 group = list(next(groups))
                 mine = float(sum(task.count(b) for b in group))  # this process's units: the window sums them
-                total = float(dist.all_reduce(torch.tensor([mine], dtype=torch.float64))[0])  # (in place)
+                total, batches = dist.all_reduce(torch.tensor([mine, len(group)], dtype=torch.float64)).tolist()
                 stats = {"loss": 0.0, "count": mine}
                 for j, batch in enumerate(group):
                     if sharded:  # FSDP's no_sync: reduce-scatter the gradients after the last micro-batch only
@@ -325,13 +337,18 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
                     with contextlib.nullcontext() if sync else train_model.no_sync():
                         with autocast(device, run.precision):
                             loss, extra = task.loss(train_model, batch, step)
-                        (loss * (world / total)).backward()
+                        scaled = loss * (world / total)
+                        if router is not None:  # before backward: checkpointing's recomputation must not count
+                            scaled = scaled + router.micro_batch() * (world / batches)
+                        scaled.backward()
                     stats["loss"] += float(loss.detach())
                     for k, v in extra.items():
                         stats[k] = stats.get(k, 0.0) + float(v)
                 if optim.clip_grad:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)
                 optimizer.step()
+                if router is not None:
+                    router.after_step(dist)
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 if ema is not None:
@@ -359,7 +376,10 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
                     sums = dict(zip(keys, summed.tolist()))
                     loss_sum, count = sums.pop("loss"), sums.pop("count")
                     values = {"loss": loss_sum / max(count, 1e-9), "lr": lr, "epoch": epoch}
-                    log.write(step=step, split="train", **{**values, **task.train_values(sums, secs)})
+                    routed, loads = router.log_values(dist) if router is not None else ({}, None)
+                    log.write(step=step, split="train", **{**values, **routed, **task.train_values(sums, secs)})
+                    if loads is not None:
+                        log.write(step=step, split=LOAD_SPLIT, **loads)
                     window = {}
                 if step % eval_every == 0 or final:
                     valid = evaluate()
@@ -377,6 +397,8 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
         valid = evaluate()
     if run.plot and dist.is_main and (out_dir / "metrics.jsonl").exists():
         plot_metrics(out_dir / "metrics.jsonl", out_dir / "curves.png", task.panels, **task.plot_options)
+        if router is not None:
+            plot_expert_load(out_dir / "metrics.jsonl", out_dir / "experts.png")
     final_model, final_ema = unwrap(model), ema.module if ema is not None else None
     if sharded:  # whole copies on every process, for the recipe's test, decoding and export
         final_model = gathered(model)
