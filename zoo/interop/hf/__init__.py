@@ -16,7 +16,8 @@ and final logits, ``query_pre_attn_scalar``, local and global layers), ``Gemma3F
 Gemma 2 with a (1 + w) qk-norm per head and a RoPE base per layer type), and ``GPTNeoXForCausalLM`` (Pythia: partial rotary, parallel
 attention and FFN, LayerNorm). Each decoder class's backbone without its head (``GPT2Model``,
 ``LlamaModel``, ..., ``Phi3Model``: :class:`~zoo.interop.hf.base.Headless`) converts to and from a
-zoo decoder with ``head: none``. A decoder converts by default to the first of these that
+zoo decoder with ``head: none``, and ``BertModel`` (BERT's backbone, with or without its pooler) to
+and from a zoo encoder with ``head: none`` (and ``pooler: true`` where it has one). A decoder converts by default to the first of these that
 expresses it (the backbones come last, and take the decoders without a head).
 Every rotary one carries RoPE scaling (``rope_parameters`` <-> ``position.scaling``,
 :mod:`zoo.interop.hf.rope`).
