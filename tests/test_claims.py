@@ -79,6 +79,8 @@ HF_CONFIGS = {  # (config class, fields): small sizes no preset has
     # backbones without a head (head: none), named in the config's architectures
     "GPT2Model": ("GPT2Config", dict(vocab_size=V, n_positions=32, n_embd=24, n_layer=2, n_head=3, n_inner=40,
                                      architectures=["GPT2Model"])),
+    "BertModel": ("BertConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
+                                     num_attention_heads=3, intermediate_size=40, type_vocab_size=2, architectures=["BertModel"])),
     "Qwen3Model": ("Qwen3Config", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=40,
                                        architectures=["Qwen3Model"])),

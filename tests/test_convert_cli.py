@@ -194,8 +194,11 @@ def test_bad_inputs_are_one_line_with_exit_2(tmp_path, capsys):
     assert "rope_parameters.rope_type='proportional' is not supported" in refuse(capsys, tmp_path / "llama", "-o", tmp_path / "m.safetensors")
     transformers.BertModel(transformers.BertConfig(vocab_size=V, hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
                                                    intermediate_size=32)).save_pretrained(tmp_path / "bert")
+    config = json.loads((tmp_path / "bert" / "config.json").read_text())
+    del config["architectures"]  # a BertModel's weights read as the class with the head, BertForMaskedLM
+    (tmp_path / "bert" / "config.json").write_text(json.dumps(config))
     err = refuse(capsys, tmp_path / "bert", "-o", tmp_path / "m.safetensors")
-    assert "the weights do not fit BertForMaskedLM: it has no cls.predictions" in err and "(the directory holds BertModel)" in err
+    assert "the weights do not fit BertForMaskedLM: it has no cls.predictions" in err and "(the directory holds another model)" in err
     (tmp_path / "no-weights").mkdir()
     (tmp_path / "no-weights" / "config.json").write_text((tmp_path / "bert" / "config.json").read_text())
     assert "no-weights: cannot read the model:" in refuse(capsys, tmp_path / "no-weights", "-o", tmp_path / "m.safetensors")

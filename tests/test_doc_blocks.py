@@ -221,6 +221,33 @@ def _convert_inputs(cwd: Path) -> None:
     save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, str(cwd / "vit_tiny.safetensors"))
 
 
+def _sentence_model(cwd: Path) -> None:
+    """What docs/guide.md's commands read: a tiny sentence-transformers directory ./my-sentence-model
+    (BertModel, a WordPiece tokenizer.json, mean pooling, normalised) and sentences.txt."""
+    import json
+
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    folder, text = cwd / "my-sentence-model", ["a cat sat on the mat", "the dog ran in the park", "the park is green"]
+    folder.mkdir()
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(text, trainers.WordPieceTrainer(vocab_size=60, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[
+        ("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    tok.save(str(folder / "tokenizer.json"))
+    transformers.BertModel(transformers.BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=4, intermediate_size=48, max_position_embeddings=64,
+                                                   architectures=["BertModel"])).save_pretrained(folder)
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    (folder / "modules.json").write_text(json.dumps([{"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+                                                     for i, (path, kind) in enumerate(kinds)]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}))
+    (cwd / "sentences.txt").write_text("\n".join(text) + "\n")
+
+
 def _my_yaml(cwd: Path) -> None:
     """A user's layer over a recipe's defaults, as docs/training.md shows it."""
     (cwd / "my.yaml").write_text("optim: {lr: 5.0e-4}\n", encoding="utf-8")
@@ -232,7 +259,7 @@ def _my_model(cwd: Path) -> None:
 
 
 SETUPS = {"lm_run": _lm_run, "mlm_run": _mlm_run, "convert_inputs": _convert_inputs, "my_yaml": _my_yaml,
-          "my_model": _my_model}
+          "my_model": _my_model, "sentence_model": _sentence_model}
 
 
 # ------------------------------------------------------------------------------------- tests

@@ -13,10 +13,11 @@ from zoo.spec import SpecError, json_schema, load_spec, parse_spec, preset_names
 from zoo.build import build, count_parameters
 from zoo.io import load, load_weights, save
 from zoo.generate import Generation, generate
+from zoo.embed import embed
 
 
 __all__ = [
-    "build", "count_parameters", "generate", "Generation", "load_spec", "parse_spec", "preset_names", "to_yaml", "json_schema",
+    "build", "count_parameters", "embed", "generate", "Generation", "load_spec", "parse_spec", "preset_names", "to_yaml", "json_schema",
     "save", "load", "load_weights",
     "registry", "register", "Registry", "RegistryError", "SpecError", "__version__",
 ]

@@ -17,6 +17,9 @@
                 [--max-shard-size SIZE]
                              a zoo file to an HF / timm directory, or an HF / timm model to a zoo file
                              (tensor by tensor; sharded above SIZE, default 5GB)
+    zoo embed MODEL [--tokenizer PATH] [--pooling mean|cls|max] [--[no-]normalize] [--similarity]
+                             sentence embeddings of stdin's lines, one vector a line (numbers
+                             separated by spaces), or their cosine similarity matrix
     zoo ablate GRID [-o OUT] [--jobs N] [--only ROW ...]
                              run an ablation grid (rows of overrides over one recipe); table + plot
 
@@ -27,6 +30,7 @@ Every failure prints one line, ``zoo: error: ...``, and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -147,6 +151,8 @@ def _convert(args) -> None:
     if done.ignored:
         shown = ", ".join(done.ignored[:4]) + (f" (+{len(done.ignored) - 4} more)" if len(done.ignored) > 4 else "")
         print(f"left out {len(done.ignored)} tensors {done.reference} does not read: {shown}")
+    for note in done.notes:
+        print(note)
 
 
 def _convert_parser(sub) -> argparse.ArgumentParser:
@@ -171,6 +177,61 @@ def _convert_parser(sub) -> argparse.ArgumentParser:
                    help="above this size the written zoo file or HF checkpoint is split into shards and an index "
                         f"(bytes, or 5GB, 500MB, 2GiB; none: never; default {DEFAULT_MAX_SHARD_SIZE})")
     return p
+
+
+def _embed_parser(sub) -> argparse.ArgumentParser:
+    from zoo.embed import POOLINGS
+
+    text = "sentence embeddings of the lines on stdin, from a zoo encoder or a decoder with head: none"
+    p = sub.add_parser("embed", help=text, description=text + (
+        ". Writes one vector a line, its numbers separated by spaces (an empty line gives an empty line); with "
+        "--similarity, the cosine similarities of the non-empty lines instead, one row a line. Pooling, "
+        "normalisation, truncation and lowercasing are what the file records (zoo convert records a "
+        "sentence-transformers model's), else mean pooling, no normalising, the model's max_seq_len."))
+    p.add_argument("model", metavar="MODEL", help="a zoo .safetensors file")
+    p.add_argument("--tokenizer", default=None, metavar="PATH", help="the model's tokenizer.json (default: tokenizer.json "
+                   "next to MODEL, where zoo convert copies it)")
+    p.add_argument("--pooling", choices=POOLINGS, default=None, help="over the tokens' hidden states (default: the file's, else mean)")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="divide each vector by its length (default: the file's, else no)")
+    p.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix instead of the vectors")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="lines embedded at once (default 32)")
+    return p
+
+
+def _embed(args) -> None:
+    from dataclasses import replace
+
+    from zoo.embed import Settings, embed_texts, load_tokenizer, stored_settings
+    from zoo.io import load
+
+    header = read_header(args.model)
+    refused = build(read_spec(header.path), device="meta").hidden_states_refused()
+    if refused:
+        raise ValueError(f"{args.model}: {refused}")
+    settings = stored_settings(header.metadata, args.model) or Settings()
+    settings = replace(settings, **{k: v for k, v in (("pooling", args.pooling), ("normalize", args.normalize)) if v is not None})
+    tokenizer = load_tokenizer(header.path, args.tokenizer)
+    model = load(header.path)
+
+    def row(vector) -> str:
+        return " ".join(f"{x:.9g}" for x in vector.tolist())  # 9 digits: a float32 exactly
+
+    lines = (line.rstrip("\r\n") for line in sys.stdin)
+    if args.similarity:
+        texts = [line for line in lines if line]
+        vectors = torch.nn.functional.normalize(embed_texts(model, tokenizer, texts, settings, batch_size=args.batch_size), dim=-1)
+        sys.stdout.write("".join(row(r) + "\n" for r in vectors @ vectors.T))
+        return
+    chunk: list[str] = []
+    for line in itertools.chain(lines, [None]):  # None: the end, flush what is left
+        if line is not None:
+            chunk.append(line)
+        if line is None or sum(1 for t in chunk if t) == args.batch_size:
+            vectors = iter(embed_texts(model, tokenizer, [t for t in chunk if t], settings, batch_size=args.batch_size))
+            sys.stdout.write("".join((row(next(vectors)) if t else "") + "\n" for t in chunk))
+            sys.stdout.flush()
+            chunk = []
 
 
 def _average_spec(args, first: Path):
@@ -290,6 +351,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print the facts as JSON")
     sub.add_parser("schema", help="JSON Schema of spec files")
     _convert_parser(sub)
+    _embed_parser(sub)
     _average_parser(sub)
     _ablate_parser(sub)
     return parser
@@ -332,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
         elif args.command == "convert":
             _convert(args)
+        elif args.command == "embed":
+            _embed(args)
         elif args.command == "average":
             _average(args)
         elif args.command == "ablate":

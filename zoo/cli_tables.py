@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from zoo.build import build, count_parameters
+from zoo.embed import stored_settings
 from zoo.io import FileHeader, read_spec
 from zoo.spec import load_spec, preset_names, to_yaml
 
@@ -141,6 +142,9 @@ def inspect_lines(header: FileHeader) -> list[str]:
     ]
     for alias, name in header.tied.items():
         lines.append(f"tied        {alias} = {name} (stored once)")
+    embedding = stored_settings(meta, str(header.path))
+    if embedding is not None:
+        lines.append(f"embeds with {embedding.describe()} (zoo embed's default)")
     if "zoo.shard" in meta:
         lines.append(f"shard       {meta['zoo.shard']} of a sharded zoo file: inspect or load its .index.json")
     elif "zoo.spec" in meta:

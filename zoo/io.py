@@ -13,6 +13,9 @@ The file is a plain safetensors file; its string metadata holds
     zoo.tied     JSON {alias: stored name} of tied tensors, each stored once
     format       "pt" (the convention of other safetensors readers)
 
+and whatever else the writer adds (``save(..., metadata=...)``): ``zoo convert`` stores a
+sentence-transformers model's pooling as ``zoo.embedding`` (:mod:`zoo.embed`). Loading ignores it.
+
 Tied weights (a decoder's output projection and token embedding, an encoder-decoder's shared
 embeddings) are stored once, under the first name ``state_dict`` gives them; loading puts the one
 tensor into the model, whose builder has already tied the names. Derived tables (sinusoids, RoPE
@@ -94,13 +97,14 @@ def _stored(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
 
 # ------------------------------------------------------------------------------------------- save
 def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None = None,
-         max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE) -> Path:
+         max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE, metadata: Mapping[str, str] | None = None) -> Path:
     """Write ``model``'s weights and spec to a safetensors file, atomically; returns the path.
 
     ``dtype`` casts floating-point tensors on the way out (``torch.bfloat16`` halves a float32
     model's file). The model must be what its spec builds (``model.spec``, set by ``zoo.build``).
     Above ``max_shard_size`` bytes (an int, or "5GB", "500MB", "2GiB"; None: no limit) the
     tensors go to shards beside ``path`` and the index ``<path>.index.json``, whose path is returned.
+    ``metadata`` adds string entries to the file's metadata (not the keys zoo writes itself).
     """
     spec = getattr(model, "spec", None)
     if not isinstance(spec, FamilySpec):
@@ -129,15 +133,21 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
                      tuple(state[name].shape)) for name in groups]
     aliases = {alias: canon for canon, names in groups.items() for alias in names[1:]}
     return write_model(path, spec_json, entries, ((name, cast(state[name])) for name in groups), aliases,
-                       max_shard_size=max_shard_size)
+                       max_shard_size=max_shard_size, metadata=metadata)
 
 
 def write_model(path: str | os.PathLike, spec_json: dict, entries: list[Entry], tensors: Iterable[tuple[str, Tensor]],
-                aliases: dict[str, str], *, max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE) -> Path:
+                aliases: dict[str, str], *, max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE,
+                metadata: Mapping[str, str] | None = None) -> Path:
     """Write a zoo file (or shards and their index) from tensors made one at a time: ``entries``
     announce each stored tensor (name, dtype, shape), ``tensors`` yields them in that order,
-    ``aliases`` maps tied names to the stored one. What :func:`save` and ``zoo convert`` write."""
-    common = {KEY_VERSION: __version__, KEY_SPEC: json.dumps(spec_json, separators=(",", ":"))}
+    ``aliases`` maps tied names to the stored one, ``metadata`` adds string entries. What
+    :func:`save` and ``zoo convert`` write."""
+    extra = dict(metadata or {})
+    taken = sorted(set(extra) & {KEY_FORMAT, KEY_VERSION, KEY_SPEC, KEY_TIED, KEY_SHARD, KEY_SAVE, "format"})
+    if taken or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+        raise SaveError(f"metadata: string keys and values other than the ones zoo writes ({', '.join(taken) or 'not strings'})")
+    common = {**extra, KEY_VERSION: __version__, KEY_SPEC: json.dumps(spec_json, separators=(",", ":"))}
     tied = {KEY_TIED: json.dumps(aliases, separators=(",", ":"))} if aliases else {}
     save_id = uuid.uuid4().hex[:16]
 

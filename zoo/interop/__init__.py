@@ -4,6 +4,7 @@
     zoo.interop.hf     from_hf(hf_model) / to_hf(zoo_model)         GPT2LMHeadModel, BertForMaskedLM,
                                                                     LlamaForCausalLM, MarianMTModel, the
                                                                     LLaMA-like decoders, their backbones
+                                                                    (BertModel, GPT2Model, LlamaModel, ...)
     zoo.interop.files  convert(src, dst, ...)                       files on disk (the `zoo convert` command)
 
 Each converter builds the zoo spec from the reference's configuration (and the configuration from

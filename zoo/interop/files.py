@@ -23,13 +23,20 @@ local_files_only=True)``. A timm directory is what ``timm``'s ``save_for_hf`` wr
 (``config.json`` with the model name and its ``model_args``, weights in ``model.safetensors``);
 ``timm.create_model("local-dir:DIR", pretrained=True)`` reads the ones written here. Nothing is
 ever downloaded. An HF checkpoint that lacks a tensor of the reference class (a ``BertModel``
-read as ``BertForMaskedLM``) is refused rather than completed with random values; tensors the
+whose config names no class, read as ``BertForMaskedLM``) is refused rather than completed with random values; tensors the
 class does not read (BERT's pooler and next-sentence head) are left out and listed in ``ignored``.
+
+A sentence-transformers directory (``modules.json``: a transformer, its pooling, perhaps a
+normalisation) converts as its transformer, and the zoo file keeps how it embeds in its metadata
+(:mod:`zoo.interop.sentence`, ``zoo.embedding``), which ``zoo embed`` reads. An HF directory's
+``tokenizer.json`` is copied beside the zoo file, where ``zoo embed`` and the recipes look for it
+(one already there that differs is kept, and said so in ``notes``).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +48,7 @@ from zoo.interop.claims import claims_family
 from zoo.interop.common import ConversionError
 from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf
 from zoo.interop.hf.stream import NotStreamable, hf_dir_to_zoo, zoo_to_hf_dir
+from zoo.interop.sentence import read_sentence_transformers
 from zoo.interop.timm import CLAIMS as TIMM_CLAIMS
 from zoo.interop.timm import from_timm, timm_kwargs, to_timm
 from zoo.io import load, read_header, read_spec, save
@@ -62,6 +70,7 @@ class Converted:
     path: Path
     parameters: int
     ignored: tuple[str, ...] = ()  # source tensors the reference class does not read (another task's head)
+    notes: tuple[str, ...] = ()  # what else was read or written (a tokenizer copied, embedding settings)
 
 
 def _is_zoo_file(path: Path) -> bool:
@@ -147,11 +156,19 @@ def _load_hf_dir(src: Path) -> nn.Module:
     config = _read_json(src / "config.json")
     arch = _hf_arch(src, config)
     cls = getattr(transformers, arch.name)
-    try:
-        model, info = cls.from_pretrained(str(src), local_files_only=True, output_loading_info=True)
-    except OSError as e:
-        raise ConversionError(f"{src}: cannot read the model: {str(e).splitlines()[0]}") from None
+
+    def read(**kwargs):
+        try:
+            return cls.from_pretrained(str(src), local_files_only=True, output_loading_info=True, **kwargs)
+        except OSError as e:
+            raise ConversionError(f"{src}: cannot read the model: {str(e).splitlines()[0]}") from None
+
+    model, info = read()
     missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
+    saved = arch.saved_init_kwargs((set(model.state_dict()) - set(missing)) | set(unexpected))
+    if missing and saved and saved != arch.saved_init_kwargs(model.state_dict()):  # saved without a part (BertModel's pooler)
+        model, info = read(**saved)
+        missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
     if missing:  # from_pretrained fills missing tensors with random values; never convert those
         shown = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
         raise ConversionError(f"{src}: the weights do not fit {arch.name}: it has no {shown} "
@@ -226,17 +243,24 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
         raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files")
     if not dst.parent.is_dir():  # before reading: a big model takes a while
         raise ConversionError(f"cannot write {str(dst)!r}: no directory {str(dst.parent)!r}")
+    metadata, notes, hf_read = None, (), False
     if src.is_dir():
+        sentence = read_sentence_transformers(src)
+        if sentence is not None:
+            src, metadata = sentence.transformer, sentence.settings.metadata()
+            notes = (f"embeds with {sentence.settings.describe()} (from modules.json; zoo embed reads it)",)
         if not (src / "config.json").is_file():
             raise ConversionError(f"{src}: not a model directory (no config.json)")
         config = _read_json(src / "config.json")
         if "model_type" in config:
             try:
-                done = hf_dir_to_zoo(src, dst, _hf_arch(src, config), dtype=dtype, max_shard_size=max_shard_size)
-                return Converted("zoo", done.reference, done.path, done.parameters, done.ignored)
+                done = hf_dir_to_zoo(src, dst, _hf_arch(src, config), dtype=dtype, max_shard_size=max_shard_size,
+                                     metadata=metadata)
+                return Converted("zoo", done.reference, done.path, done.parameters, done.ignored,
+                                 notes + _copy_tokenizer(src, done.path))
             except NotStreamable:
                 ref, ignored = _load_hf_dir(src)
-                model = from_hf(ref)
+                model, hf_read = from_hf(ref), True
         elif "architecture" in config:
             ref = _load_timm_dir(src)
             model = from_timm(ref)
@@ -248,5 +272,20 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
     else:
         raise ConversionError(f"{src} has no zoo spec; for a timm checkpoint name its model with --timm-model NAME, "
                               f"or pass an HF model directory")
-    path = save(model, dst, dtype=dtype, max_shard_size=max_shard_size)
-    return Converted("zoo", type(ref).__name__, Path(path), count_parameters(model), tuple(ignored))
+    path = save(model, dst, dtype=dtype, max_shard_size=max_shard_size, metadata=metadata)
+    copied = _copy_tokenizer(src, Path(path)) if hf_read else ()
+    return Converted("zoo", type(ref).__name__, Path(path), count_parameters(model), tuple(ignored), notes + copied)
+
+
+def _copy_tokenizer(src: Path, written: Path) -> tuple[str, ...]:
+    """``src/tokenizer.json`` copied beside the zoo file ``written``, where ``zoo embed`` and the recipes
+    read it; what was done, as a note (none without a tokenizer)."""
+    found, target = src / "tokenizer.json", written.parent / "tokenizer.json"
+    if not found.is_file():
+        return ()
+    if target.exists():
+        if target.read_bytes() == found.read_bytes():
+            return (f"{target} is already the model's tokenizer",)
+        return (f"kept {target}, which is another tokenizer; the model's is {found} (zoo embed --tokenizer)",)
+    shutil.copyfile(found, target)
+    return (f"copied {found} to {target}",)

@@ -52,6 +52,17 @@ class DecoderLM(Family):
         x = self.stack(x, ctx, cache=cache)
         return self.head(x[:, -1:] if last_only else x)  # (B, T, V)
 
+    def hidden_states_refused(self) -> str | None:
+        if self.spec.head.kind == "none":
+            return None
+        return (f"this decoder's {self.spec.head.kind} head gives logits, not hidden states; embeddings come from "
+                f"a decoder with head: none (a backbone such as HF's LlamaModel)")
+
+    def hidden_states(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        if self.hidden_states_refused():
+            raise ValueError(f"hidden_states: {self.hidden_states_refused()}")
+        return self(tokens, padding_mask)  # (B, T, D): head none is the identity
+
     def new_cache(self, capacity: int) -> KVCache:
         """An empty KV cache for up to ``capacity`` positions (prompt + new tokens); a layer with a
         sliding window holds at most the window's keys between steps."""

@@ -3,11 +3,22 @@
     tokens [B, T] -> embed (+ positions, + segments) [-> norm] -> blocks -> head -> logits [B, T, V]
 
 Without a head (``head: none``) the model returns the hidden states [B, T, D] (HF's ``BertModel``
-without its pooler).
+without its pooler). With ``pooler: true`` it also holds BERT's pooler, a linear layer and tanh on
+the first token (``model.pool(...)`` -> [B, D], HF's ``pooler_output``).
+
+Why the pooler is a spec field of its own and not the classifier's: HF's ``BertModel`` ships it
+without any classifier (sentence-embedding and retrieval checkpoints keep the pre-training weights),
+so a zoo model of such a checkpoint has a pooler and no labels to classify into; a ``classifier``
+with ``num_labels`` would invent a layer the checkpoint lacks. The classifier keeps its own pooler
+(``classifier.pooler``), which fine-tuning recipes train with the classifier; the state-dict names
+differ (``pooler.dense.*`` here, HF's names; ``classifier.pooler.0.*`` there).
+
+Shapes: B batch, T tokens, D model width, V vocabulary.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from zoo.components.dropout import Dropout
@@ -33,10 +44,24 @@ class Classifier(nn.Module):
         return self.out(self.drop(self.pooler(x[:, 0])))
 
 
+class Pooler(nn.Module):
+    """BERT's pooler: the first token's hidden state -> linear -> tanh. [B, T, D] -> [B, D]."""
+
+    summary_part = "head"
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dense = Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.dense(x[:, 0]))
+
+
 class Encoder(Family):
     """``model(tokens[B,T], padding_mask=None, token_types=None) -> logits[B,T,V]`` (masked LM);
     ``model.classify(tokens, padding_mask=None, token_types=None) -> logits[B, num_labels]`` when the
-    spec has a ``classifier``. ``padding_mask`` is True for real tokens."""
+    spec has a ``classifier``; ``model.pool(tokens, padding_mask=None, token_types=None) -> [B, D]`` when
+    it has a ``pooler``. ``padding_mask`` is True for real tokens."""
 
     is_causal = False
 
@@ -52,6 +77,7 @@ class Encoder(Family):
         self.stack = build_stack(spec, max_len=spec.max_seq_len)
         self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
                                embedding=self.tok_emb)
+        self.pooler = Pooler(d) if spec.pooler else None
         c = spec.classifier
         self.classifier = Classifier(d, c.num_labels, pooler=c.pooler, dropout=c.dropout) if c else None
         init_weights(self, spec)
@@ -79,6 +105,18 @@ class Encoder(Family):
         if self.classifier is None:
             raise ValueError("classify: this encoder has no classification head; set classifier: {num_labels: N} in its spec")
         return self.classifier(self.encode(tokens, padding_mask, token_types))
+
+    def hidden_states_refused(self) -> str | None:
+        return None
+
+    def hidden_states(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        return self.encode(tokens, padding_mask)
+
+    def pool(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
+        """BERT's pooled output [B, D]: tanh(linear(first token's hidden state))."""
+        if self.pooler is None:
+            raise ValueError("pool: this encoder has no pooler; set pooler: true in its spec")
+        return self.pooler(self.encode(tokens, padding_mask, token_types))
 
 
 @register("family", "encoder")

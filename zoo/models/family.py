@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torch import nn
+from torch import Tensor, nn
 
 from zoo.components import parts
 from zoo.components.stack import Stack
@@ -48,6 +48,16 @@ class Family(nn.Module):
             e, m = stack.saved(tokens, memory, rotates=rotates)
             elements, masks = elements + e, masks + m
         return elements + seq * parts.saved_per_token(getattr(self, "head", nn.Identity())), masks
+
+    def hidden_states_refused(self) -> str | None:
+        """Why this model has no token hidden states for :func:`zoo.embed` to pool, or None."""
+        return (f"a {self.spec.family} model has no token hidden states to pool; embeddings come from an encoder "
+                f"or a decoder with head: none")
+
+    def hidden_states(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Each token's hidden state after the last block (and final norm) [B, T, D]: what
+        :func:`zoo.embed` pools. A family without them raises :meth:`hidden_states_refused`."""
+        raise ValueError(f"hidden_states: {self.hidden_states_refused()}")
 
     def embedding_saved(self, tokens: int) -> tuple[int, int]:
         """(elements, mask bytes) of one embedding pass over ``tokens`` tokens: an ``emb_norm``'s

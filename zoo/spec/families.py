@@ -240,6 +240,8 @@ class EncoderSpec(TextSpec):
     type_vocab_size: NonNegativeInt = Field(0, description="segment (token type) embeddings; 0 for none")
     head: AnyHead = Field(default_factory=MLMHeadSpec, description="after the last block: mlm, lm, or none (the "
                           "hidden states); a bare name stands for {kind: name}")
+    pooler: bool = Field(False, description="BERT's pooler: a linear layer and tanh on the first token's hidden state, "
+                         "model.pool(...) -> [B, D] (HF's pooler_output); the classifier has its own")
     classifier: ClassifierSpec | None = None
 
 

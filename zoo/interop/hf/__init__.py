@@ -19,7 +19,8 @@ moe``) ``MixtralForCausalLM``, ``Qwen2MoeForCausalLM`` (a shared expert, dense l
 ``Qwen3MoeForCausalLM`` (per-head qk-norm, dense layers) and ``OlmoeForCausalLM`` (qk-norm over the
 whole projections). Each decoder class's backbone without its head (``GPT2Model``,
 ``LlamaModel``, ..., ``OlmoeModel``: :class:`~zoo.interop.hf.base.Headless`) converts to and from a
-zoo decoder with ``head: none``. A decoder converts by default to the first of these that
+zoo decoder with ``head: none``, and ``BertModel`` (BERT's backbone, with or without its pooler) to
+and from a zoo encoder with ``head: none`` (and ``pooler: true`` where it has one). A decoder converts by default to the first of these that
 expresses it (the backbones come last, and take the decoders without a head).
 Every rotary one carries RoPE scaling (``rope_parameters`` <-> ``position.scaling``,
 :mod:`zoo.interop.hf.rope`).

@@ -7,7 +7,7 @@ the usual layouts."""
 from __future__ import annotations
 
 from functools import cache
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -50,7 +50,11 @@ class Architecture:
     time, with no copy of the whole model in memory, so each step keeps to this: ``spec`` may read
     the reference model's buffers but not its parameters' values (they are on the meta device);
     ``check_from`` and ``extra_to`` read by name from their mapping the few tensors they need;
-    ``prepare_from`` and ``prepare_to`` treat each tensor on its own (they are given one at a time)."""
+    ``prepare_from`` and ``prepare_to`` treat each tensor on its own (they are given one at a time).
+
+    A reference class may take constructor arguments beyond its config (``BertModel``'s
+    ``add_pooling_layer``): ``init_kwargs(spec)`` gives them for a zoo spec, ``saved_init_kwargs(names)``
+    for a checkpoint holding the tensors ``names`` (what the class must be built with to read them)."""
 
     name: ClassVar[str]  # the transformers model class
     config_name: ClassVar[str]  # the transformers config class
@@ -58,13 +62,16 @@ class Architecture:
     claims: ClassVar[Claims] = {}  # the spec fields it expresses (zoo.interop.claims); any other is refused
     base: ClassVar[str | None] = None  # the class of its backbone without the head (HF's *Model), if that converts
     prefix: ClassVar[str] = ""  # the backbone's attribute in this class (HF's base_model_prefix)
+    base_pooler: ClassVar[str | None] = None  # the backbone's optional pooler (BertModel's "pooler"), if it has one
 
     @classmethod
     def check_claims(cls, s: FamilySpec, where: str) -> None:
         """Refuse every field of ``s`` this class does not claim (before its own finer checks)."""
         if cls.base is not None:
             require(s.head.kind != "none", where, "head.kind", "none",
-                    f"{cls.name} has an LM head; a decoder without one converts to {cls.base}")
+                    f"{cls.name} has an LM head; {_a(s.family)} without one converts to {cls.base}")
+            require(not getattr(s, "pooler", False), where, "pooler", True,
+                    f"{cls.name} has no pooler; {_a(s.family)} with one and head: none converts to {cls.base}")
         check_claims(s, cls.claims, where, cls.name)
 
     @classmethod
@@ -120,6 +127,16 @@ class Architecture:
         [F, D], ...): :mod:`zoo.interop.hf.stream` reads and writes those names."""
         return {}
 
+    @classmethod
+    def init_kwargs(cls, s: FamilySpec) -> dict[str, Any]:
+        """The class's constructor arguments beyond its config that ``s`` decides."""
+        return {}
+
+    @classmethod
+    def saved_init_kwargs(cls, names: Collection[str]) -> dict[str, Any]:
+        """The constructor arguments beyond its config that a checkpoint holding ``names`` was saved with."""
+        return {}
+
 
 class Headless(Architecture):
     """A reference's backbone without its head (HF's ``*Model``: ``LlamaModel`` for ``LlamaForCausalLM``),
@@ -127,21 +144,40 @@ class Headless(Architecture):
     converts as the class with the head, ``lm``, but for the head: the same spec and config (less
     ``tie_word_embeddings``, which only a head reads), the same tensors but the head's, named
     without the ``prefix`` (``layers.0.mlp...`` for ``model.layers.0.mlp...``). Made by
-    :meth:`Architecture.headless`, which subclasses ``lm`` with this class first."""
+    :meth:`Architecture.headless`, which subclasses ``lm`` with this class first.
+
+    A backbone with an optional pooler (``lm.base_pooler``: BertModel's ``pooler``, a dense layer
+    and tanh on the first token, built unless ``add_pooling_layer=False``) converts it to and from
+    an encoder's ``pooler: true``; ``lm``'s rules map its tensors where the spec has one. Whether
+    a reference has it is read from the model (its ``pooler`` attribute is None without), from a
+    checkpoint's tensor names, or, from a config alone, as HF's default (it has one)."""
 
     lm: ClassVar[type[Architecture]]
 
     @classmethod
     def check_claims(cls, s: FamilySpec, where: str) -> None:
         require(s.head.kind == "none", where, "head.kind", s.head.kind,
-                f"{cls.name} is {cls.lm.name}'s backbone without a head; a decoder with an lm head converts to {cls.lm.name}")
+                f"{cls.name} is {cls.lm.name}'s backbone without a head; {_a(s.family)} with a head converts to {cls.lm.name}")
         check_claims(s, cls.claims, where, cls.name)
 
     @classmethod
     def spec(cls, c: Any, hf: nn.Module | None) -> dict:
         s = super().spec(c, None)  # hf decides tying, which is the head's
         s["head"] = {"kind": "none"}
+        if cls.base_pooler is not None:
+            s["pooler"] = hf is None or getattr(hf, cls.base_pooler) is not None
         return s
+
+    @classmethod
+    def init_kwargs(cls, s: FamilySpec) -> dict[str, Any]:
+        return {} if cls.base_pooler is None else {"add_pooling_layer": s.pooler}
+
+    @classmethod
+    def saved_init_kwargs(cls, names: Collection[str]) -> dict[str, Any]:
+        if cls.base_pooler is None:
+            return {}
+        roots = (f"{cls.base_pooler}.", f"{cls.prefix}.{cls.base_pooler}.")  # saved from the backbone, or a class with a head
+        return {"add_pooling_layer": any(name.startswith(roots) for name in names)}
 
     @classmethod
     def config(cls, s: FamilySpec, given: dict) -> dict:
@@ -165,6 +201,10 @@ class Headless(Architecture):
         return {_unprefixed(name, cls.prefix): t for name, t in full.items()}
 
 
+def _a(family: str) -> str:
+    return f"{'an' if family[0] in 'aeiou' else 'a'} {family}"
+
+
 def _unprefixed(name: str, prefix: str) -> str:
     if not name.startswith(prefix + "."):
         raise ValueError(f"{name!r} is not in the backbone {prefix!r}")  # a converter bug
@@ -174,7 +214,8 @@ def _unprefixed(name: str, prefix: str) -> str:
 @cache
 def _headless(lm: type[Architecture]) -> type[Architecture]:
     claims = {path: claim for path, claim in lm.claims.items() if path.split(".")[0] != "head"}
-    attrs = {"name": lm.base, "lm": lm, "base": None, "claims": {**claims, "head.kind": one_of("none")},
+    claims |= {"head.kind": one_of("none")} | ({"pooler": ANY} if lm.base_pooler else {})
+    attrs = {"name": lm.base, "lm": lm, "base": None, "claims": claims,
              "__module__": lm.__module__, "__doc__": f"{lm.base}: {lm.name}'s backbone, without its head (:class:`Headless`)."}
     return type(f"{lm.__name__}Backbone", (Headless, lm), attrs)
 

@@ -1,4 +1,7 @@
-"""BERT: ``BertForMaskedLM`` <-> a zoo encoder (Post-Norm, masked-LM head)."""
+"""BERT: ``BertForMaskedLM`` <-> a zoo encoder (Post-Norm, masked-LM head); its backbone ``BertModel``
+(what sentence-embedding, retrieval and reranking checkpoints ship) <-> the same encoder with
+``head: none``, and with HF's pooler (``add_pooling_layer``, the default) as ``pooler: true``
+(:class:`~zoo.interop.hf.base.Headless`)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ class Bert(Architecture):
     name = "BertForMaskedLM"
     config_name = "BertConfig"
     model_type = "bert"
+    base = "BertModel"
+    prefix = "bert"
+    base_pooler = "pooler"
     claims: ClassVar[Claims] = {
         **TEXT_CLAIMS, "family": one_of("encoder"), "type_vocab_size": ANY, "embedding.norm": ANY, "position.kind": one_of("learned"),
         "block.kind": one_of("post"), "block.norm.kind": one_of("layernorm"), "block.norm.bias": one_of(True),
@@ -105,6 +111,10 @@ class Bert(Architecture):
                 *weights(f"{z}.ffn.fc2", f"{h}.output.dense"),
                 *weights(f"{z}.ffn_norm", f"{h}.output.LayerNorm"),
             ]
+        if getattr(s, "pooler", False):  # BertModel's (the backbone's claims alone take it)
+            rules += weights("pooler.dense", "bert.pooler.dense")
+        if s.head.kind != "mlm":
+            return rules
         p = "cls.predictions"
         return rules + [
             *weights("head.transform.0", f"{p}.transform.dense"), *weights("head.transform.2", f"{p}.transform.LayerNorm"),
@@ -115,8 +125,8 @@ class Bert(Architecture):
     def check_from(hf: nn.Module, s: FamilySpec, ref: dict[str, Tensor]) -> list[str]:
         # The forward pass reads cls.predictions.decoder.bias; HF ties cls.predictions.bias to it,
         # or (untied embeddings) leaves it unread.
-        return ["cls.predictions.bias"]
+        return ["cls.predictions.bias"] if s.head.kind == "mlm" else []
 
     @staticmethod
     def extra_to(state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
-        return {"cls.predictions.bias": state["head.proj.bias"].detach()}
+        return {"cls.predictions.bias": state["head.proj.bias"].detach()} if s.head.kind == "mlm" else {}

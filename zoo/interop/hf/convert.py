@@ -139,7 +139,7 @@ def to_hf(zoo_model: nn.Module, architecture: str | None = None, **config: Any) 
     arch = arch_for_spec(spec, architecture)
     where = f"zoo -> {arch.name}"
     device, dtype = device_dtype(zoo_model)
-    hf_model = getattr(transformers, arch.name)(hf_config(spec, arch.name, **config)).to(device=device, dtype=dtype)
+    hf_model = getattr(transformers, arch.name)(hf_config(spec, arch.name, **config), **arch.init_kwargs(spec)).to(device=device, dtype=dtype)
     state = arch.prepare_to(zoo_model.state_dict(), spec)
     shapes = {name: t.shape for name, t in hf_model.state_dict().items()}
     rules = arch.rules(spec)

@@ -1,6 +1,6 @@
 """HF checkpoints on disk converted one tensor at a time: ``zoo convert`` of models larger than memory.
 
-    hf_dir_to_zoo(src, dst, arch, dtype=None, max_shard_size="5GB") -> Streamed
+    hf_dir_to_zoo(src, dst, arch, dtype=None, max_shard_size="5GB", metadata=None) -> Streamed
     zoo_to_hf_dir(src, dst, architecture=None, dtype=None, max_shard_size="5GB") -> Streamed
 
 No model with weights is built. The HF model is built on the meta device from ``config.json`` (for
@@ -89,11 +89,11 @@ def _listing(items: list[str], limit: int = 3) -> str:
     return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
-def _meta_model(arch: type[Architecture], config: Any) -> nn.Module:
+def _meta_model(arch: type[Architecture], config: Any, kwargs: dict[str, Any]) -> nn.Module:
     import transformers
 
     with torch.device("meta"):
-        return getattr(transformers, arch.name)(config).eval()
+        return getattr(transformers, arch.name)(config, **kwargs).eval()
 
 
 def _floating(dtype: Any) -> torch.dtype | None:
@@ -264,9 +264,9 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
 
 
 def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torch.dtype | None = None,
-                  max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE) -> Streamed:
+                  max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE, metadata: dict[str, str] | None = None) -> Streamed:
     """The HF directory ``src`` (class ``arch``; safetensors weights, single or sharded) as the zoo
-    file ``dst``, one tensor at a time."""
+    file ``dst``, one tensor at a time; ``metadata`` goes into the zoo file's (:func:`zoo.io.save`)."""
     import transformers
 
     files = _checkpoint(src)
@@ -274,7 +274,7 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
         config = getattr(transformers, arch.config_name).from_pretrained(str(src), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ConversionError(f"{src}: cannot read config.json: {str(e).splitlines()[0]}") from None
-    hf = _meta_model(arch, config)
+    hf = _meta_model(arch, config, arch.saved_init_kwargs(files.tensors))  # as saved (BertModel's pooler or none)
     file_of, ignored = _match(src, arch, config, hf, files)
     target = dtype or _load_dtype(config, files)
 
@@ -323,7 +323,8 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
 
     entries = [Entry(canon, state[canon].dtype, tuple(state[canon].shape)) for canon in groups]
     aliases = {alias: canon for canon, names in groups.items() for alias in names[1:]}
-    path = write_model(dst, spec.model_dump(mode="json"), entries, tensors(), aliases, max_shard_size=max_shard_size)
+    path = write_model(dst, spec.model_dump(mode="json"), entries, tensors(), aliases, max_shard_size=max_shard_size,
+                       metadata=metadata)
     return Streamed(arch.name, path, count_parameters(model), tuple(ignored))
 
 
@@ -337,7 +338,7 @@ def zoo_to_hf_dir(src: Path, dst: Path, *, architecture: str | None = None, dtyp
     arch = arch_for_spec(spec, architecture)
     where = f"zoo -> {arch.name}"
     config = hf_config(spec, arch.name)
-    hf = _meta_model(arch, config)
+    hf = _meta_model(arch, config, arch.init_kwargs(spec))
     meta = hf.state_dict(keep_vars=True)
     shapes = {n: t.shape for n, t in meta.items()}
     rules = arch.rules(spec)
