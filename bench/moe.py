@@ -215,8 +215,7 @@ def greedy(precision: str, timing: Timing, *, batch: int = 4, prompt: int = 16, 
     return row
 
 
-def rows(precision: str, timing: Timing, tiny: bool = False, decode: bool = True) -> list[Row]:
-    """Training and a forward pass; with ``decode`` greedy decoding too (in bf16 autocast every HF
-    implementation casts its experts' weights at every step: minutes a row)."""
-    out = [train(precision, timing, tiny=tiny), infer(precision, timing, tiny=tiny)]
-    return out + [greedy(precision, timing, tiny=tiny)] if decode else out
+def rows(precision: str, timing: Timing, tiny: bool = False) -> list[Row]:
+    """Training, a forward pass and greedy decoding in ``precision``."""
+    return [train(precision, timing, tiny=tiny), infer(precision, timing, tiny=tiny),
+            greedy(precision, timing, tiny=tiny)]

@@ -57,7 +57,7 @@ def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Ro
         elif name == "mistral":
             out.append(W.mistral(p, timing, tiny=tiny))
         elif name == "moe":
-            out.extend(moe.rows(p, timing, tiny, decode=p == precisions[0]))
+            out.extend(moe.rows(p, timing, tiny))
         elif name == "bert":
             out.append(W.bert(p, timing, tiny))
         elif name == "transformer":

@@ -139,17 +139,28 @@ def test_fp32_experts_take_onednn_where_zoos_linears_do(backend, takes, monkeypa
     assert taken == [takes] and (y - _per_row(x, w, counts)).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize("block", [1, 4])  # rows per expert as they are; padded to multiples of 4
 @pytest.mark.parametrize("kept", [16, 11])  # every (token, slot) pair; some dropped
-def test_row_gather_scatter_and_gated_activation_equal_plain_autograd(kept):
+def test_expert_rows_gather_scatter_and_gated_activation_equal_plain_autograd(kept, block):
     g = torch.Generator().manual_seed(0)
-    n, top_k, d = 8, 2, 5
-    index = torch.randperm(n * top_k, generator=g)[:kept]
+    n, top_k, d, e = 8, 2, 5, 3
+    experts = torch.randint(0, e, (n * top_k,), generator=g)
+    order = torch.argsort(experts, stable=True)
+    order = order[torch.randperm(n * top_k, generator=g)[:kept].sort().values]  # still by expert
+    counts = torch.bincount(experts[order], minlength=e)
+    rows = grouped.expert_rows(order, counts, block)
+    # the layout by hand: each expert's pairs from its padded start, the buffer R + E * (block - 1) rows
+    padded = [-(-int(c) // block) * block for c in counts]
+    assert rows.counts.tolist() == padded and rows.size == kept + e * (block - 1)
+    assert rows.offsets.tolist() == torch.tensor(padded).cumsum(0).tolist()
+    place = [sum(padded[:int(experts[p])]) + int((experts[order[:r]] == experts[p]).sum()) for r, p in enumerate(order)]
     x = torch.randn(n, d, generator=g)
-    h = torch.randn(kept, d, generator=g)
+    h = torch.randn(rows.size, d, generator=g)
     xa, xb, ha, hb = (t.clone().requires_grad_() for t in (x, x, h, h))
-    ya, yb = grouped.gather_rows(xa, index, top_k), xb[index // top_k]
-    za = grouped.scatter_rows(ha, index, n * top_k)
-    zb = torch.zeros(n * top_k, d).index_put((index,), hb)
+    ya = grouped.gather_rows(xa, rows, top_k)
+    yb = torch.zeros(rows.size, d).index_put((torch.tensor(place),), xb[order // top_k])
+    za = grouped.scatter_rows(ha, rows, n * top_k)
+    zb = torch.zeros(n * top_k, d).index_put((order,), hb[torch.tensor(place)])
     assert torch.equal(ya, yb) and torch.equal(za, zb)
     u, v = torch.randn(ya.shape, generator=g), torch.randn(za.shape, generator=g)
     ((ya * u).sum() + (za * v).sum()).backward()
@@ -165,6 +176,32 @@ def test_row_gather_scatter_and_gated_activation_equal_plain_autograd(kept):
         (out * w).sum().backward()
         (act(gate) * up * w).sum().backward()
         assert (a.grad - b.grad).abs().max() < 1e-6
+
+
+def test_padded_rows_only_where_onednn_computes_and_the_moe_output_is_unchanged(aten_linears):
+    x, w = torch.randn(4096, 8), torch.randn(8, 16, 8)
+    assert grouped.row_block(x, w, 8192, 8) == 1  # fp32 on ATen (MKL)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert grouped.row_block(x, w, 8192, 8) == 64  # 1024 rows an expert: padded to multiples of 64
+        assert grouped.row_block(x, w, 16, 8) == 1  # decoding: 2 rows an expert
+    moe = _randomize(_zoo_moe())
+    x = torch.randn(4, 60, D, generator=torch.Generator().manual_seed(1))  # 240 pairs, 48 an expert: block 2
+    outs = []
+    for block in (None, 1):
+        xa = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if block is None:
+                assert grouped.row_block(xa, moe.w_gate_up, 240, E) == 2
+                y = moe(xa)
+            else:
+                with pytest.MonkeyPatch.context() as m:
+                    m.setattr("zoo.components.moe.row_block", lambda *a: 1)
+                    y = moe(xa)
+        y.float().pow(2).sum().backward()
+        outs.append((y.float(), xa.grad, moe.w_gate_up.grad.clone()))
+        moe.zero_grad()
+    for a, b in zip(*outs):
+        assert (a - b).abs().max() <= 1e-2 * b.abs().max()
 
 
 def test_inference_keeps_the_experts_cast_only_while_their_weights_are_unchanged():

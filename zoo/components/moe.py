@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from zoo.components.dropout import Dropout
 from zoo.components.ffn import GatedMLP
 from zoo.components.linear import Linear
-from zoo.kernels.grouped import compute_dtype, gated, gather_rows, grouped_mm, scatter_rows
+from zoo.kernels.grouped import compute_dtype, expert_rows, gated, gather_rows, grouped_mm, row_block, scatter_rows
 from zoo.registry import register
 
 __all__ = ["MoE", "load_balancing_loss"]
@@ -78,11 +78,11 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # the pairs by expert, in token order within each
         counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device).scatter_add_(
             0, flat, torch.ones_like(flat))  # as bincount, without its host sync on CUDA
-        offsets = counts.cumsum(0, dtype=torch.int32)
-        xs = gather_rows(x.to(compute_dtype(x, self.w_gate_up)), order, k)  # (N * k, D), sorted by expert
-        h = self.drop(gated(grouped_mm(xs, self.w_gate_up, counts, offsets), self.act))
-        h = grouped_mm(h, self.w_down, counts, offsets)
-        pairs = scatter_rows(h, order, n * k).view(n, k, -1)  # back in (token, slot) order
+        rows = expert_rows(order, counts, row_block(x, self.w_gate_up, order.numel(), self.n_experts))
+        xs = gather_rows(x.to(compute_dtype(x, self.w_gate_up)), rows, k)  # (rows.size, D), sorted by expert
+        h = self.drop(gated(grouped_mm(xs, self.w_gate_up, rows.counts, rows.offsets), self.act))
+        h = grouped_mm(h, self.w_down, rows.counts, rows.offsets)
+        pairs = scatter_rows(h, rows, n * k).view(n, k, -1)  # back in (token, slot) order
         out = (pairs.float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
         if self.shared is not None:
             s = self.shared(x)
