@@ -27,12 +27,18 @@ D / F          dtype  grouped_mm  the loop  padded bmm (rows scattered into [E, 
 512 / 1792     bf16   126         131       209
 =============  =====  ==========  ========  ===========================================
 
-(bf16: under CPU autocast, the fp32 weights cast each step.) So the padded form is not offered,
-and the loop is only the fallback. :func:`gather_rows` and :func:`scatter_rows` move rows between
-token order and expert order with a gather one way and an ``index_copy`` (distinct rows) the
-other, forward and backward, never an ``index_add``; :func:`gated` is a swiglu/geglu step whose
-backward writes [d gate | d up] into one tensor. :func:`cast_weight` keeps autocast's cast of
-the weights while no gradient is taken, so decoding does not cast every expert at every token.
+(bf16: under CPU autocast, the fp32 weights cast each step; the same routing every run, so
+oneDNN compiled its kernel for each row count once: with new counts every call its bf16 products
+ran 2-3x slower, which :func:`row_block` avoids.) So the padded bmm is not offered, and the loop
+is only the fallback.
+
+:func:`expert_rows` lays the routed (token, slot) pairs out by expert, each expert's rows padded
+to a multiple of :func:`row_block` where oneDNN computes; :func:`gather_rows` and
+:func:`scatter_rows` move rows between token order and that buffer with a gather one way and an
+``index_copy`` (distinct rows) the other, forward and backward, never an ``index_add``;
+:func:`gated` is a swiglu/geglu step whose backward writes [d gate | d up] into one tensor;
+:func:`cast_weight` keeps autocast's cast of the weights while no gradient is taken, so decoding
+does not cast every expert at every token.
 
 Shapes: N rows (tokens x top_k, sorted by group), E groups, K input size, M output size.
 """
