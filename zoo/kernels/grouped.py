@@ -91,12 +91,14 @@ def cast_weight(w: Tensor, dtype: torch.dtype) -> Tensor:
 
 def applies(x: Tensor, w: Tensor) -> bool:
     """Whether :func:`grouped_mm` runs torch's grouped_mm for x [N, K] and w [E, M, K] of one dtype
-    (after any padding): torch has it for the device and dtype (CPU fp32/bf16/fp16, CUDA bf16)."""
+    (after any padding): torch has it for the device and dtype (CPU fp32/bf16/fp16, CUDA bf16 from
+    compute capability 8.0)."""
     if not hasattr(F, "grouped_mm") or x.dtype != w.dtype:
         return False
     if x.device.type == "cpu":
         return x.dtype in _CPU_DTYPES
-    return x.device.type == "cuda" and x.dtype == torch.bfloat16
+    return (x.device.type == "cuda" and x.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(x.device) >= (8, 0))
 
 
 def grouped_mm(x: Tensor, w: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
