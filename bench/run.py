@@ -2,6 +2,7 @@
 
     python -m bench                       # everything (tens of minutes on a 2-core CPU)
     python -m bench --only vit gpt2       # some workloads
+    python -m bench --only moe            # HF Mixtral (each experts implementation) vs zoo's moe decoder
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
     python -m bench --from-json bench/results/<time>.json   # rewrite docs/benchmarks.md from a run
                                                             # (a convert-memory-<time>.json: its section too)
@@ -27,13 +28,14 @@ from pathlib import Path
 
 import torch
 
+from bench import moe
 from bench import workloads as W
 from bench.common import MALLOC, Row, machine, matmul_peak
 from zoo.cli import positive_int
 from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOADS = ["peak", "vit", "gpt2", "mistral", "bert", "transformer", "generate", "compile"]
+WORKLOADS = ["peak", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "compile"]
 QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
 QUALITY_MD = ROOT / "bench" / "QUALITY.md"
 MEMORY = "memory"  # run only when named: torchrun jobs of GPT-2 small at sequence 1024
@@ -54,6 +56,8 @@ def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Ro
             out.append(W.gpt2(p, timing, layers=6, width=384, heads=6, tiny=tiny))
         elif name == "mistral":
             out.append(W.mistral(p, timing, tiny=tiny))
+        elif name == "moe":
+            out.extend(moe.rows(p, timing, tiny))
         elif name == "bert":
             out.append(W.bert(p, timing, tiny))
         elif name == "transformer":

@@ -11,6 +11,7 @@ import zoo
 from zoo.cli import main
 from zoo.components.moe import load_balancing_loss
 from zoo.kernels import grouped
+from zoo.kernels.cpu import linear as cpu_linear
 from zoo.spec import SpecError
 from zoo.summary import summarize
 
@@ -82,22 +83,140 @@ def test_moe_equals_hf_qwen2_moe_block_with_shared_expert(norm):
     assert (moe.shared_gate.weight.grad - hf.shared_expert_gate.weight.grad).abs().max() < 1e-5
 
 
-def test_grouped_mm_equals_the_loop_over_experts():
+def _per_row(x, w, counts):
+    """x [N, K] @ w[group of each row].T, one row at a time (the truth for both paths)."""
+    groups = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    return torch.einsum("nk,nmk->nm", x, w[groups])
+
+
+@pytest.mark.parametrize("k,m", [(8, 12), (7, 13)])  # aligned, odd (padded for grouped_mm)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_grouped_mm_and_its_loop_fallback_equal_a_per_row_product(k, m, precision):
     g = torch.Generator().manual_seed(0)
-    counts = torch.tensor([3, 0, 9, 4])
-    x = torch.randn(16, 8, generator=g, requires_grad=True)
-    w = torch.randn(4, 12, 8, generator=g, requires_grad=True)
-    assert grouped.applies(x, w)  # aligned sizes take torch's grouped_mm
-    y = grouped.grouped_mm(x, w, counts, counts.cumsum(0).to(torch.int32))
-    ref = grouped._loop(x, w, counts)
-    assert (y - ref).abs().max() < 1e-5
-    y.sum().backward()  # a broadcast gradient
-    gx, gw = x.grad.clone(), w.grad.clone()
-    x.grad = w.grad = None
-    ref.sum().backward()
-    assert (gx - x.grad).abs().max() < 1e-5 and (gw - w.grad).abs().max() < 1e-5
-    assert not grouped.applies(x[:, :7], w[:, :, :7])  # odd sizes take the loop
-    assert not grouped.applies(torch.randn(16, 7), torch.randn(4, 12, 7))
+    counts = torch.tensor([3, 0, 9, 4])  # an expert without rows
+    x = torch.randn(16, k, generator=g)
+    w = torch.randn(4, m, k, generator=g)
+    up = torch.randn(16, m, generator=g)
+    bf16 = precision == "bf16"
+    paths = {"grouped": lambda x, w: grouped.grouped_mm(x, w, counts, counts.cumsum(0, dtype=torch.int32)),
+             "loop": lambda x, w: grouped._loop(x.to(grouped.compute_dtype(x, w)), w.to(grouped.compute_dtype(x, w)), counts)}
+    if not bf16 and cpu_linear.onednn_available():  # fp32 experts where zoo's linears take oneDNN (AMD, AVX-512)
+        paths["onednn loop"] = lambda x, w: grouped._loop(x, w, counts, cpu_linear.linear)
+    results = {}
+    for path, fn in [*paths.items(), ("truth", _per_row)]:
+        xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+        if path == "truth":  # bf16 inputs, fp32 products
+            y = _per_row(xa.bfloat16().float() if bf16 else xa, wa.bfloat16().float() if bf16 else wa, counts)
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                y = fn(xa, wa)
+            assert y.dtype == (torch.bfloat16 if bf16 else torch.float32)
+        assert y.shape == (16, m)
+        (y.float() * up).sum().backward()
+        results[path] = (y.float(), xa.grad, wa.grad)
+    assert grouped.applies(x.to(torch.bfloat16 if bf16 else torch.float32), w.to(torch.bfloat16 if bf16 else torch.float32))
+    tol = 2e-2 if bf16 else 1e-5
+    for path in paths:
+        for a, b in zip(results[path], results["truth"]):
+            assert (a - b).abs().max() <= tol * max(1.0, b.abs().max().item()), path
+
+
+@pytest.mark.parametrize("backend,takes", [("onednn", "_loop"), ("aten", "_grouped")])
+def test_fp32_experts_take_onednn_where_zoos_linears_do(backend, takes, monkeypatch):
+    if backend == "onednn" and not cpu_linear.onednn_available():
+        pytest.skip("this torch has no oneDNN linear")
+    taken = []
+    for name in ("_loop", "_grouped"):
+        real = getattr(grouped, name)
+        monkeypatch.setattr(grouped, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    cpu_linear.set_cpu_linear(backend)
+    try:
+        counts = torch.tensor([40, 24])
+        x, w = torch.randn(64, 256), torch.randn(2, 512, 256)  # large enough for oneDNN (cpu_linear.applies)
+        y = grouped.grouped_mm(x, w, counts, counts.cumsum(0, dtype=torch.int32))
+    finally:
+        cpu_linear.set_cpu_linear(None)
+    assert taken == [takes] and (y - _per_row(x, w, counts)).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("block", [1, 4])  # rows per expert as they are; padded to multiples of 4
+@pytest.mark.parametrize("kept", [16, 11])  # every (token, slot) pair; some dropped
+def test_expert_rows_gather_scatter_and_gated_activation_equal_plain_autograd(kept, block):
+    g = torch.Generator().manual_seed(0)
+    n, top_k, d, e = 8, 2, 5, 3
+    experts = torch.randint(0, e, (n * top_k,), generator=g)
+    order = torch.argsort(experts, stable=True)
+    order = order[torch.randperm(n * top_k, generator=g)[:kept].sort().values]  # still by expert
+    counts = torch.bincount(experts[order], minlength=e)
+    rows = grouped.expert_rows(order, counts, block)
+    # the layout by hand: each expert's pairs from its padded start, the buffer R + E * (block - 1) rows
+    padded = [-(-int(c) // block) * block for c in counts]
+    assert rows.counts.tolist() == padded and rows.size == kept + e * (block - 1)
+    assert rows.offsets.tolist() == torch.tensor(padded).cumsum(0).tolist()
+    place = [sum(padded[:int(experts[p])]) + int((experts[order[:r]] == experts[p]).sum()) for r, p in enumerate(order)]
+    x = torch.randn(n, d, generator=g)
+    h = torch.randn(rows.size, d, generator=g)
+    xa, xb, ha, hb = (t.clone().requires_grad_() for t in (x, x, h, h))
+    ya = grouped.gather_rows(xa, rows, top_k)
+    yb = torch.zeros(rows.size, d).index_put((torch.tensor(place),), xb[order // top_k])
+    za = grouped.scatter_rows(ha, rows, n * top_k)
+    zb = torch.zeros(n * top_k, d).index_put((order,), hb[torch.tensor(place)])
+    assert torch.equal(ya, yb) and torch.equal(za, zb)
+    u, v = torch.randn(ya.shape, generator=g), torch.randn(za.shape, generator=g)
+    ((ya * u).sum() + (za * v).sum()).backward()
+    ((yb * u).sum() + (zb * v).sum()).backward()
+    assert (xa.grad - xb.grad).abs().max() < 1e-6 and torch.equal(ha.grad, hb.grad)
+    for act in (torch.nn.SiLU(), torch.nn.GELU(approximate="tanh"), torch.nn.ReLU()):
+        gu = torch.randn(kept, 2 * 3, generator=g)
+        a, b = gu.clone().requires_grad_(), gu.clone().requires_grad_()
+        out = grouped.gated(a, act)
+        gate, up = b.chunk(2, dim=-1)
+        assert (out - act(gate) * up).abs().max() < 1e-6
+        w = torch.randn(out.shape, generator=g)
+        (out * w).sum().backward()
+        (act(gate) * up * w).sum().backward()
+        assert (a.grad - b.grad).abs().max() < 1e-6
+
+
+def test_padded_rows_only_where_onednn_computes_and_the_moe_output_is_unchanged(aten_linears):
+    x, w = torch.randn(4096, 8), torch.randn(8, 16, 8)
+    assert grouped.row_block(x, w, 8192, 8) == 1  # fp32 on ATen (MKL)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert grouped.row_block(x, w, 8192, 8) == 64  # 1024 rows an expert: padded to multiples of 64
+        assert grouped.row_block(x, w, 16, 8) == 1  # decoding: 2 rows an expert
+    moe = _randomize(_zoo_moe())
+    x = torch.randn(4, 60, D, generator=torch.Generator().manual_seed(1))  # 240 pairs, 48 an expert: block 2
+    outs = []
+    for block in (None, 1):
+        xa = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if block is None:
+                assert grouped.row_block(xa, moe.w_gate_up, 240, E) == 2
+                y = moe(xa)
+            else:
+                with pytest.MonkeyPatch.context() as m:
+                    m.setattr("zoo.components.moe.row_block", lambda *a: 1)
+                    y = moe(xa)
+        y.float().pow(2).sum().backward()
+        outs.append((y.float(), xa.grad, moe.w_gate_up.grad.clone()))
+        moe.zero_grad()
+    for a, b in zip(*outs):
+        assert (a - b).abs().max() <= 1e-2 * b.abs().max()
+
+
+def test_inference_keeps_the_experts_cast_only_while_their_weights_are_unchanged():
+    import copy
+
+    moe = _randomize(_zoo_moe()).eval()
+    x = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert grouped.cast_weight(moe.w_down, torch.bfloat16) is grouped.cast_weight(moe.w_down, torch.bfloat16)
+        before = moe(x)
+        moe.w_gate_up.mul_(-1)  # an in-place change (an optimizer step, a load_state_dict)
+        after = moe(x)
+        fresh = copy.deepcopy(moe)(x)  # new parameters, nothing cached
+    assert torch.equal(after, fresh) and not torch.allclose(before, after)
+    assert grouped.cast_weight(moe.w_down, torch.bfloat16).grad_fn is not None  # with autograd: cast anew
 
 
 @pytest.mark.parametrize("padded", [False, True])

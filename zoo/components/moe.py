@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from zoo.components.dropout import Dropout
 from zoo.components.ffn import GatedMLP
 from zoo.components.linear import Linear
-from zoo.kernels import grouped_mm
+from zoo.kernels.grouped import compute_dtype, expert_rows, gated, gather_rows, grouped_mm, row_block, scatter_rows
 from zoo.registry import register
 
 __all__ = ["MoE", "load_balancing_loss", "router_z_loss"]
@@ -114,19 +114,20 @@ class MoE(nn.Module):
         x = x.reshape(-1, shape[-1])
         logits, weights, experts = self.route(x)
         self.router_logits, self.routed, self.dropped = logits, experts, None
-        flat = experts.reshape(-1)  # (N * k,)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.n_experts)
-        capacity = self.capacity(x.shape[0]) if self.training else None
-        if capacity is not None:
+        n, k = x.shape[0], self.top_k
+        flat = experts.reshape(-1)  # (N * k,) each (token, slot) pair's expert
+        order = torch.argsort(flat, stable=True)  # the pairs by expert, in token order within each
+        counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat))  # as bincount, without its host sync on CUDA
+        capacity = self.capacity(n) if self.training else None
+        if capacity is not None:  # the pairs past an expert's capacity leave order (their output: zero)
             order, counts, self.dropped = self.within_capacity(order, counts, flat[order], capacity)
-        tokens = order // self.top_k
-        offsets = counts.cumsum(0).to(torch.int32)
-        xs = x.index_select(0, tokens)  # (N * k, D), sorted by expert
-        gate, up = grouped_mm(xs, self.w_gate_up, counts, offsets).chunk(2, dim=-1)
-        h = grouped_mm(self.drop(self.act(gate) * up).contiguous(), self.w_down, counts, offsets)
-        h = (h.float() * weights.reshape(-1)[order, None]).to(x.dtype)
-        out = torch.zeros_like(x).index_add(0, tokens, h)
+        rows = expert_rows(order, counts, row_block(x, self.w_gate_up, order.numel(), self.n_experts))
+        xs = gather_rows(x.to(compute_dtype(x, self.w_gate_up)), rows, k)  # (rows.size, D), sorted by expert
+        h = self.drop(gated(grouped_mm(xs, self.w_gate_up, rows.counts, rows.offsets), self.act))
+        h = grouped_mm(h, self.w_down, rows.counts, rows.offsets)
+        pairs = scatter_rows(h, rows, n * k).view(n, k, -1)  # back in (token, slot) order
+        out = (pairs.float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
         if self.shared is not None:
             s = self.shared(x)
             out = out + (torch.sigmoid(self.shared_gate(x)) * s if self.shared_gate is not None else s)
