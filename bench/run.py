@@ -1,7 +1,7 @@
 """Run the benchmarks: zoo side by side with timm, HF transformers and torch.nn, as ratios.
 
     python -m bench                       # everything (tens of minutes on a 2-core CPU)
-    python -m bench --only vit gpt2       # some workloads
+    python -m bench --only vit gpt2       # some workloads: bench/results/vit-gpt2-<time>.json, the page untouched
     python -m bench --only moe            # HF Mixtral (each experts implementation) vs zoo's moe decoder
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
     python -m bench --from-json bench/results/<time>.json   # rewrite docs/benchmarks.md from a run
@@ -12,6 +12,9 @@
     python -m bench --only convert-memory        # peak memory of zoo convert / checkpoint size (~10 GB of disk)
 
 Writes bench/results/<time>.json, and (unless --tiny) docs/benchmarks.md with docs/benchmarks.png.
+A run of some workloads (--only) writes bench/results/<names>-<time>.json and leaves the page alone
+(unless --out): a section of bench/NOTES.md shows it with <!-- generated: bench-table JSON -->, and
+`python docs/make_docs.py` (or any full run) renders it.
 Sides are timed alternately in this one process after warm-up; medians over --repeats.
 On Linux the process re-executes itself once with glibc's malloc tuned (see bench/common.MALLOC)
 so that no side pays page faults for returning memory to the OS every step.
@@ -242,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.workload} [{row.precision}]: zoo {row.throughput(zoo_side):,.1f} {row.unit}/s"
                   f"{', ' + ratios if ratios else ''}", flush=True)
     table = markdown(rows, peaks, env)
-    _write_json(args, env, "", {"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]})
-    out_md = args.out or (None if args.tiny else ROOT / "docs" / "benchmarks.md")
+    # a run of some workloads (--only) is results/<names>-<time>.json, which a page section shows
+    # (bench/NOTES.md: <!-- generated: bench-table ... -->); only a full run replaces the page's table
+    partial = "-".join(n for n in chosen if n != "peak") + "-" if args.only else ""
+    _write_json(args, env, partial, {"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]})
+    out_md = args.out or (None if args.tiny or partial else ROOT / "docs" / "benchmarks.md")
     if out_md is not None:
         write_docs(rows, peaks, env, out_md)
     print(table)

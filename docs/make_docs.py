@@ -79,6 +79,17 @@ def bench_summary(path: str) -> str:
     return "\n".join(lines)
 
 
+def bench_table(path: str) -> str:
+    """A run's table as ``python -m bench`` writes it (machine, peaks, one line per row and peer):
+    for runs that have a section of their own (``--only moe``)."""
+    sys.path.insert(0, str(ROOT))
+    from bench.common import Row
+    from bench.run import markdown
+
+    data = json.loads((ROOT / path).read_text(encoding="utf-8"))
+    return markdown([Row(**r) for r in data["rows"]], data["peaks"], data["machine"]).rstrip("\n")
+
+
 def bench_line(path: str) -> str:
     """The README's one sentence: training, inference and decoding spans of a run."""
     groups, rows = _groups(_rows(path)), _rows(path)
@@ -162,7 +173,7 @@ def ablation_rows(path: str) -> str:
 
 
 GENERATORS: dict[str, Callable[..., str]] = {
-    "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare,
+    "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare, "bench-table": bench_table,
     "recipe-settings": recipe_settings, "ablation-rows": ablation_rows, "convert-memory": convert_memory,
 }
 
