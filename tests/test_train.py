@@ -113,6 +113,18 @@ def test_cosine_warmup_and_floor():
     assert all(a >= b for a, b in zip(factors[9:], factors[10:]))
 
 
+def test_cosine_under_a_time_budget_follows_the_clock():
+    """With a time budget (``done``: the fraction of it spent) the cosine decays by whichever of time
+    and steps is further along: half the time spent is the cosine's middle, all of it the floor."""
+    cfg = T.ScheduleConfig(kind="cosine", warmup=10, min_lr_ratio=0.1)
+    middle = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))
+    assert T.lr_factor(cfg, 20, 10**6, done=0.5) == pytest.approx(middle)
+    assert T.lr_factor(cfg, 20, 10**6, done=1.0) == pytest.approx(0.1)
+    assert T.lr_factor(cfg, 20, 10**6, done=0.0) == pytest.approx(T.lr_factor(cfg, 20, 10**6))
+    assert T.lr_factor(cfg, 59, 110, done=0.1) == pytest.approx(middle)  # the steps are further along
+    assert T.lr_factor(cfg, 3, 10**6, done=0.9) == pytest.approx(0.4)  # warmup is by steps
+
+
 def test_cooldown_anneals_the_last_fraction_by_steps_or_by_the_clock():
     plain = T.ScheduleConfig(kind="inverse_sqrt", warmup=100)
     cfg = T.ScheduleConfig(kind="inverse_sqrt", warmup=100, cooldown=0.25)

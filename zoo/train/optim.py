@@ -58,6 +58,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
 def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, d_model: int | None = None,
               done: float | None = None) -> float:
     """The schedule's factor on the base lr before optimizer step ``step`` (counted from 0).
+    ``cosine`` decays over the run: over the steps after warmup, or, where ``done`` is given (a
+    time budget), over whichever of steps and time is further along.
 
     ``inverse_sqrt`` is the paper's formula with s = step + 1:
     ``d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)``. With ``cfg.cooldown`` the factor is then scaled
@@ -76,7 +78,7 @@ def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, d_model: int | N
         factor = 1.0
     else:
         span = max(1, total_steps - cfg.warmup)
-        progress = min(1.0, (s - cfg.warmup) / span)
+        progress = min(1.0, max((s - cfg.warmup) / span, 0.0 if done is None else done))  # a time budget: its clock
         factor = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     if cfg.cooldown:
         done = step / max(1, total_steps) if done is None else done
