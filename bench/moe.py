@@ -23,6 +23,7 @@ from torch import nn
 import zoo
 import zoo.train as T
 from bench.common import Row, Side, compare, here
+from bench.workloads import _train_step
 from zoo.summary import forward_flops
 
 Timing = dict
@@ -150,17 +151,6 @@ def train(precision: str, timing: Timing, *, batch: int = 4, seq: int = 256, tin
     row.flops = 3 * batch * forward_flops(ours, seq)
     row.seconds, row.spread = compare(sides, **timing)
     return row
-
-
-def _train_step(model, loss_fn, opt, precision):
-    def step() -> None:
-        with T.autocast(here(), precision):
-            loss = loss_fn()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
 
 
 def infer(precision: str, timing: Timing, *, batch: int = 4, seq: int = 256, tiny: bool = False) -> Row:
