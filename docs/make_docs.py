@@ -82,9 +82,12 @@ def bench_summary(path: str) -> str:
 def bench_table(path: str) -> str:
     """A run's table as ``python -m bench`` writes it (machine, peaks, one line per row and peer):
     for runs that have a section of their own (``--only moe``)."""
-    sys.path.insert(0, str(ROOT))
-    from bench.common import Row
-    from bench.run import markdown
+    sys.path.insert(0, str(ROOT))  # bench/ is beside zoo, not installed (as recipe_settings reads recipes/)
+    try:
+        from bench.common import Row
+        from bench.run import markdown
+    finally:
+        sys.path.remove(str(ROOT))
 
     data = json.loads((ROOT / path).read_text(encoding="utf-8"))
     return markdown([Row(**r) for r in data["rows"]], data["peaks"], data["machine"]).rstrip("\n")
