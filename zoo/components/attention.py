@@ -22,6 +22,7 @@ from zoo.components.linear import Linear
 from zoo.components.norm import RMSNorm
 from zoo.components.parts import linear_flops
 from zoo.components.position import Position
+from zoo.kernels import Mask
 from zoo.registry import register
 
 
@@ -111,7 +112,7 @@ class Attention(nn.Module):
         x: Tensor,
         memory: Tensor | None = None,
         *,
-        mask: Tensor | None = None,
+        mask: Tensor | Mask | None = None,
         is_causal: bool = False,
         pos: Position | None = None,
         positions: Tensor | None = None,
@@ -119,7 +120,8 @@ class Attention(nn.Module):
     ) -> Tensor:
         """x [B, T, D] (and memory [B, S, Dm] for cross-attention) -> [B, T, D].
 
-        ``mask``: boolean (True = may attend) or additive, broadcastable to [B, H, T, S].
+        ``mask``: boolean (True = may attend) or additive, broadcastable to [B, H, T, S], or a
+        structured :class:`zoo.kernels.Mask` (the backends pick how to compute it).
         ``pos``/``positions``: the model's position module rotates q and k (self-attention only).
         ``cache``: keys/values of earlier steps; self-attention appends to it, cross-attention computes
         the memory's keys/values once and reuses them (``memory`` may then be None).
@@ -206,34 +208,23 @@ def attention_mask(
     padding_mask: Tensor | None = None,
     bias: Tensor | None = None,
     window: int | None = None,
+    documents: Tensor | None = None,
     device: torch.device | None = None,
 ) -> tuple[Tensor | None, bool]:
-    """Combine causality, the keys' ``padding_mask`` ([B, S], True = real), an additive bias ([B|1, H, T, S]) and a
-    sliding ``window`` (causal only: each query sees itself and the ``window - 1`` keys before it).
+    """The dense form of :class:`zoo.kernels.Mask` (see it for the rules): causality, the keys'
+    ``padding_mask`` ([B, S], True = real), an additive ``bias`` ([B|1, H, T, S]), a sliding ``window``
+    (causal: each query sees itself and the ``window - 1`` keys before it; bidirectional: the keys
+    within ``window // 2`` on either side) and ``documents`` ([B, S] ids: a token sees its own only).
 
     Returns ``(mask, is_causal)`` for SDPA. With nothing to combine, the mask is None and causality is
     left to SDPA's ``is_causal`` flag (its fastest path). The last query attends to the last key, so
-    with a KV cache (k_len > q_len) the causal diagonal is shifted. A padded query in a square
-    self-attention may attend to itself, so no row is empty (empty rows make NaN); real tokens'
-    outputs do not change. The window counts key slots, padding included, as HF does; with left
-    padding (generation's) that is the same as counting real tokens.
+    with a KV cache (k_len > q_len) the causal diagonal is shifted. The window counts key slots,
+    padding included, as HF does; with left padding (generation's) that is the same as counting real
+    tokens.
     """
-    local = causal and window is not None and window < k_len
-    if padding_mask is None and bias is None and not local and (not causal or q_len in (1, k_len)):
-        return None, causal and q_len > 1
-    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-    if causal:
-        allowed = allowed.tril(diagonal=k_len - q_len)
-    if local:
-        allowed = allowed.triu(diagonal=k_len - q_len - window + 1)  # key j > query i - window
-    allowed = allowed[None, None]  # (1, 1, T, S)
-    if padding_mask is not None:
-        allowed = allowed & padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, T, S)
-        if q_len == k_len:
-            allowed = allowed | torch.eye(q_len, dtype=torch.bool, device=allowed.device)
-    if bias is None:
-        return allowed, False
-    return bias.masked_fill(~allowed, float("-inf")), False
+    padding = None if padding_mask is None else padding_mask.to(torch.bool)
+    return Mask(q_len, k_len, causal=causal, window=window, padding=padding, documents=documents, bias=bias,
+                device=device).dense()
 
 
 @register("attention", "mha")

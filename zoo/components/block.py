@@ -35,6 +35,7 @@ from zoo.components.attention import Attention
 from zoo.components.cache import LayerCache
 from zoo.components.dropout import Dropout
 from zoo.components.position import Position
+from zoo.kernels import Mask
 from zoo.registry import register, registry
 
 
@@ -44,13 +45,13 @@ class BlockContext:
 
     ``pos``, ``positions``: the layer's position module and the tokens' positions ([T], or [B, T]
     with padding), for self-attention's ``pos.rotate``; ``mask``, ``is_causal``: self-attention's mask
-    and causal flag (see ``attention_mask``); ``memory`` [B, S, D], ``memory_mask`` (broadcastable to
+    (a :class:`zoo.kernels.Mask`, or a dense tensor) and causal flag (with a dense mask or none); ``memory`` [B, S, D], ``memory_mask`` (broadcastable to
     [B, H, T, S], True = may attend): cross-attention's keys/values source and its padding.
     """
 
     pos: Position | None = None
     positions: Tensor | None = None
-    mask: Tensor | None = None
+    mask: Tensor | Mask | None = None
     is_causal: bool = False
     memory: Tensor | None = None
     memory_mask: Tensor | None = None

@@ -18,17 +18,20 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.components import parts
-from zoo.components.attention import attention_mask
 from zoo.components.block import Block, BlockContext
 from zoo.components.cache import KVCache
 from zoo.components.position import Position
+from zoo.kernels import Mask, document_positions
 
 __all__ = ["Stack", "StackContext", "positions_for"]
 
 
-def positions_for(mask: Tensor | None, length: int, device: torch.device) -> Tensor:
+def positions_for(mask: Tensor | None, length: int, device: torch.device, documents: Tensor | None = None) -> Tensor:
     """Token positions: 0..T-1 ([T]), or with a padding mask the count of real tokens before each
-    one ([B, T]), so a left-padded row gets the positions it would have unpadded."""
+    one ([B, T]), so a left-padded row gets the positions it would have unpadded; with ``documents``
+    ([B, T] ids) the count restarts at each document (a packed row: each document as if alone)."""
+    if documents is not None:
+        return document_positions(documents, mask)
     if mask is None:
         return torch.arange(length, device=device)
     return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -85,18 +88,35 @@ class Stack(nn.Module):
         self.variant_of = [self.variants.index(k) for k in keys]
 
     def context(self, position: Position, tokens: Tensor, padding_mask: Tensor | None, *, causal: bool,
-                cache: KVCache | None = None, name: str = "tokens", check_length: bool = True) -> StackContext:
+                cache: KVCache | None = None, name: str = "tokens", check_length: bool = True,
+                documents: Tensor | None = None, positions: Tensor | None = None) -> StackContext:
         """Each layer's attention inputs for ``tokens`` [B, T] (only their shape and device are read)
         and the cache: the model's ``position`` serves layers without their own. ``check_length``:
-        refuse a sequence longer than a position table (``name`` names the input)."""
+        refuse a sequence longer than a position table (``name`` names the input).
+
+        ``documents`` ([B, T] ids, a packed row): each token attends only within its document, whose
+        positions restart at 0, unless ``positions`` ([B, T]) gives them (a document continued from an
+        earlier row). Each layer's mask is a :class:`zoo.kernels.Mask`, which the attention backends
+        compute at the cost it allows (see :func:`zoo.kernels.attention`)."""
         B, T = tokens.shape[:2]
         device = tokens.device
+        if documents is not None or positions is not None:
+            if cache is not None:
+                raise ValueError("documents/positions: packed rows are for full passes; decode each document with "
+                                 "its own cache")
+            for what, t in (("documents", documents), ("positions", positions)):
+                if t is not None and tuple(t.shape) != (B, T):
+                    raise ValueError(f"{what}: shape {tuple(t.shape)} does not fit {name} {tuple(tokens.shape[:2])}; "
+                                     f"give one {'id' if what == 'documents' else 'position'} per token, [B, T]")
+        length = T if positions is None else max(T, int(positions.max()) + 1)
         if cache is None:
-            positions = key_positions = positions_for(padding_mask, T, device)
+            if positions is None:
+                positions = positions_for(padding_mask, T, device, documents)
+            key_positions = positions
             key_padding = padding_mask
         else:
             positions, key_positions, key_padding = cache.extend(padding_mask, T, B, device)
-        length = key_positions.shape[-1]
+            length = key_positions.shape[-1]
         for pos in [position, *self.positions] if check_length else []:
             if pos.max_len is not None and length > pos.max_len:
                 raise ValueError(
@@ -110,9 +130,9 @@ class Stack(nn.Module):
             keys = key_positions[..., start:]
             padding = None if key_padding is None else key_padding[:, start:]
             bias = pos.bias(heads, positions, keys)
-            mask, is_causal = attention_mask(q_len=T, k_len=keys.shape[-1], causal=causal, padding_mask=padding,
-                                             bias=bias, window=window, device=device)
-            made.append(BlockContext(pos=pos, positions=positions, mask=mask, is_causal=is_causal))
+            mask = Mask(T, keys.shape[-1], causal=causal, window=window, padding=padding, documents=documents,
+                        bias=bias, device=device)
+            made.append(BlockContext(pos=pos, positions=positions, mask=mask, is_causal=False))
         return StackContext(positions=positions, layers=tuple(made[v] for v in self.variant_of), padding_mask=padding_mask)
 
     def forward(self, x: Tensor, ctx: StackContext, cache: KVCache | None = None) -> Tensor:

@@ -5,14 +5,20 @@
 be faster (its ``applies`` says when), they run it instead. Components call only these functions.
 :func:`scores_attention` computes attention on explicit scores, for what no fused kernel computes
 (soft-capped scores); an attention spec's ``kernel`` says which of the two it takes.
+:class:`Mask` is the one mask concept (causal, windows, padding, documents, prefix, bias) that
+the models build and the attention backends read: dense SDPA, :mod:`zoo.kernels.blocked` (CPU
+blocks of SDPA over each block's band of keys) and :mod:`zoo.kernels.flex` (FlexAttention on CUDA),
+chosen per call by :func:`backend_for` under :func:`attention_backend`.
 :func:`sdpa_only` turns zoo's own attention off within a context (so a forced SDPA kernel applies).
 :func:`grouped_mm` multiplies rows sorted by group by one matrix per group (mixture-of-experts
 layers, :mod:`zoo.kernels.grouped`).
 """
 
-from zoo.kernels import cpu, grouped
+from zoo.kernels import blocked, cpu, flex, grouped
 from zoo.kernels.cpu.attention import sdpa_only
-from zoo.kernels.dispatch import attention, dropout, linear, scores_attention
+from zoo.kernels.dispatch import BACKENDS, attention, attention_backend, backend_for, dropout, linear, scores_attention
 from zoo.kernels.grouped import grouped_mm
+from zoo.kernels.mask import Mask, MaskError, document_positions
 
-__all__ = ["attention", "cpu", "dropout", "grouped", "grouped_mm", "linear", "scores_attention", "sdpa_only"]
+__all__ = ["BACKENDS", "Mask", "MaskError", "attention", "attention_backend", "backend_for", "blocked", "cpu",
+           "document_positions", "dropout", "flex", "grouped", "grouped_mm", "linear", "scores_attention", "sdpa_only"]

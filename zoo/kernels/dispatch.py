@@ -9,13 +9,57 @@ no fused kernel computes (soft-capped scores). Which one an attention takes is i
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.kernels import cpu
+from zoo.kernels import blocked, cpu, flex
+from zoo.kernels.mask import Mask
 
-__all__ = ["attention", "dropout", "linear", "scores_attention"]
+__all__ = ["BACKENDS", "attention", "attention_backend", "backend_for", "dropout", "linear", "scores_attention"]
+
+BACKENDS = ("auto", "dense", "blocked", "flex")
+_BACKEND = contextvars.ContextVar("zoo_attention_backend", default="auto")
+
+
+@contextlib.contextmanager
+def attention_backend(name: str) -> Iterator[None]:
+    """Within this context a structured :class:`~zoo.kernels.mask.Mask` is computed by backend
+    ``name``: ``auto`` (default: ``flex`` on CUDA and ``blocked`` on CPU where the mask bounds its keys
+    enough to gain, else ``dense``), ``dense`` (SDPA, or zoo's CPU kernel, on the dense mask),
+    ``blocked`` (:mod:`zoo.kernels.blocked`; masks that bound nothing stay dense) or ``flex``
+    (:mod:`zoo.kernels.flex`, CUDA only)."""
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend {name!r}: use one of {', '.join(BACKENDS)}")
+    token = _BACKEND.set(name)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
+
+
+def backend_for(mask: Mask, q: Tensor, dropout_p: float = 0.0) -> str:
+    """Which backend computes ``mask`` for queries ``q`` under the current :func:`attention_backend`:
+    dense, blocked or flex. An explicit flex where it cannot run is refused naming the one that would."""
+    name = _BACKEND.get()
+    if name == "flex":
+        why = flex.refusal(q, dropout_p)
+        if why is not None:
+            raise ValueError(f"run.attention=flex: {why}")
+        return "flex"
+    if name == "dense" or mask.trivial:
+        return "dense"
+    if name == "blocked":
+        return "blocked" if blocked.band(mask) is not None else "dense"
+    if q.device.type == "cuda":
+        grad_bias = mask.bias is not None and mask.bias.requires_grad
+        sparse = blocked.band(mask) is not None and mask.k_len >= 256
+        return "flex" if sparse and not grad_bias and flex.refusal(q, dropout_p) is None else "dense"
+    return "blocked" if blocked.worth_it(mask) else "dense"
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -39,7 +83,7 @@ def attention(
     k: Tensor,
     v: Tensor,
     *,
-    mask: Tensor | None = None,
+    mask: Tensor | Mask | None = None,
     is_causal: bool = False,
     dropout_p: float = 0.0,
     enable_gqa: bool = False,
@@ -47,8 +91,16 @@ def attention(
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` with its arguments and semantics: q (B, H, T, K),
     k (B, G, S, K), v (B, G, S, V) -> (B, H, T, V); ``mask`` boolean (True = may attend) or additive,
-    broadcastable to [B, H, T, S]; ``scale`` on the scores (None: 1/sqrt(K)). On CPU, short
-    sequences and attention dropout run :mod:`zoo.kernels.cpu.attention`."""
+    broadcastable to [B, H, T, S], or a structured :class:`~zoo.kernels.mask.Mask`, which the backend
+    :func:`backend_for` picks computes (blocked, flex, or its dense form); ``scale`` on the scores
+    (None: 1/sqrt(K)). On CPU, short sequences and attention dropout run :mod:`zoo.kernels.cpu.attention`."""
+    if isinstance(mask, Mask):
+        backend = backend_for(mask, q, dropout_p)
+        if backend == "flex":
+            return flex.attention(q, k, v, mask, scale=scale, enable_gqa=enable_gqa)
+        if backend == "blocked":
+            return blocked.attention(q, k, v, mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+        mask, is_causal = mask.dense()
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
     if cpu.attention.applies(q, k, dropout_p, mask):
@@ -74,7 +126,10 @@ def scores_attention(
     the softmax. Scores, tanh and softmax in fp32, the weighted sum of values in v's dtype; plain
     autograd, so the backward pass keeps the [B, H, T, S] scores' tanh, the weights and their cast
     (what fused kernels avoid). Dropout on the weights as :func:`dropout`; a query with no allowed
-    key gets zeros, as in SDPA. Any device. q (B, H, T, K), k (B, G, S, K), v (B, G, S, V) -> (B, H, T, V)."""
+    key gets zeros, as in SDPA. Any device. q (B, H, T, K), k (B, G, S, K), v (B, G, S, V) -> (B, H, T, V).
+    A structured :class:`~zoo.kernels.mask.Mask` is taken in its dense form."""
+    if isinstance(mask, Mask):
+        mask, is_causal = mask.dense()
     rep = q.shape[1] // k.shape[1]
     if rep > 1:  # GQA/MQA: each key/value head serves ``rep`` consecutive query heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

@@ -40,14 +40,20 @@ class DecoderLM(Family):
         init_weights(self, spec)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, cache: KVCache | None = None, *,
-                last_only: bool = False) -> Tensor:
+                last_only: bool = False, documents: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
         """With a ``cache`` (from :meth:`new_cache`), ``tokens`` continue the cached ones: pass the
         prompt first (with its padding mask), then each new token; the logits equal a full pass.
         ``last_only``: logits of the last position only ([B, 1, V]), what generation needs; a long
-        prompt then skips its [B, T, V] vocabulary projection."""
+        prompt then skips its [B, T, V] vocabulary projection.
+
+        Packed rows: ``documents`` ([B, T] ids, a new document wherever the id changes) keeps each
+        token to its own document, with positions restarting at each one, so a packed row's logits
+        equal each document's run alone; ``positions`` ([B, T]) overrides them (a document continued
+        from the row before)."""
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        ctx = self.stack.context(self.position, tokens, padding_mask, causal=True, cache=cache)
+        ctx = self.stack.context(self.position, tokens, padding_mask, causal=True, cache=cache, documents=documents,
+                                 positions=positions)
         x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), ctx.positions)))  # (B, T, D)
         x = self.stack(x, ctx, cache=cache)
         return self.head(x[:, -1:] if last_only else x)  # (B, T, V)

@@ -82,11 +82,13 @@ class Encoder(Family):
         self.classifier = Classifier(d, c.num_labels, pooler=c.pooler, dropout=c.dropout) if c else None
         init_weights(self, spec)
 
-    def encode(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
-        """Hidden states [B, T, D] after the last block (and final norm)."""
+    def encode(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None, *,
+               documents: Tensor | None = None) -> Tensor:
+        """Hidden states [B, T, D] after the last block (and final norm). ``documents`` ([B, T] ids):
+        a packed row, each token attending within its own document (positions restart per document)."""
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        ctx = self.stack.context(self.position, tokens, padding_mask, causal=False)
+        ctx = self.stack.context(self.position, tokens, padding_mask, causal=False, documents=documents)
         x = self.position.add(self.tok_emb(tokens), ctx.positions)
         if self.type_emb is not None:
             if token_types is None:
@@ -98,8 +100,9 @@ class Encoder(Family):
         x = self.drop(self.emb_norm(x))  # (B, T, D)
         return self.stack(x, ctx)
 
-    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
-        return self.head(self.encode(tokens, padding_mask, token_types))  # (B, T, V)
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None, *,
+                documents: Tensor | None = None) -> Tensor:
+        return self.head(self.encode(tokens, padding_mask, token_types, documents=documents))  # (B, T, V)
 
     def classify(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         if self.classifier is None:

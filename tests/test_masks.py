@@ -1,0 +1,211 @@
+"""One mask concept (zoo.kernels.Mask) and the attention backends that read it.
+
+The dense form is checked against a rule written out pair by pair in Python; the blocked CPU kernel
+and (on CUDA) FlexAttention against SDPA on that dense mask, forward and gradients, on random masks
+of every kind (causal or bidirectional, windows, documents, padding, prefix); packed rows against
+each document run alone."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_model
+
+from zoo import kernels
+from zoo.kernels import Mask, MaskError, attention_backend, blocked, document_positions
+
+
+def reference_allowed(m: Mask, b: int, t: int, s: int) -> bool:
+    """The rule as the docs state it, one pair at a time."""
+    i = t + (m.k_len - m.q_len)
+    if m.causal and s > i and not (m.prefix is not None and s < int(m.prefix[b])):
+        return False
+    if m.window is not None:
+        if m.causal and s <= i - m.window:
+            return False
+        if not m.causal and abs(i - s) > m.window // 2:
+            return False
+    if m.documents is not None and int(m.documents[b, i]) != int(m.documents[b, s]):
+        return False
+    if m.padding is not None and not bool(m.padding[b, s]):
+        return m.q_len == m.k_len and i == s
+    return True
+
+
+def random_documents(B: int, T: int, rng: random.Random) -> torch.Tensor:
+    rows = []
+    for _ in range(B):
+        ids, d = [], 0
+        while len(ids) < T:
+            ids += [d] * rng.randint(1, max(1, T // 2))
+            d += 1
+        rows.append(ids[:T])
+    return torch.tensor(rows)
+
+
+def random_mask(seed: int, T: int, *, square: bool = True) -> Mask:
+    rng = random.Random(seed)
+    B = 2
+    S = T if square else T + rng.randint(1, 5)
+    causal = rng.random() < 0.6
+    window = rng.choice([None, 1, 2, 5, 9, 16]) if rng.random() < 0.7 else None
+    padding = documents = prefix = None
+    if rng.random() < 0.5:
+        lengths = torch.tensor([S, rng.randint(1, S)])
+        padding = torch.arange(S)[None] < lengths[:, None]
+    if rng.random() < 0.6 and square:
+        documents = random_documents(B, S, rng)
+    if causal and window is None and rng.random() < 0.3:
+        prefix = torch.tensor([rng.randint(0, S), rng.randint(0, S)])
+    return Mask(T, S, causal=causal, window=window, padding=padding, documents=documents, prefix=prefix)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_dense_form_follows_the_rule_pair_by_pair(seed):
+    m = random_mask(seed, T=11, square=seed % 4 != 0)
+    dense, is_causal = m.dense()
+    want = torch.tensor([[[reference_allowed(m, b, t, s) for s in range(m.k_len)] for t in range(m.q_len)]
+                         for b in range(2)])
+    if dense is None:
+        assert is_causal == (m.causal and m.q_len > 1)
+        dense = torch.ones(m.q_len, m.k_len, dtype=torch.bool)
+        if is_causal:
+            dense = dense.tril()
+    assert torch.equal(dense.expand(2, 1, m.q_len, m.k_len)[:, 0], want)
+
+
+def test_document_positions_restart_and_skip_padding():
+    docs = torch.tensor([[0, 0, 0, 1, 1, 2], [5, 5, 7, 7, 7, 7]])
+    assert document_positions(docs).tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 0, 1, 2, 3]]
+    pad = torch.tensor([[True] * 6, [False, True, True, True, True, False]])
+    assert document_positions(docs, pad).tolist() == [[0, 1, 2, 0, 1, 0], [0, 0, 0, 1, 2, 2]]
+
+
+def _qkv(B, H, G, T, K, seed, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, n, T, K, generator=g, dtype=dtype).to(device).requires_grad_() for n in (H, G, G))
+    return q, k, v
+
+
+def _reference(q, k, v, m: Mask):
+    dense, is_causal = m.dense()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, is_causal=is_causal,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _compare(q, k, v, m: Mask, backend: str, tol: float):
+    ref = _reference(q, k, v, m)
+    grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    with attention_backend(backend):
+        assert kernels.backend_for(m, q) == backend
+        got = kernels.attention(q, k, v, mask=m, enable_gqa=q.shape[1] != k.shape[1])
+    mine = torch.autograd.grad(got.square().sum(), (q, k, v))
+    assert (got - ref).abs().max() < tol
+    for a, b in zip(mine, grads):
+        assert (a - b).abs().max() < tol
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_blocked_attention_equals_the_dense_mask_forward_and_backward(seed, monkeypatch):
+    monkeypatch.setattr(blocked, "_MIN_BLOCK", 4)  # several blocks at test sizes
+    rng = random.Random(100 + seed)
+    T = rng.randint(9, 41)
+    B = 2
+    causal = seed % 3 != 2
+    window = rng.choice([2, 5, 8, 13]) if seed % 2 == 0 or seed % 3 == 2 else None
+    documents = random_documents(B, T, rng) if window is None or seed % 4 == 0 else None
+    padding = (torch.arange(T)[None] < torch.tensor([T, rng.randint(1, T)])[:, None]) if seed % 5 < 2 else None
+    m = Mask(T, T, causal=causal, window=window, documents=documents, padding=padding)
+    H, G = (4, 2) if seed % 2 else (3, 3)
+    q, k, v = _qkv(B, H, G, T, 8, seed)
+    _compare(q, k, v, m, "blocked", 1e-5)
+
+
+def test_blocked_attention_at_a_long_window_is_chosen_and_exact():
+    T, W = 640, 64
+    m = Mask(T, T, causal=True, window=W)
+    q, k, v = _qkv(1, 2, 2, T, 16, 0)
+    assert blocked.worth_it(m) and kernels.backend_for(m, q) == "blocked"
+    C, back, ahead = blocked.band(m)
+    assert ahead == 0 and back * C >= W - 1 and (back + 1) * C < T
+    _compare(q, k, v, m, "blocked", 1e-5)
+
+
+def test_a_mask_that_bounds_nothing_stays_dense():
+    m = Mask(600, 600, causal=True)
+    assert kernels.backend_for(m, torch.zeros(1, 1, 600, 8)) == "dense"
+    with attention_backend("blocked"):
+        assert kernels.backend_for(Mask(600, 600, causal=True, prefix=torch.tensor([3])), torch.zeros(1, 1, 600, 8)) == "dense"
+
+
+@pytest.mark.parametrize("kind", ["rope", "learned", "alibi", "window"])
+def test_a_packed_row_equals_each_document_alone(kind):
+    overrides = {"rope": [], "learned": ["position.kind=learned"], "alibi": ["position.kind=alibi"],
+                 "window": ["block.attention.window=3"]}[kind]
+    model = tiny_model("decoder", ["dropout.embedding=0", "dropout.residual=0", "dropout.attention=0",
+                                   "dropout.ffn=0", *overrides]).eval()
+    g = torch.Generator().manual_seed(1)
+    V = model.spec.vocab_size
+    docs = [torch.randint(0, V, (n,), generator=g) for n in (5, 1, 7, 3)]
+    row = torch.cat(docs)[None]
+    ids = torch.cat([torch.full((len(d),), i) for i, d in enumerate(docs)])[None]
+    with torch.no_grad():
+        packed = model(row, documents=ids)[0]
+        alone = torch.cat([model(d[None])[0] for d in docs])
+        for backend in ("dense", "blocked"):
+            with attention_backend(backend):
+                assert (model(row, documents=ids)[0] - alone).abs().max() < 1e-5
+    assert (packed - alone).abs().max() < 1e-5
+    assert (model(row)[0, 5:] - alone[5:]).abs().max() > 1e-3  # without documents the rows do see each other
+
+
+def test_a_packed_encoder_row_equals_each_document_alone():
+    model = tiny_model("encoder", ["dropout.embedding=0", "dropout.residual=0", "dropout.attention=0",
+                                   "dropout.ffn=0"]).eval()
+    g = torch.Generator().manual_seed(2)
+    docs = [torch.randint(0, model.spec.vocab_size, (n,), generator=g) for n in (4, 6, 2)]
+    ids = torch.cat([torch.full((len(d),), i) for i, d in enumerate(docs)])[None]
+    with torch.no_grad():
+        packed = model(torch.cat(docs)[None], documents=ids)[0]
+        alone = torch.cat([model(d[None])[0] for d in docs])
+    assert (packed - alone).abs().max() < 1e-5
+
+
+def test_bad_masks_name_the_shapes_and_the_backend():
+    with pytest.raises(MaskError, match=r"documents: shape \(2, 5\) does not fit .*\[B, 6\]"):
+        Mask(6, 6, documents=torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(MaskError, match=r"documents: shape \(2, 6\) does not fit the batch: expected \[3, 6\].*padding \(3, 6\) has 3 rows"):
+        Mask(6, 6, documents=torch.zeros(2, 6, dtype=torch.long), padding=torch.ones(3, 6, dtype=torch.bool))
+    with pytest.raises(MaskError, match="prefix"):
+        Mask(6, 6, causal=False, prefix=torch.tensor([2]))
+    q = torch.zeros(1, 1, 4, 8)
+    with attention_backend("flex"), pytest.raises(ValueError, match="run.attention=flex: .*CUDA only.*blocked"):
+        kernels.attention(q, q, q, mask=Mask(4, 4, causal=True, window=2))
+    with pytest.raises(ValueError, match="attention backend 'fast': use one of auto, dense, blocked, flex"):
+        with attention_backend("fast"):
+            pass
+    model = tiny_model("decoder").eval()
+    tokens = torch.zeros(1, 6, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"documents: shape \(1, 5\) does not fit tokens \(1, 6\)"):
+        model(tokens, documents=torch.zeros(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="packed rows are for full passes"):
+        model(tokens, None, model.new_cache(8), documents=torch.zeros(1, 6, dtype=torch.long))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (FlexAttention trains on CUDA only)")
+@pytest.mark.parametrize("seed", range(6))
+def test_flex_attention_equals_the_dense_mask_on_the_gpu(seed):
+    rng = random.Random(200 + seed)
+    T = rng.choice([130, 257, 300])
+    causal = seed % 3 != 2
+    window = rng.choice([16, 33, 64]) if seed % 2 == 0 else None
+    documents = random_documents(2, T, rng).cuda() if window is None or seed % 4 == 0 else None
+    padding = (torch.arange(T)[None] < torch.tensor([T, rng.randint(1, T)])[:, None]).cuda() if seed % 3 == 1 else None
+    m = Mask(T, T, causal=causal, window=window, documents=documents, padding=padding, device=torch.device("cuda"))
+    q, k, v = _qkv(2, 4, 2 if seed % 2 else 4, T, 16, seed, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _compare(q, k, v, m, "flex", 1e-5)

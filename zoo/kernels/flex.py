@@ -1,0 +1,70 @@
+"""FlexAttention (``torch.nn.attention.flex_attention``) on a :class:`~zoo.kernels.mask.Mask`: the
+mask's rule becomes the ``mask_mod`` of a block mask, so blocks with no allowed pair are skipped
+(a sliding window or packed documents cost what they allow), and its bias a ``score_mod``.
+
+torch 2.14's FlexAttention has no backward pass on CPU: it trains on CUDA only, so the dispatcher
+(:func:`zoo.kernels.attention`) never picks it on a CPU, and asking for it there is refused naming
+the backend that runs (``blocked``). It computes no attention dropout either (refused likewise).
+The kernel is compiled once per process (``torch.compile``); the block mask once per mask (one per
+distinct layer kind per forward pass).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torch import Tensor
+
+from zoo.kernels.mask import Mask
+
+__all__ = ["attention", "refusal"]
+
+
+def refusal(q: Tensor, dropout_p: float) -> str | None:
+    """Why FlexAttention cannot compute this attention here, or None."""
+    if q.device.type != "cuda":
+        return (f"the flex attention backend trains on CUDA only (torch's FlexAttention has no backward pass on "
+                f"{q.device.type}); use run.attention=blocked (windows and documents at their cost) or dense")
+    if dropout_p:
+        return "the flex attention backend has no attention dropout; set dropout.attention=0 or use run.attention=dense"
+    return None
+
+
+@functools.cache
+def _kernel():
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def block_mask(mask: Mask, batch: int, device) -> object:
+    """The mask's FlexAttention block mask (cached on the mask)."""
+    key = f"flex-{device}"
+    if key not in mask._cache:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        per_row = any(t is not None for t in (mask.padding, mask.documents, mask.prefix))
+        off = mask.offset
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return mask.allowed(b if per_row else 0, q_idx + off, kv_idx)
+
+        mask._cache[key] = create_block_mask(mask_mod, batch if per_row else None, None, mask.q_len, mask.k_len,
+                                             device=device)
+    return mask._cache[key]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, scale: float | None = None,
+              enable_gqa: bool = False) -> Tensor:
+    """``flex_attention`` over ``mask``: q (B, H, T, K), k (B, G, S, K), v (B, G, S, V) -> (B, H, T, V)."""
+    bias = mask.bias
+    score_mod = None
+    if bias is not None:
+        row = bias.shape[0] > 1
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[b if row else 0, h if bias.shape[1] > 1 else 0, q_idx, kv_idx].to(score.dtype)
+
+    return _kernel()(q, k, v, score_mod=score_mod, block_mask=block_mask(mask, q.shape[0], q.device), scale=scale,
+                     enable_gqa=enable_gqa)
