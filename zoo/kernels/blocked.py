@@ -15,6 +15,7 @@ Shapes: B batch, H query heads, G key/value heads, T queries = S keys, K/V head 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -54,9 +55,11 @@ def worth_it(mask: Mask) -> bool:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, dropout_p: float = 0.0, scale: float | None = None,
-              enable_gqa: bool = False) -> Tensor:
+              enable_gqa: bool = False, inner: Callable[..., Tensor] | None = None) -> Tensor:
     """SDPA's result for ``mask`` (its dense form), computed block by block: q (B, H, T, K),
-    k (B, G, T, K), v (B, G, T, V) -> (B, H, T, V)."""
+    k (B, G, T, K), v (B, G, T, V) -> (B, H, T, V). ``inner(q, k, v, mask, is_causal, dropout_p,
+    enable_gqa, scale)`` computes the blocks on their dense masks (default: SDPA); the dispatcher
+    passes its own, so zoo's CPU kernel takes the short bands where it is faster."""
     shape = band(mask)
     if shape is None:
         raise ValueError("blocked attention: this mask does not bound its keys (a window or documents, square, "
@@ -80,6 +83,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, dropout_p: float =
     ok = mask.allowed(b, qi, kj) & (kj >= 0) & (kj < T)
     ok = ok | (qi >= T) & (kj == qi)  # the padding queries past T attend to their own slot (sliced off below)
     ok = ok.expand(B, n, C, M).reshape(B * n, 1, C, M)
-    y = F.scaled_dot_product_attention(qb, bands(k), bands(v), attn_mask=ok, dropout_p=dropout_p, scale=scale,
-                                       enable_gqa=enable_gqa)  # (B*n, H, C, V)
+    if inner is None:
+        y = F.scaled_dot_product_attention(qb, bands(k), bands(v), attn_mask=ok, dropout_p=dropout_p, scale=scale,
+                                           enable_gqa=enable_gqa)  # (B*n, H, C, V)
+    else:
+        y = inner(qb, bands(k), bands(v), ok, False, dropout_p, enable_gqa, scale)
     return y.unflatten(0, (B, n)).transpose(1, 2).flatten(2, 3)[:, :, :T]

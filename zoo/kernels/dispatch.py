@@ -99,8 +99,15 @@ def attention(
         if backend == "flex":
             return flex.attention(q, k, v, mask, scale=scale, enable_gqa=enable_gqa)
         if backend == "blocked":
-            return blocked.attention(q, k, v, mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+            return blocked.attention(q, k, v, mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa,
+                                     inner=_dense_attention)
         mask, is_causal = mask.dense()
+    return _dense_attention(q, k, v, mask, is_causal, dropout_p, enable_gqa, scale)
+
+
+def _dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float,
+                     enable_gqa: bool, scale: float | None) -> Tensor:
+    """SDPA, or zoo's CPU kernel where it applies, on a dense mask."""
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
     if cpu.attention.applies(q, k, dropout_p, mask):
