@@ -9,8 +9,10 @@ unigram baseline, sample from it, and export it with its tokenizer.
 
 Data (``data.text``): plain-text files or folders of ``*.txt`` (one document a line); without it, the
 glosses of WordNet (Debian's ``wordnet-base``). A byte-level BPE is trained on the training split
-(or ``data.tokenizer`` is used), documents are joined with ``<eos>`` and cut into blocks of
-``train.block_len`` tokens. Any decoder spec works (``model``: a preset or a YAML file), a mixture
+(or ``data.tokenizer`` is used); ``<eos>`` opens each document, and ``data.packing`` makes rows of
+``train.block_len`` tokens: ``documents`` (default: documents one after another, each attending only
+to itself with its positions from 0), ``concat`` (the same rows attending across documents) or
+``pad`` (one document a row, padded). Any decoder spec works (``model``: a preset or a YAML file), a mixture
 of experts too (``block.ffn.kind=moe``: the loop adds its router losses and logs its experts' load).
 The run writes ``results.json`` (parameters, valid perplexity) for ``zoo ablate``. See
 docs/recipes/lm.md.
@@ -84,11 +86,27 @@ class LMConfig(Config):
     run: RunConfig = RunConfig(out_dir=Path("runs/lm"))
 
 
-def lm_loss(model, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed next-token cross-entropy over ``blocks`` [B, L+1] and the number of targets."""
-    logits = model(blocks[:, :-1])
-    loss = F.cross_entropy(logits.float().flatten(0, 1), blocks[:, 1:].flatten(), reduction="sum")
-    return loss, torch.tensor(blocks[:, 1:].numel())
+def lm_loss(model, rows: T.Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token cross-entropy over ``rows`` (tokens [B, L+1], with their document masks or
+    padding) and the number of targets."""
+    extra = {} if rows.documents is None else {"documents": rows.documents[:, :-1], "positions": rows.positions[:, :-1]}
+    padding = None if rows.padding is None else rows.padding[:, :-1]
+    logits = model(rows.tokens[:, :-1], padding, **extra)
+    targets = rows.tokens[:, 1:]
+    if rows.padding is not None:
+        targets = targets.masked_fill(~rows.padding[:, 1:], -100)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=-100)
+    return loss, torch.tensor(rows.targets)
+
+
+def make_rows(cfg: LMConfig, docs: list[list[int]], eos: int, max_position: int | None) -> T.Rows:
+    """The documents as training rows, as ``data.packing`` says."""
+    L = cfg.train.block_len
+    if cfg.data.packing == "documents":
+        return T.pack_documents(docs, L, eos_id=eos, max_position=max_position)
+    if cfg.data.packing == "pad":
+        return T.pad_documents(docs, L, eos_id=eos, pad_id=T.SPECIALS.index(T.PAD))
+    return T.Rows(T.pack_blocks(docs, L, eos_id=eos))
 
 
 class LMTask(ListTask):
@@ -99,25 +117,25 @@ class LMTask(ListTask):
     panels = [("loss", ["train/loss", "valid/loss"]), ("valid perplexity", ["valid/ppl"]),
               ("tokens/s", ["train/tokens_per_s"])]
 
-    def __init__(self, cfg: LMConfig, dist, train_blocks: torch.Tensor, valid_blocks: torch.Tensor) -> None:
+    def __init__(self, cfg: LMConfig, dist, train_rows: T.Rows, valid_rows: T.Rows) -> None:
         super().__init__(dist, cfg.run.grad_accum)
-        self.cfg, self.train_blocks, self.valid_blocks = cfg, train_blocks, valid_blocks
-        self.valid_rows = list(range(valid_blocks.shape[0]))[dist.rank :: dist.world_size]
+        self.cfg, self.train_rows, self.valid_blocks = cfg, train_rows, valid_rows
+        self.valid_rows = list(range(len(valid_rows)))[dist.rank :: dist.world_size]
 
     def batches(self, epoch: int) -> list[torch.Tensor]:
-        n, size = self.train_blocks.shape[0], self.cfg.train.batch_size
+        n, size = len(self.train_rows), self.cfg.train.batch_size
         g = torch.Generator().manual_seed(self.cfg.run.seed * 100_003 + epoch)
         return list(torch.randperm(n, generator=g)[: n // size * size].split(size))
 
     def loss(self, model, batch, step):
-        loss, n = lm_loss(model, self.train_blocks[batch].to(self.dist.device))
+        loss, n = lm_loss(model, self.train_rows.take(batch).to(self.dist.device))
         return loss / n, {"tokens": float(n)}
 
     def evaluate(self, model) -> dict[str, float]:
         device, size = self.dist.device, self.cfg.train.batch_size
         total = torch.zeros(2, dtype=torch.float64, device=device)
         for i in range(0, len(self.valid_rows), size):
-            loss, n = lm_loss(model, self.valid_blocks[self.valid_rows[i : i + size]].to(device))
+            loss, n = lm_loss(model, self.valid_blocks.take(self.valid_rows[i : i + size]).to(device))
             total += torch.stack([loss.double(), n.double().to(device)])
         self.dist.all_reduce(total)
         nll = float(total[0] / total[1])
@@ -139,28 +157,38 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
     V, eos = tok.get_vocab_size(), tok.token_to_id(T.EOS)
     L = cfg.train.block_len
-    train_blocks = T.pack_blocks(bpe.encode(tok, train_texts.texts), L, eos_id=eos)
-    valid_blocks = T.pack_blocks(bpe.encode(tok, valid_texts.texts), L, eos_id=eos)
-    unigram = T.unigram_perplexity(train_blocks[:, 1:], valid_blocks[:, 1:], V)
-    dist.print(f"data: {source}: {len(train_texts):,} train / {len(valid_texts):,} valid texts; BPE {how}: {V:,} tokens; "
-               f"{train_blocks.shape[0]:,} train / {valid_blocks.shape[0]:,} valid blocks of {L} "
-               f"({train_blocks.shape[0] * L:,} train tokens); {time.perf_counter() - t0:.1f}s")
-    dist.print(f"unigram baseline (add-one, fit on train): valid perplexity {unigram:.1f}")
-
-    # model
-    seed_everything(cfg.run.seed)
     spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
     if spec.family != "decoder":
         raise TrainError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
     if spec.max_seq_len < L:
         raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
+    train_rows = make_rows(cfg, bpe.encode(tok, train_texts.texts), eos, spec.max_seq_len)
+    valid_rows = make_rows(cfg, bpe.encode(tok, valid_texts.texts), eos, spec.max_seq_len)
+    real = (lambda r: r.tokens[:, 1:] if r.padding is None else r.tokens[:, 1:][r.padding[:, 1:]])  # noqa: E731
+    unigram = T.unigram_perplexity(real(train_rows), real(valid_rows), V)
+    slots = train_rows.tokens[:, 1:].numel()
+    packing = {"documents": "packed with document masks", "concat": "packed, attending across documents",
+               "pad": "one document a row, padded"}[cfg.data.packing]
+    dist.print(f"data: {source}: {len(train_texts):,} train / {len(valid_texts):,} valid texts; BPE {how}: {V:,} tokens; "
+               f"{len(train_rows):,} train / {len(valid_rows):,} valid rows of {L} ({packing}): "
+               f"{train_rows.targets:,} train tokens in {slots:,} slots ({100 * (1 - train_rows.targets / slots):.1f}% padding); "
+               f"{time.perf_counter() - t0:.1f}s")
+    if train_rows.split:
+        cut = ("cut to the row, the rest dropped" if cfg.data.packing == "pad" else
+               "split at a row boundary, positions continuing in the next row" if cfg.data.packing == "documents" else
+               "split at a row boundary")
+        dist.print(f"data: {train_rows.split:,} training documents longer than their row were {cut}")
+    dist.print(f"unigram baseline (add-one, fit on train): valid perplexity {unigram:.1f}")
+
+    # model
+    seed_everything(cfg.run.seed)
     model = zoo.build(spec, seed=cfg.run.seed).to(device)
     params, active = zoo.count_parameters(model), active_parameters(model)
     dist.print(f"model: {cfg.model} ({spec.name}), {params / 1e6:.2f}M parameters"
                + (f" ({active / 1e6:.2f}M active per token)" if active != params else "")
                + f", {dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
-    task = LMTask(cfg, dist, train_blocks, valid_blocks)
+    task = LMTask(cfg, dist, train_rows, valid_rows)
     fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist, total_steps=cfg.train.steps,
                  resume=ckpt_path, config=cfg.model_dump(mode="json"), minutes=cfg.train.minutes)
     model, valid, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
@@ -176,7 +204,7 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
         model.eval()
         g = torch.Generator(device=device).manual_seed(cfg.sample.seed)
         for prompt in cfg.sample.prompts:
-            ids = tok.encode(prompt, add_special_tokens=False).ids or [eos]
+            ids = [eos, *tok.encode(prompt, add_special_tokens=False).ids]  # <eos> opens a document
             gen = zoo.generate(model, torch.tensor([ids], device=device), max_new_tokens=cfg.sample.max_new_tokens,
                                do_sample=True, top_p=cfg.sample.top_p, temperature=cfg.sample.temperature,
                                generator=g, eos_id=eos)

@@ -91,11 +91,23 @@ def examples(tok, texts, max_len: int) -> list[list[int]]:
     return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in bpe.encode(tok, texts)]
 
 
-def mlm_batch(rows, mask_prob: float, vocab_size: int, generator: torch.Generator):
+def pack(cfg: MLMConfig, rows: list[list[int]]) -> tuple[list[list[int]], list[list[int]] | None]:
+    """The examples as ``data.packing`` says: packed into rows of ``train.max_len`` (with their
+    example ids for document masks, or None to attend across them), or one a row."""
+    if cfg.data.packing == "pad":
+        return rows, None
+    packed, ids = T.pack_examples(rows, cfg.train.max_len)
+    return packed, ids if cfg.data.packing == "documents" else None
+
+
+def mlm_batch(rows, mask_prob: float, vocab_size: int, generator: torch.Generator, docs=None):
+    """(inputs, padding mask, labels, document ids or None) of ``rows``, BERT-masked (per document)."""
     tokens, pad_mask = T.pad_batch(rows, pad_id=PAD_ID)
+    documents = None if docs is None else T.pad_batch(docs, pad_id=-1)[0]
     maskable = pad_mask & (tokens >= len(T.SPECIALS))
-    inputs, labels = T.mask_tokens(tokens, maskable, mask_id=MASK_ID, vocab_size=vocab_size, prob=mask_prob, generator=generator)
-    return inputs, pad_mask, labels
+    inputs, labels = T.mask_tokens(tokens, maskable, mask_id=MASK_ID, vocab_size=vocab_size, prob=mask_prob,
+                                   generator=generator, documents=documents)
+    return inputs, pad_mask, labels, documents
 
 
 # --------------------------------------------------------------------------------------- pre-train
@@ -107,19 +119,23 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
     train_texts, valid_texts, source = load_text(cfg.data)
     tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
     V = tok.get_vocab_size()
-    train_rows = examples(tok, train_texts.texts, cfg.train.max_len)
-    valid_rows = examples(tok, valid_texts.texts, cfg.train.max_len)
+    texts = examples(tok, train_texts.texts, cfg.train.max_len)
+    train_rows, train_docs = pack(cfg, texts)
+    valid_rows, valid_docs = pack(cfg, examples(tok, valid_texts.texts, cfg.train.max_len))
     n_tok = sum(map(len, train_rows))
-    dist.print(f"data: {source}: {len(train_rows):,} train / {len(valid_rows):,} valid texts ({n_tok:,} train tokens); "
-               f"BPE {how}: {V:,} tokens; {time.perf_counter() - t0:.1f}s")
+    how_rows = {"documents": "packed with document masks", "concat": "packed, attending across texts",
+                "pad": "one text a row"}[cfg.data.packing]
+    dist.print(f"data: {source}: {len(texts):,} train / {len(valid_texts):,} valid texts ({n_tok:,} train tokens) in "
+               f"{len(train_rows):,} rows ({how_rows}); BPE {how}: {V:,} tokens; {time.perf_counter() - t0:.1f}s")
 
     # fixed validation masks: every evaluation scores the same positions
     g = torch.Generator().manual_seed(4321)
-    valid = [mlm_batch([valid_rows[i] for i in b], cfg.train.mask_prob, V, g)
+    valid = [mlm_batch([valid_rows[i] for i in b], cfg.train.mask_prob, V, g,
+                       None if valid_docs is None else [valid_docs[i] for i in b])
              for b in eval_batches(valid_rows, cfg.train.batch_size, 0, 1)]
     counts = torch.bincount(torch.tensor([t for r in train_rows for t in r if t >= len(T.SPECIALS)]), minlength=V)
     top = int(counts.argmax())
-    targets = torch.cat([lab[lab != -100] for _, _, lab in valid])
+    targets = torch.cat([lab[lab != -100] for _, _, lab, _ in valid])
     baseline = float((targets == top).double().mean())
     dist.print(f"most-frequent-token baseline ({tok.id_to_token(top)!r}): masked-token accuracy {baseline:.2%} "
                f"on {targets.numel():,} masked valid tokens")
@@ -135,7 +151,7 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
     dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
                f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
-    task = MLMTask(cfg, dist, train_rows, mine, V)
+    task = MLMTask(cfg, dist, train_rows, mine, V, train_docs)
     fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist, total_steps=cfg.train.steps,
                  resume=ckpt_path, config=cfg.model_dump(mode="json"))
     model, last, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
@@ -228,18 +244,19 @@ class MLMTask(LengthBatched):
     panels = [("loss", ["train/loss", "valid/loss"]), ("masked-token accuracy", ["valid/accuracy"]),
               ("tokens/s", ["train/tokens_per_s"])]
 
-    def __init__(self, cfg: MLMConfig, dist, rows, valid_batches, vocab_size: int) -> None:
+    def __init__(self, cfg: MLMConfig, dist, rows, valid_batches, vocab_size: int, docs=None) -> None:
         super().__init__(dist, cfg.run.grad_accum, rows, cfg.train.batch_size, cfg.run.seed)
-        self.cfg, self.valid, self.V = cfg, valid_batches, vocab_size
+        self.cfg, self.valid, self.V, self.docs = cfg, valid_batches, vocab_size, docs
         self._gen: tuple[int, torch.Generator] | None = None
 
     def loss(self, model, batch, step):
         if self._gen is None or self._gen[0] != step:
             seed = (self.cfg.run.seed * 1_000_003 + step) * 1009 + self.dist.rank
             self._gen = (step, torch.Generator().manual_seed(seed))
-        inputs, pad_mask, labels = (x.to(self.dist.device) for x in
-                                    mlm_batch([self.rows[i] for i in batch], self.cfg.train.mask_prob, self.V, self._gen[1]))
-        logits = model(inputs, pad_mask)
+        docs = None if self.docs is None else [self.docs[i] for i in batch]
+        inputs, pad_mask, labels, documents = (None if x is None else x.to(self.dist.device) for x in mlm_batch(
+            [self.rows[i] for i in batch], self.cfg.train.mask_prob, self.V, self._gen[1], docs))
+        logits = model(inputs, pad_mask, documents=documents)
         sel = labels != -100
         loss = F.cross_entropy(logits[sel].float(), labels[sel])
         masked = float(sel.sum())
@@ -253,9 +270,9 @@ class MLMTask(LengthBatched):
     def evaluate(self, model) -> dict[str, float]:
         device = self.dist.device
         total = torch.zeros(3, dtype=torch.float64, device=device)
-        for inputs, pad_mask, labels in self.valid:
+        for inputs, pad_mask, labels, documents in self.valid:
             inputs, pad_mask, labels = inputs.to(device), pad_mask.to(device), labels.to(device)
-            logits = model(inputs, pad_mask).float()
+            logits = model(inputs, pad_mask, documents=None if documents is None else documents.to(device)).float()
             sel = labels != -100
             loss = F.cross_entropy(logits[sel], labels[sel], reduction="sum")
             correct = (logits[sel].argmax(-1) == labels[sel]).sum()

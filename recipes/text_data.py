@@ -4,7 +4,7 @@ from, the train/valid split, the shared byte-level BPE, and batches of similar l
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt
@@ -28,6 +28,9 @@ class TextDataConfig(Config):
     max_valid: PositiveInt | None = Field(5000, description="at most this many validation texts")
     split_seed: int = Field(1234, description="seeds the train/valid split (kept apart from run.seed)")
     limit: PositiveInt | None = Field(None, description="use only the first N texts (quick runs, tests)")
+    packing: Literal["documents", "concat", "pad"] = Field(
+        "documents", description="rows of texts: documents (packed one after another, each attending only to itself, "
+        "positions from 0: document masks), concat (packed, attending across documents) or pad (one a row, padded)")
 
 
 def load_text(cfg: TextDataConfig):

@@ -99,6 +99,35 @@ def test_bpe_round_trip_and_blocks():
     assert T.unigram_perplexity(torch.arange(10), torch.arange(10), 10) == pytest.approx(10.0)
 
 
+def test_rows_packed_with_document_masks_padded_or_examples_whole():
+    docs = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    rows = T.pack_documents(docs, 4, eos_id=1)  # stream 1 5 6 7 1 8 9 1 10 11 12 13 1: <eos> opens each document
+    assert rows.tokens.tolist() == [[1, 5, 6, 7, 1], [1, 8, 9, 1, 10], [10, 11, 12, 13, 1]]
+    assert rows.documents.tolist() == [[1, 1, 1, 1, 2], [2, 2, 2, 3, 3], [3, 3, 3, 3, 4]]
+    assert rows.positions.tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1], [1, 2, 3, 4, 0]]  # row 3 goes on at 1
+    assert rows.split == 1 and rows.targets == 12
+    assert T.pack_documents(docs, 4, eos_id=1, max_position=3).positions[2].tolist() == [1, 2, 0, 1, 0]
+    padded = T.pad_documents(docs, 4, eos_id=1, pad_id=0)
+    assert padded.tokens.tolist() == [[1, 5, 6, 7, 1], [1, 8, 9, 1, 0], [1, 10, 11, 12, 13]]
+    assert padded.split == 1 and padded.targets == 11 and padded.take([1]).padding.tolist() == [[1, 1, 1, 1, 0]]
+    assert T.pack_examples([[1, 2, 3], [4, 5], [6, 7, 8, 9], [1]], 5) == (
+        [[1, 2, 3, 4, 5], [6, 7, 8, 9, 1]], [[0, 0, 0, 1, 1], [0, 0, 0, 0, 1]])
+    with pytest.raises(T.DataError, match="an example of 6 tokens does not fit a row of 5"):
+        T.pack_examples([[1] * 6], 5)
+
+
+def test_bert_masking_selects_in_every_packed_document():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, 1000, (50, 40), generator=g)
+    documents = torch.arange(40).div(2, rounding_mode="floor").expand(50, -1)  # 20 documents of 2 tokens a row
+    maskable = torch.ones_like(tokens, dtype=torch.bool)
+    _, labels = T.mask_tokens(tokens, maskable, mask_id=3, vocab_size=1000, generator=g, documents=documents)
+    per_doc = (labels != -100).view(50, 20, 2).any(-1)
+    assert per_doc.all()  # 0.85^2 = 72% of them drew nothing by the 15% rule alone
+    _, plain = T.mask_tokens(tokens, maskable, mask_id=3, vocab_size=1000, generator=g)
+    assert not (plain != -100).view(50, 20, 2).any(-1).all()
+
+
 def test_bert_masking_rule():
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(4, 1000, (400, 250), generator=g)

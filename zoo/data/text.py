@@ -5,6 +5,7 @@ rule.
     texts = read_wordnet()                                    # the glosses of Debian's wordnet-base
     tok = bpe.train_bpe(texts.texts, 8192, specials=SPECIALS)  # byte-level BPE; ids 0-3 are SPECIALS
     blocks = pack_blocks(bpe.encode(tok, texts.texts), 128, eos_id=tok.token_to_id(EOS))   # [N, 129]
+    rows = pack_documents(bpe.encode(tok, texts.texts), 128, eos_id=tok.token_to_id(EOS))  # with document masks
     inputs, labels = mask_tokens(tokens, mask, mask_id=..., vocab_size=..., generator=g)
 
 Nothing is dropped silently, and unusable input fails with the file, the line and the fix.
@@ -27,7 +28,7 @@ from zoo.data.common import DataError, read_lines
 __all__ = [
     "WORDNET_DIR", "WORDNET_PARTS", "INSTALL_HINT", "SPECIALS", "PAD", "EOS", "CLS", "MASK", "DataError", "Texts",
     "read_wordnet", "read_text_files", "read_labelled_tsv", "split_texts", "pack_blocks", "unigram_perplexity",
-    "pad_batch", "mask_tokens",
+    "pad_batch", "mask_tokens", "Rows", "pack_documents", "pad_documents", "pack_examples",
 ]
 
 WORDNET_DIR = Path("/usr/share/wordnet")
@@ -157,6 +158,97 @@ def pack_blocks(docs: Iterable[Sequence[int]], block_len: int, *, eos_id: int) -
     return flat.unfold(0, block_len + 1, block_len).contiguous()
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Training rows of ``block_len + 1`` tokens (inputs ``[:, :-1]``, targets ``[:, 1:]``) and what
+    the model needs besides: ``documents`` (ids, a packed row's document masks), ``positions`` (each
+    token's position in its document) and ``padding`` (True = real token); None where not used."""
+
+    tokens: Tensor
+    documents: Tensor | None = None
+    positions: Tensor | None = None
+    padding: Tensor | None = None
+    split: int = 0  # documents cut at a row boundary (their positions continue in the next row)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def take(self, index) -> Rows:
+        pick = (lambda t: None if t is None else t[index])
+        return Rows(self.tokens[index], pick(self.documents), pick(self.positions), pick(self.padding), self.split)
+
+    def to(self, device) -> Rows:
+        move = (lambda t: None if t is None else t.to(device))
+        return Rows(self.tokens.to(device), move(self.documents), move(self.positions), move(self.padding), self.split)
+
+    @property
+    def targets(self) -> int:
+        """How many tokens are predicted (real targets)."""
+        return int(self.padding[:, 1:].sum()) if self.padding is not None else self.tokens[:, 1:].numel()
+
+
+def pack_documents(docs: Iterable[Sequence[int]], block_len: int, *, eos_id: int, max_position: int | None = None) -> Rows:
+    """Documents packed as :func:`pack_blocks` packs them (one stream, each document after an
+    ``eos_id``, rows overlapping by one token), with document masks: ``eos_id`` opens each document
+    (it is the document's first input, so a document sees nothing of the one before, and its last
+    token predicts the ``eos_id`` that opens the next). A document cut at a row boundary goes on in
+    the next row with its positions continuing (counted in ``split``); positions wrap at
+    ``max_position`` (a position table's length)."""
+    stream: list[int] = [eos_id]
+    for d in docs:
+        stream.extend(d)
+        stream.append(eos_id)
+    n = (len(stream) - 1) // block_len
+    if n < 1:
+        raise DataError(f"{len(stream)} tokens are too few for one block of {block_len} + 1")
+    flat = torch.tensor(stream[: n * block_len + 1], dtype=torch.long)
+    starts = flat == eos_id
+    ids = starts.long().cumsum(0)
+    index = torch.arange(flat.numel())
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(0).values
+    positions = index - first
+    if max_position is not None:
+        positions = positions % max_position
+    rows = lambda t: t.unfold(0, block_len + 1, block_len).contiguous()  # noqa: E731
+    tokens, documents = rows(flat), rows(ids)
+    split = int((~starts[block_len:-1:block_len]).sum())  # rows 1.. that open inside a document
+    return Rows(tokens, documents, rows(positions), None, split)
+
+
+def pad_documents(docs: Iterable[Sequence[int]], block_len: int, *, eos_id: int, pad_id: int) -> Rows:
+    """One document a row, ``[eos_id] + doc + [eos_id]`` cut to ``block_len + 1`` tokens (counted in
+    ``split``) and right-padded with ``pad_id`` (``padding`` False there)."""
+    rows, cut = [], 0
+    for d in docs:
+        r = [eos_id, *d, eos_id]
+        cut += len(r) > block_len + 1
+        rows.append(r[: block_len + 1])
+    if not rows:
+        raise DataError("no documents to pad into rows")
+    tokens, padding = pad_batch(rows, pad_id=pad_id)
+    if tokens.shape[1] < block_len + 1:
+        grow = block_len + 1 - tokens.shape[1]
+        tokens = torch.nn.functional.pad(tokens, (0, grow), value=pad_id)
+        padding = torch.nn.functional.pad(padding, (0, grow), value=False)
+    return Rows(tokens, None, None, padding, cut)
+
+
+def pack_examples(rows: Sequence[Sequence[int]], max_len: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Whole examples (each at most ``max_len`` tokens) packed in order into rows of at most
+    ``max_len``, a new row where the next does not fit: (rows, each token's example index in its row)."""
+    packed: list[list[int]] = []
+    ids: list[list[int]] = []
+    for r in rows:
+        if len(r) > max_len:
+            raise DataError(f"an example of {len(r)} tokens does not fit a row of {max_len}; cut examples first")
+        if not packed or len(packed[-1]) + len(r) > max_len:
+            packed.append([])
+            ids.append([])
+        ids[-1].extend([ids[-1][-1] + 1 if ids[-1] else 0] * len(r))
+        packed[-1].extend(r)
+    return packed, ids
+
+
 def unigram_perplexity(train_tokens: Tensor, valid_tokens: Tensor, vocab_size: int) -> float:
     """Perplexity on ``valid_tokens`` of a unigram model fit on ``train_tokens`` with add-one
     smoothing over the whole vocabulary: the baseline a language model must beat."""
@@ -185,13 +277,25 @@ def mask_tokens(
     first_regular: int = len(SPECIALS),
     prob: float = 0.15,
     generator: torch.Generator | None = None,
+    documents: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """BERT's rule (Devlin et al. 2019): each token where ``maskable`` is True is selected with
     probability ``prob``; a selected token becomes ``mask_id`` 80% of the time, a random regular
     token (id >= ``first_regular``) 10%, and stays itself 10%. Returns (inputs, labels) with labels
-    -100 where not selected. At least one token per row is selected when the row has any."""
+    -100 where not selected. At least one token per row is selected when the row has any; with
+    ``documents`` ([B, T] ids of packed rows), per document."""
     g = generator
     selected = (torch.rand(tokens.shape, generator=g) < prob) & maskable
+    if documents is not None:  # documents that drew nothing: one maskable position each
+        change = torch.ones_like(documents, dtype=torch.bool)
+        change[:, 1:] = documents[:, 1:] != documents[:, :-1]
+        doc = change.flatten().long().cumsum(0) - 1  # a unique id per (row, document)
+        n = int(doc[-1]) + 1 if doc.numel() else 0
+        scores = torch.rand(tokens.shape, generator=g).masked_fill(~maskable, -1.0).flatten()
+        best = torch.full((n,), -2.0).scatter_reduce(0, doc, scores, "amax")
+        drew = torch.zeros(n, dtype=torch.long).scatter_reduce(0, doc, selected.flatten().long(), "amax")
+        need = (drew == 0) & (best >= 0)
+        selected |= (need[doc] & (scores == best[doc])).view_as(selected) & maskable
     # rows that drew nothing: select one maskable position so every example teaches something
     empty = ~selected.any(dim=1) & maskable.any(dim=1)
     if bool(empty.any()):
