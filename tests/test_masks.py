@@ -197,10 +197,10 @@ def test_bad_masks_name_the_shapes_and_the_backend():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (FlexAttention trains on CUDA only)")
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 def test_flex_attention_equals_the_dense_mask_on_the_gpu(seed):
     rng = random.Random(200 + seed)
-    T = rng.choice([130, 257, 300])
+    T = 130 if seed < 2 else 257
     causal = seed % 3 != 2
     window = rng.choice([16, 33, 64]) if seed % 2 == 0 else None
     documents = random_documents(2, T, rng).cuda() if window is None or seed % 4 == 0 else None
@@ -209,3 +209,27 @@ def test_flex_attention_equals_the_dense_mask_on_the_gpu(seed):
     q, k, v = _qkv(2, 4, 2 if seed % 2 else 4, T, 16, seed, device="cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     _compare(q, k, v, m, "flex", 1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (FlexAttention trains on CUDA only)")
+def test_a_packed_row_on_flex_equals_each_document_alone_and_trains_as_dense():
+    model = tiny_model("decoder", ["dropout.embedding=0", "dropout.residual=0", "dropout.attention=0",
+                                   "dropout.ffn=0", "block.attention.window=5", "max_seq_len=512"]).cuda()
+    g = torch.Generator().manual_seed(3)
+    docs = [torch.randint(0, model.spec.vocab_size, (n,), generator=g).cuda() for n in (100, 37, 180, 9)]
+    row = torch.cat(docs)[None]
+    ids = torch.cat([torch.full((len(d),), i) for i, d in enumerate(docs)])[None].cuda()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        alone = torch.cat([model(d[None])[0] for d in docs])
+    grads = {}
+    for backend in ("flex", "dense"):
+        model.zero_grad()
+        with attention_backend(backend):
+            out = model(row, documents=ids)
+        assert (out[0] - alone).abs().max() < 1e-4
+        out.square().mean().backward()
+        grads[backend] = [p.grad.clone() for p in model.parameters()]
+    for a, b in zip(grads["flex"], grads["dense"]):
+        assert (a - b).abs().max() < 1e-4
