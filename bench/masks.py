@@ -27,9 +27,10 @@ Timing = dict
 
 def window(precision: str, timing: Timing, tiny: bool = False) -> Row:
     T, W, D, H = (256, 32, 64, 4) if tiny else (4096, 256, 512, 8)
+    B = 8 if here().type == "cuda" and not tiny else 1  # a GPU needs more than one row to be busy
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     layer = Attention(D, n_heads=H, n_kv_heads=H, head_dim=D // H, v_head_dim=D // H, bias=False).to(dtype)
-    x = torch.randn(1, T, D, dtype=dtype, requires_grad=True)
+    x = torch.randn(B, T, D, dtype=dtype, requires_grad=True)
     mask = Mask(T, T, causal=True, window=W, device=here())
 
     def step(backend: str):
@@ -38,9 +39,9 @@ def window(precision: str, timing: Timing, tiny: bool = False) -> Row:
                 layer(x, mask=mask).sum().backward()
         return run
 
-    picked = kernels.backend_for(mask, torch.empty(1, H, T, D // H, dtype=dtype))
+    picked = kernels.backend_for(mask, torch.empty(B, H, T, D // H, dtype=dtype))
     row = Row(workload=f"causal window {W} at T={T}, attention fwd+bwd ({picked})", precision=precision,
-              unit="tokens", work=T)
+              unit="tokens", work=B * T)
     row.seconds, row.spread = compare([Side("zoo", step("auto")), Side("dense mask", step("dense"))], **timing)
     row.extra["backend"] = picked
     return row
@@ -49,8 +50,8 @@ def window(precision: str, timing: Timing, tiny: bool = False) -> Row:
 def documents(n: int, vocab: int, seed: int = 0) -> list[torch.Tensor]:
     """``n`` documents with lengths like short web texts: geometric, mean ~120 tokens, 8..1024."""
     g = torch.Generator().manual_seed(seed)
-    lengths = (torch.empty(n).exponential_(1 / 120, generator=g) + 8).clamp(max=1024).long()
-    return [torch.randint(0, vocab, (int(k),), generator=g) for k in lengths]
+    lengths = (torch.empty(n, device="cpu").exponential_(1 / 120, generator=g) + 8).clamp(max=1024).long()
+    return [torch.randint(0, vocab, (int(k),), generator=g, device="cpu") for k in lengths]
 
 
 def packing(precision: str, timing: Timing, tiny: bool = False) -> Row:
@@ -74,13 +75,14 @@ def packing(precision: str, timing: Timing, tiny: bool = False) -> Row:
         row, rid, k = row + d.tolist(), rid + [k] * len(d), k + 1
     rows.append(row + [0] * (L - len(row)))
     ids.append(rid + [k + 1] * (L - len(rid)))
-    packed, packed_ids = torch.tensor(rows), torch.tensor(ids)
+    packed, packed_ids = torch.tensor(rows, device=here()), torch.tensor(ids, device=here())
     useful = sum(len(d[:L]) for d in docs)
     longest = max(len(d[:L]) for d in docs)
-    padded = torch.zeros(len(docs), longest, dtype=torch.long)
-    pad_mask = torch.zeros(len(docs), longest, dtype=torch.bool)
+    padded = torch.zeros(len(docs), longest, dtype=torch.long, device="cpu")
+    pad_mask = torch.zeros(len(docs), longest, dtype=torch.bool, device="cpu")
     for i, d in enumerate(docs):
         padded[i, : len(d[:L])], pad_mask[i, : len(d[:L])] = d[:L], True
+    padded, pad_mask = padded.to(here()), pad_mask.to(here())
 
     def packed_loss():
         logits = model(packed, documents=packed_ids)

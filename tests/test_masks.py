@@ -97,15 +97,15 @@ def _reference(q, k, v, m: Mask):
 
 
 def _compare(q, k, v, m: Mask, backend: str, tol: float):
+    """Forward and gradients within ``tol`` of the dense reference, relative to the largest value (at least 1)."""
     ref = _reference(q, k, v, m)
     grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
     with attention_backend(backend):
         assert kernels.backend_for(m, q) == backend
         got = kernels.attention(q, k, v, mask=m, enable_gqa=q.shape[1] != k.shape[1])
     mine = torch.autograd.grad(got.square().sum(), (q, k, v))
-    assert (got - ref).abs().max() < tol
-    for a, b in zip(mine, grads):
-        assert (a - b).abs().max() < tol
+    for a, b in zip((got, *mine), (ref, *grads)):
+        assert (a - b).abs().max() < tol * max(1.0, float(b.abs().max()))
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -215,7 +215,8 @@ def test_flex_attention_equals_the_dense_mask_on_the_gpu(seed):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (FlexAttention trains on CUDA only)")
 def test_a_packed_row_on_flex_equals_each_document_alone_and_trains_as_dense():
     model = tiny_model("decoder", ["dropout.embedding=0", "dropout.residual=0", "dropout.attention=0",
-                                   "dropout.ffn=0", "block.attention.window=5", "max_seq_len=512"]).cuda()
+                                   "dropout.ffn=0", "block.attention.window=5", "max_seq_len=512", "d_model=64",
+                                   "block.attention.n_heads=4"]).cuda()
     g = torch.Generator().manual_seed(3)
     docs = [torch.randint(0, model.spec.vocab_size, (n,), generator=g).cuda() for n in (100, 37, 180, 9)]
     row = torch.cat(docs)[None]
@@ -232,4 +233,4 @@ def test_a_packed_row_on_flex_equals_each_document_alone_and_trains_as_dense():
         out.square().mean().backward()
         grads[backend] = [p.grad.clone() for p in model.parameters()]
     for a, b in zip(grads["flex"], grads["dense"]):
-        assert (a - b).abs().max() < 1e-4
+        assert (a - b).abs().max() < 1e-4 * max(1.0, float(b.abs().max()))

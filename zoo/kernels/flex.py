@@ -27,6 +27,8 @@ def refusal(q: Tensor, dropout_p: float) -> str | None:
                 f"{q.device.type}); use run.attention=blocked (windows and documents at their cost) or dense")
     if dropout_p:
         return "the flex attention backend has no attention dropout; set dropout.attention=0 or use run.attention=dense"
+    if q.shape[-1] < 16:
+        return f"the flex attention backend needs heads of at least 16 features, got {q.shape[-1]}; use run.attention=dense"
     return None
 
 
