@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from zoo.kernels.mask import Mask
 
@@ -29,6 +30,9 @@ def refusal(q: Tensor, dropout_p: float) -> str | None:
         return "the flex attention backend has no attention dropout; set dropout.attention=0 or use run.attention=dense"
     if q.shape[-1] < 16:
         return f"the flex attention backend needs heads of at least 16 features, got {q.shape[-1]}; use run.attention=dense"
+    if _get_current_dispatch_mode() is not None:
+        return ("the flex attention backend does not run under a dispatch mode (a FLOP counter, say); "
+                "use run.attention=dense there")
     return None
 
 
@@ -68,5 +72,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, scale: float | Non
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + bias[b if row else 0, h if bias.shape[1] > 1 else 0, q_idx, kv_idx].to(score.dtype)
 
-    return _kernel()(q, k, v, score_mod=score_mod, block_mask=block_mask(mask, q.shape[0], q.device), scale=scale,
+    import torch
+
+    if torch.compiler.is_compiling():  # inside a compiled model: the compiler fuses it there
+        from torch.nn.attention.flex_attention import flex_attention as kernel
+    else:
+        kernel = _kernel()
+    return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask(mask, q.shape[0], q.device), scale=scale,
                      enable_gqa=enable_gqa)
