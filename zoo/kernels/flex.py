@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -38,7 +39,6 @@ def refusal(q: Tensor, dropout_p: float) -> str | None:
 
 @functools.cache
 def _kernel():
-    import torch
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
@@ -71,8 +71,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, scale: float | Non
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + bias[b if row else 0, h if bias.shape[1] > 1 else 0, q_idx, kv_idx].to(score.dtype)
-
-    import torch
 
     if torch.compiler.is_compiling():  # inside a compiled model: the compiler fuses it there
         from torch.nn.attention.flex_attention import flex_attention as kernel
