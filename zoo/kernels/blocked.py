@@ -29,10 +29,10 @@ _MIN_BLOCK = 64
 _MIN_KEYS = 512  # below this the dense call is as fast (measured: bench --only window)
 
 
-def band(mask: Mask) -> tuple[int, int, int] | None:
+def band(mask: Mask, *, bias: bool = False) -> tuple[int, int, int] | None:
     """(C, blocks back, blocks ahead) for ``mask``, or None where nothing bounds the keys (or it is
-    not a square self-attention, or carries a bias)."""
-    if mask.q_len != mask.k_len or mask.bias is not None:
+    not a square self-attention, or carries a bias, unless ``bias``: a kernel that adds it)."""
+    if mask.q_len != mask.k_len or (mask.bias is not None and not bias):
         return None
     back, ahead = mask.reach()
     if back is None or ahead is None:
@@ -43,11 +43,12 @@ def band(mask: Mask) -> tuple[int, int, int] | None:
     return C, math.ceil(back / C), math.ceil(ahead / C)
 
 
-def worth_it(mask: Mask) -> bool:
-    """Whether the band is a small enough share of the keys to beat one dense call."""
-    if mask.k_len < _MIN_KEYS:
+def worth_it(mask: Mask, min_keys: int = _MIN_KEYS, *, bias: bool = False) -> bool:
+    """Whether the band is a small enough share of the keys (at least ``min_keys``) to beat one dense
+    call (``bias``: see :func:`band`)."""
+    if mask.k_len < min_keys:
         return False
-    shape = band(mask)
+    shape = band(mask, bias=bias)
     if shape is None:
         return False
     C, back, ahead = shape
