@@ -173,5 +173,5 @@ def test_a_forced_sdpa_kernel_covers_zoos_attention_too(monkeypatch):
     with attention_kernels("default"):
         model(*example_inputs(model)).sum().backward()
     assert len(calls) == model.spec.n_layers
-    with pytest.raises(ValueError, match="use default, math"):
+    with pytest.raises(ValueError, match="use default, dense, blocked, flex, math"):
         attention_kernels("fastest")

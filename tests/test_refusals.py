@@ -106,6 +106,8 @@ def test_attention_kernels_torch_cannot_run_are_refused(tmp_path):
         fit(model(), Tokens(), **cfg(tmp_path / "efficient", attention="efficient"), total_steps=1)
     assert str(e.value) == ("run.attention: efficient is a CUDA kernel, but this run is on cpu; use run.attention=default, "
                             "math or flash")
+    with pytest.raises(TrainError, match=r"^run.attention: flex trains on CUDA only .*use run.attention=blocked"):
+        fit(model(), Tokens(), **cfg(tmp_path / "flex", attention="flex"), total_steps=1)
     # flash runs on CPU, but not with attention dropout: named when torch finds no kernel, not a traceback
     fit(model(tiny("decoder", "dropout.attention=0.0")), Tokens(), **cfg(tmp_path / "flash", attention="flash"),
         total_steps=1)

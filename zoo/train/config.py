@@ -105,10 +105,13 @@ class RunConfig(Config):
         "auto", description="bf16: autocast on CPU and GPU; auto: bf16 where the hardware runs it natively "
         "(GPUs with bf16, CPUs with AVX-512/AMX), else fp32")
     compile: bool = Field(False, description="torch.compile the model for training")
-    attention: Literal["default", "math", "flash", "efficient"] = Field(
-        "default", description="attention kernel: default lets zoo and torch choose; math/flash/efficient force one SDPA "
-        "kernel (zoo.train.attention_kernels): efficient is CUDA's alone, and a kernel torch cannot run for the model "
-        "(flash with attention dropout on CPU, flash in fp32 on GPU) stops the run naming this field"
+    attention: Literal["default", "dense", "blocked", "flex", "math", "flash", "efficient"] = Field(
+        "default", description="attention kernel: default lets zoo and torch choose (blocked on CPU, flex on CUDA where a "
+        "window or packed documents bound the keys enough, else SDPA); dense/blocked/flex force how masks are computed "
+        "(SDPA on the dense mask; zoo's blocked CPU kernel; FlexAttention, CUDA only); math/flash/efficient force one "
+        "SDPA kernel on dense masks (zoo.train.attention_kernels): efficient is CUDA's alone, and a kernel torch cannot "
+        "run for the model (flash with attention dropout on CPU, flash in fp32 on GPU, flex on a CPU) stops the run "
+        "naming this field"
     )
     threads: PositiveInt | None = Field(None, description="torch intra-op threads per process (CPU work, on GPU runs "
                                         "too); default: torch's choice")

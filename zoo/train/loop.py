@@ -182,6 +182,9 @@ def refuse_what_cannot_apply(run: RunConfig, dist: Dist) -> None:
     if run.attention == "efficient" and device.type != "cuda":
         raise TrainError(f"run.attention: efficient is a CUDA kernel, but this run is on {device}; "
                          "use run.attention=default, math or flash")
+    if run.attention == "flex" and device.type != "cuda":
+        raise TrainError(f"run.attention: flex trains on CUDA only (torch's FlexAttention has no backward pass on "
+                         f"{device.type}); use run.attention=blocked (or default)")
     if (run.precision == "bf16" and device.type == "cuda" and torch.cuda.is_available()
             and not torch.cuda.is_bf16_supported()):
         raise TrainError(f"run.precision: bf16, but {torch.cuda.get_device_name(device)} has no bf16; "
@@ -196,7 +199,8 @@ def _forced_kernel(run: RunConfig, device: torch.device) -> Iterator[None]:
         try:
             yield
         except RuntimeError as e:
-            if run.attention == "default" or not any(t in str(e) for t in ("No available kernel", "No viable backend")):
+            if run.attention in ("default", "dense", "blocked", "flex") or not any(
+                    t in str(e) for t in ("No available kernel", "No viable backend")):
                 raise
             precision = resolve_precision(run.precision, device)
             raise TrainError(f"run.attention: torch has no {run.attention} attention kernel for this model on {device} "
