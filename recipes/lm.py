@@ -198,7 +198,8 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
 
     # samples and export
     results = {"params": params, "active_params": active, "steps": fitted.step, "valid_ppl": ppl,
-               "valid_loss": valid["loss"], "unigram_ppl": unigram, "train_seconds": train_s}
+               "valid_loss": valid["loss"], "unigram_ppl": unigram, "train_seconds": train_s,
+               "padding": round(1 - train_rows.targets / slots, 4)}
     if dist.is_main:
         atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
         model.eval()
