@@ -339,6 +339,7 @@ def zoo_to_hf_dir(src: Path, dst: Path, *, architecture: str | None = None, dtyp
     where = f"zoo -> {arch.name}"
     config = hf_config(spec, arch.name)
     hf = _meta_model(arch, config, arch.init_kwargs(spec))
+    arch.made(hf, spec)
     meta = hf.state_dict(keep_vars=True)
     shapes = {n: t.shape for n, t in meta.items()}
     rules = arch.rules(spec)
