@@ -76,6 +76,8 @@ HF_CONFIGS = {  # (config class, fields): small sizes no preset has
     "OlmoeForCausalLM": ("OlmoeConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
                                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=10, num_experts=3,
                                              num_experts_per_tok=2)),
+    "T5ForConditionalGeneration": ("T5Config", dict(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=1, num_heads=3,
+                                                    relative_attention_num_buckets=8, relative_attention_max_distance=20)),
     # backbones without a head (head: none), named in the config's architectures
     "GPT2Model": ("GPT2Config", dict(vocab_size=V, n_positions=32, n_embd=24, n_layer=2, n_head=3, n_inner=40,
                                      architectures=["GPT2Model"])),

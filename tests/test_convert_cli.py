@@ -171,8 +171,8 @@ def test_bad_inputs_are_one_line_with_exit_2(tmp_path, capsys):
     assert "family 'vit' has no HF counterpart" in refuse(capsys, vit, "-o", tmp_path / "out", "--to", "hf")
     assert "family='decoder' is not supported: timm's VisionTransformer is a 'vit' model" in refuse(capsys, gpt, "-o", tmp_path / "out", "--to", "timm")
     assert "position.kind='alibi' is not supported" in refuse(capsys, gpt, "-o", tmp_path / "out")
-    assert "unknown architecture 'T5ForConditionalGeneration'" in refuse(
-        capsys, gpt, "-o", tmp_path / "out", "--architecture", "T5ForConditionalGeneration")
+    assert "unknown architecture 'T5EncoderModel'" in refuse(
+        capsys, gpt, "-o", tmp_path / "out", "--architecture", "T5EncoderModel")
     assert "block.norm.eps=1e-05 is not supported" in refuse(
         capsys, _vit_eps(tmp_path), "-o", tmp_path / "out")
     (tmp_path / "full").mkdir()

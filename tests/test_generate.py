@@ -13,7 +13,7 @@ import zoo
 from conftest import tiny_model
 from zoo.generate import _beam_search, _filter, _Stepper, length_penalty
 
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi"]
+POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "relative_bias"]
 ATTENTION = {"mha": [], "gqa": ["block.attention.n_kv_heads=2"], "mqa": []}
 
 

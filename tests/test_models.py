@@ -39,6 +39,7 @@ CASES = [("decoder", *c.values) for c in combos(POSITIONS)]
 CASES += [("encoder", *c.values) for c in combos(POSITIONS)]
 CASES += [("encoder_decoder", *c.values) for c in combos(POSITIONS)]
 CASES += [("vit", *c.values) for c in combos(VIT_POSITIONS)]
+CASES += [(family, "relative_bias", "geglu", "rmsnorm", "pre", "mha") for family in ("decoder", "encoder", "encoder_decoder")]  # T5's
 IDS = ["-".join(c) for c in CASES]
 
 

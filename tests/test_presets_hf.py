@@ -4,7 +4,8 @@ Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``
 mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``, ``qwen1.5-moe-a2.7b``), on the
 meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
 has the parameter count of the HF class built from that config (tied tensors once), and writes back to
-the same config values. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
+the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``), and their tiny variants
+(``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
 ``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
@@ -202,3 +203,69 @@ def test_tiny_presets_convert_to_hf_and_decode_the_same(name):
     ours = zoo.generate(model, prompt, max_new_tokens=12).tokens
     theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert torch.equal(ours, theirs[:, prompt.shape[1]:])
+
+
+# ------------------------------------------------------------------------------ T5 encoder-decoders
+T5_RELEASES = {  # the released configs' fields (config.json on the Hub) and parameter counts
+    "t5-small": (60_506_624, {  # google-t5/t5-small: v1.0, ReLU, the head tied (and its input scaled)
+        "vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
+        "n_positions": 512, "relative_attention_num_buckets": 32, "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6,
+        "initializer_factor": 1.0, "feed_forward_proj": "relu", "decoder_start_token_id": 0}),
+    "flan-t5-base": (247_577_856, {  # google/flan-t5-base: v1.1, gated GELU, an untied head
+        "vocab_size": 32128, "d_model": 768, "d_kv": 64, "d_ff": 2048, "num_layers": 12, "num_decoder_layers": 12,
+        "num_heads": 12, "n_positions": 512, "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+        "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6, "initializer_factor": 1.0, "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False, "decoder_start_token_id": 0}),
+}
+T5_TINY = {"t5-tiny": "t5-small", "flan-t5-tiny": "flan-t5-base"}
+
+
+@pytest.mark.parametrize("name", T5_RELEASES)
+def test_t5_presets_are_the_hf_configs(name):
+    """The parameter count of the HF class built from the release's config, on the meta device: the
+    head counted apart where the release holds its own (transformers 5 ties it at construction and
+    unties it when from_pretrained reads two different matrices)."""
+    count, fields = T5_RELEASES[name]
+    config = transformers.T5Config(**fields)
+    with torch.device("meta"):
+        ref = transformers.T5ForConditionalGeneration(config)
+    untied = fields.get("tie_word_embeddings") is False
+    model = zoo.build(name, device="meta")
+    assert zoo.count_parameters(model) == unique_parameters(ref) + untied * ref.lm_head.weight.numel() == count
+    assert (model.head.weight is model.tgt_emb.weight) != untied and model.src_emb is model.tgt_emb
+    assert model.spec.model_dump(exclude={"name"}) == hf_spec(config).model_dump(exclude={"name"})
+    theirs, ours = config.to_dict(), hf_config(model.spec).to_dict()
+    assert {k: v for k, v in ours.items() if k not in NOT_SPEC} == {k: v for k, v in theirs.items() if k not in NOT_SPEC}
+
+
+@pytest.mark.parametrize("name", T5_TINY)
+def test_tiny_t5_presets_convert_to_hf_and_decode_the_same(name):
+    """Its release's details at smaller sizes; at random init the same logits as HF (a padded source)
+    and the same greedy decoding through the cache (tests/test_t5.py reaches past the last bucket)."""
+    release, tiny = zoo.load_spec(T5_TINY[name]), zoo.load_spec(name)
+    for field in ("position", "embedding", "head", "dropout", "share_embeddings"):
+        assert getattr(tiny, field) == getattr(release, field), field
+    b, rb = tiny.block, release.block
+    assert (b.kind, b.norm, b.ffn.kind, b.ffn.bias, b.attention.bias, b.attention.scale_dim) == \
+        (rb.kind, rb.norm, rb.ffn.kind, rb.ffn.bias, rb.attention.bias, rb.attention.scale_dim)
+    model = scramble(zoo.build(name))
+    with torch.no_grad():  # queries 1/sqrt(d_kv) smaller, as T5's init has them: T5 does not scale the scores
+        for block in [*model.encoder.blocks, *model.decoder.blocks]:
+            block.attn.qkv.weight[: block.attn.splits[0]] /= block.attn.head_dim**0.5
+            if block.cross_attn is not None:
+                block.cross_attn.q.weight /= block.attn.head_dim**0.5
+    hf = to_hf(model).eval()
+    assert type(hf).__name__ == "T5ForConditionalGeneration"
+    assert hf_spec(hf.config).model_dump(exclude={"name"}) == model.spec.model_dump(exclude={"name"})
+    V = model.spec.vocab_size
+    src, tgt = tokens(2, 40, V), tokens(2, 30, V, seed=2)
+    mask = torch.ones_like(src, dtype=torch.bool)
+    mask[1, 25:] = False
+    with torch.no_grad():
+        logits = model(src, tgt, mask)
+        assert logits.abs().max() > 0.1  # t5-tiny's head input is 1/16 of the decoder's output
+        theirs = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
+        assert max_diff(logits, theirs) < max(ATOL, 2e-5 * logits.abs().max().item())
+    ours = zoo.generate(model, src, padding_mask=mask, num_beams=1, max_new_tokens=8, bos_id=0).tokens
+    theirs = hf.generate(src, attention_mask=mask.long(), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(ours, theirs[:, 1:])

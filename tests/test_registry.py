@@ -25,7 +25,7 @@ def _restore_registries():
 
 
 def test_names():
-    assert zoo.registry("position").names() == ["alibi", "learned", "none", "rope", "sincos2d", "sinusoidal"]
+    assert zoo.registry("position").names() == ["alibi", "learned", "none", "relative_bias", "rope", "sincos2d", "sinusoidal"]
     assert zoo.registry("attention").names() == ["gqa", "mha", "mqa"]
     assert zoo.registry("ffn").names() == ["geglu", "gelu", "moe", "relu", "silu", "swiglu"]
     assert zoo.registry("norm").names() == ["layernorm", "rmsnorm"]

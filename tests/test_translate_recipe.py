@@ -52,10 +52,10 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def tiny(data: Path, out: Path, *extra: str) -> list[str]:
+def tiny(data: Path, out: Path, *extra: str, model: str = "") -> list[str]:
     return [
         f"data.path={data}", "data.vocab_size=400", f"run.out_dir={out}",
-        "model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=4,block.ffn.hidden=64]",
+        f"model_overrides=[d_model=32,n_layers=2,block.attention.n_heads=4,block.ffn.hidden=64{model}]",
         "train.max_tokens=600", "train.minutes=null", "train.average_last=2", "schedule.warmup=10", "optim.lr=2.0",
         "run.log_every=2", "run.eval_every=4", "run.checkpoint_every=4", "run.progress=false", "run.plot=false",
         "decode.beams=2", "decode.max_len_b=10", "decode.samples=2", "decode.final_splits=[valid,test]",
@@ -125,6 +125,20 @@ def test_ablation_setting_scores_the_last_model_once_on_valid_only(data, tmp_pat
     with pytest.raises(SystemExit):  # an empty list is refused by the config, naming the field
         recipe.main(tiny(data, tmp_path / "bad", "decode.final_splits=[]"))
     assert "final_splits" in capsys.readouterr().err
+
+
+def test_relative_bias_row_trains_and_scores(data, tmp_path, capsys):
+    """The Table 3 grid's ``relative-bias`` row (T5's relative position bias) through the recipe, two steps:
+    it trains, scores valid with beam search through the cache, and exports a model with a table per stack."""
+    out = tmp_path / "run"
+    assert recipe.main(tiny(data, out, "train.steps=2", "train.average_last=1", "decode.final_splits=[valid]",
+                            "run.eval_every=2", "run.checkpoint_every=2", "decode.samples=0", "decode.beams=2",
+                            model=",position.kind=relative_bias")) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["valid/last"]["ppl"] > 1.0
+    model = zoo.load(out / "model" / "model.safetensors")
+    assert model.spec.position.kind == "relative_bias"
+    assert [p.bidirectional for p in (model.encoder.positions[0], model.decoder.positions[0])] == [True, False]
 
 
 @pytest.fixture(scope="module")

@@ -26,15 +26,19 @@ __all__ = ["ClassifierHead", "LMHead", "MLMHead"]
 
 
 class LMHead(Linear):
-    """[..., D] -> [..., V] logits; with ``softcap``, ``softcap * tanh(logits / softcap)``."""
+    """[..., D] -> [..., V] logits; with ``softcap``, ``softcap * tanh(logits / softcap)``; with
+    ``input_scale``, of the input times that number (T5 v1.0's d_model^-0.5)."""
 
     summary_part = "head"
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, softcap: float | None = None) -> None:
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, softcap: float | None = None,
+                 input_scale: float | None = None) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self.softcap = softcap
+        self.softcap, self.input_scale = softcap, input_scale
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.input_scale is not None:
+            x = x * self.input_scale
         logits = super().forward(x)
         if self.softcap is None:
             return logits
@@ -45,7 +49,8 @@ class LMHead(Linear):
         return self.in_features + self.out_features * (1 if self.softcap is None else 2)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + ("" if self.softcap is None else f", softcap={self.softcap}")
+        return (super().extra_repr() + ("" if self.softcap is None else f", softcap={self.softcap}")
+                + ("" if self.input_scale is None else f", input_scale={self.input_scale:.6g}"))
 
 
 class ClassifierHead(LMHead):
@@ -103,7 +108,7 @@ def _none(spec, **_) -> nn.Module:
 
 @register("head", "lm")
 def _lm(spec, *, dim: int, vocab_size: int, embedding: nn.Module | None = None, **_) -> nn.Module:
-    head = LMHead(dim, vocab_size, bias=spec.bias, softcap=spec.softcap)
+    head = LMHead(dim, vocab_size, bias=spec.bias, softcap=spec.softcap, input_scale=dim**-0.5 if spec.scale_input else None)
     _tie(head, embedding, spec.tied)
     return head
 

@@ -1,7 +1,7 @@
 """Positions: one interface for three mechanisms (RoPE and its scalings: :mod:`zoo.components.rope`).
 
-Absolute positions are *added* to the embeddings, RoPE *rotates* queries and keys, ALiBi *biases*
-attention scores. Every position module has all three hooks with identity defaults, so blocks call
+Absolute positions are *added* to the embeddings, RoPE *rotates* queries and keys, ALiBi and T5's
+relative bias *bias* attention scores. Every position module has all three hooks with identity defaults, so blocks call
 all three and never branch on the kind. Positions are explicit integer tensors (``[T]`` or
 ``[B, T]``), so padded batches and cached decoding work the same for every kind.
 
@@ -187,6 +187,53 @@ class AlibiPosition(Position):
         return bias if bias.dim() == 4 else bias[None]
 
 
+def relative_buckets(relative: Tensor, *, num_buckets: int, max_distance: int, bidirectional: bool) -> Tensor:
+    """T5's buckets of ``relative`` = key position - query position (Raffel et al. 2020, sec. 2.1;
+    Mesh TensorFlow's ``_relative_position_bucket``): half the buckets (of each direction, when
+    ``bidirectional``) hold one distance each, the other half distances up to ``max_distance`` in
+    logarithmically wider bins; farther distances share the last bucket. Unidirectional (causal)
+    buckets count distances to earlier keys only (a later key is distance 0)."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).long() * num_buckets  # later keys: the upper half
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    exact = num_buckets // 2
+    far = exact + (torch.log(distance.float() / exact) / math.log(max_distance / exact) * (num_buckets - exact)).long()
+    far = far.clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < exact, distance, far)
+
+
+class RelativeBiasPosition(Position):
+    """T5's relative position bias: score(i, j) += weight[bucket(j - i), h], a learned scalar per
+    bucket of distance and head (see :func:`relative_buckets`). ``bidirectional``: an encoder's
+    buckets (keys before and after apart); else a causal stack's. Each stack has its own table
+    (the builder makes one per stack), computed once per pass and shared by its layers."""
+
+    init_normal = ("weight",)  # drawn N(0, init.std) by the model's initialisation, as embeddings
+
+    def __init__(self, n_heads: int, *, num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+        super().__init__()
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.weight = nn.Parameter(torch.empty(num_buckets, n_heads))  # (buckets, H)
+        nn.init.normal_(self.weight, std=0.02)
+
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        if n_heads != self.weight.shape[1]:
+            raise ValueError(f"relative_bias: a table of {self.weight.shape[1]} heads cannot bias {n_heads} heads")
+        relative = k_positions[..., None, :] - q_positions[..., :, None]  # ([B,] Tq, Tk)
+        buckets = relative_buckets(relative, num_buckets=self.num_buckets, max_distance=self.max_distance,
+                                   bidirectional=self.bidirectional)
+        bias = nn.functional.embedding(buckets, self.weight).movedim(-1, -3)  # ([B,] H, Tq, Tk)
+        return bias if bias.dim() == 4 else bias[None]
+
+    def extra_repr(self) -> str:
+        return (f"buckets={self.num_buckets}, heads={self.weight.shape[1]}, max_distance={self.max_distance}, "
+                f"bidirectional={self.bidirectional}")
+
+
 @register("position", "none")
 def _none(spec, **_) -> Position:
     return NoPosition()
@@ -205,6 +252,12 @@ def _sinusoidal(spec, *, dim: int, max_len: int, **_) -> Position:
 @register("position", "alibi")
 def _alibi(spec, **_) -> Position:
     return AlibiPosition()
+
+
+@register("position", "relative_bias")
+def _relative_bias(spec, *, n_heads: int, causal: bool = False, **_) -> Position:
+    return RelativeBiasPosition(n_heads, num_buckets=spec.num_buckets, max_distance=spec.max_distance,
+                                bidirectional=not causal)
 
 
 @register("position", "sincos2d")

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from zoo.components import parts
 from zoo.components.block import Block, BlockContext
 from zoo.components.cache import KVCache
+from zoo.components.dropout import Dropout
 from zoo.components.position import Position
 from zoo.kernels import Mask, document_positions
 
@@ -58,7 +59,8 @@ class Stack(nn.Module):
     """Blocks in sequence, then the final norm (or nothing, where the block kind ends in a norm).
 
     ``windows``: each layer's sliding window (None: every earlier token); ``positions``: each
-    layer's own position module (None: the model's, passed to :meth:`context`).
+    layer's own position module (None: the model's, passed to :meth:`context`); ``dropout``: a
+    dropout rate on the output, after the final norm (T5's).
 
     ``checkpointing``: in training, each block keeps only its input and recomputes the rest in the
     backward pass (``torch.utils.checkpoint``, non-reentrant; random draws such as dropout masks are
@@ -68,11 +70,12 @@ class Stack(nn.Module):
     summary_parts = {"norm": "norms"}  # the final norm; the blocks declare their own parts
 
     def __init__(self, blocks: list[Block], norm: nn.Module | None, *, windows: list[int | None] | None = None,
-                 positions: list[Position | None] | None = None) -> None:
+                 positions: list[Position | None] | None = None, dropout: float = 0.0) -> None:
         super().__init__()
         n = len(blocks)
         self.blocks = nn.ModuleList(blocks)
         self.norm = norm if norm is not None else nn.Identity()
+        self.drop = Dropout(dropout)  # after the final norm (T5's); identity at 0
         self.checkpointing = False
         self.padding_mask: Tensor | None = None  # the last forward pass's (see forward)
         self.windows = list(windows) if windows is not None else [None] * n
@@ -146,7 +149,7 @@ class Stack(nn.Module):
                 x = checkpoint(block, x, ctx.layers[i], use_reentrant=False)
             else:
                 x = block(x, ctx.layers[i], cache=cache.layers[i] if cache is not None else None)
-        return self.norm(x)
+        return self.drop(self.norm(x))
 
     def new_cache(self, capacity: int) -> KVCache:
         """An empty cache for up to ``capacity`` positions; a layer with a window holds at most the
@@ -171,6 +174,8 @@ class Stack(nn.Module):
             elements, masks = elements + e, masks + m
         if final_norm and parts.has_parameters(self.norm):
             elements += tokens * (_dim(self.norm) + parts.norm_saved(self.norm))
+        if self.drop.p:  # the final dropout's mask, a byte per element
+            masks += tokens * (_dim(self.norm) if parts.has_parameters(self.norm) else self.blocks[-1].attn.out.out_features)
         return elements, masks
 
     def kv_elements(self, *, cross: bool = False) -> int:

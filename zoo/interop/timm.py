@@ -40,7 +40,8 @@ CLAIMS: Claims = {
     "block.attention.bias": ANY, "block.attention.out_bias": ANY, "block.attention.qk_norm": ANY,
     "block.ffn.kind": one_of("gelu", "relu", "silu"), "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
     "block.ffn.approximate": ANY, "block.norm.kind": one_of("layernorm"), "block.norm.eps": ANY,
-    "block.norm.bias": one_of(True), "block.layer_scale": ANY, "dropout": ANY,
+    "block.norm.bias": one_of(True), "block.layer_scale": ANY,
+    "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY, "dropout.ffn": ANY,
 }
 
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from zoo.components.embedding import TokenEmbedding
 from zoo.components.parts import residual_linears
-from zoo.components.position import Position
+from zoo.components.position import NoPosition, Position
 from zoo.components.stack import Stack
 from zoo.registry import registry
 from zoo.spec import FamilySpec
@@ -29,21 +29,28 @@ def token_embedding(spec: FamilySpec, vocab_size: int) -> TokenEmbedding:
 
 
 def build_position(spec: FamilySpec, position=None, *, block=None, max_len: int,
-                   grid: tuple[int, int] | None = None) -> Position:
+                   grid: tuple[int, int] | None = None, causal: bool = False) -> Position:
     """The position module of ``position`` (default: the model's) for layers of ``block`` (default:
-    the model's)."""
+    the model's) in a ``causal`` stack or not. The model's own position, where its kind is one per
+    stack (``per_stack``: T5's relative bias), adds nothing: :func:`build_stack` gives each stack one."""
+    if position is None and type(spec.position).per_stack:
+        return NoPosition()
     att = (block or spec.block).attention
     return build_part(
         "position", position or spec.position,
         dim=spec.d_model, max_len=max_len, n_heads=att.n_heads, head_dim=att.qk_size(spec.d_model), grid=grid,
+        causal=causal,
     )
 
 
-def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_norm: bool | None = None) -> Stack:
+def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_norm: bool | None = None,
+                causal: bool = False) -> Stack:
     """The blocks of ``stack`` (a name of ``spec.stacks()``) from its resolved layers: each layer's
     block kind and parts, its window and its own position (one module per distinct position and
-    head shape, shared by the layers that have it); then the final norm where the block kind
-    declares one (``final_norm`` overrides)."""
+    head shape, shared by the layers that have it; a position kind that is one per stack, such as
+    T5's relative bias, is every other layer's own); then the final norm where the block kind
+    declares one (``final_norm`` overrides) and the final dropout. ``causal``: the stack's
+    self-attention is causal (a decoder's), which a position may depend on."""
     _, cross = spec.stacks()[stack]
     layers = spec.stack_layers(stack)
     own: dict[str, Position] = {}
@@ -52,17 +59,18 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
         b = layer.block
         blocks.append(build_part("block", b, dim=spec.d_model, dropout=spec.dropout, cross=cross))
         windows.append(getattr(b.attention, "window", None))
-        if layer.position is None:
+        position = layer.position or (spec.position if type(spec.position).per_stack else None)
+        if position is None:
             positions.append(None)
         else:  # one module per distinct position (and query/key heads it turns)
             att = b.attention
-            key = json.dumps([layer.position.model_dump(mode="json"), att.n_heads, att.qk_size(spec.d_model)], sort_keys=True)
+            key = json.dumps([position.model_dump(mode="json"), att.n_heads, att.qk_size(spec.d_model)], sort_keys=True)
             if key not in own:
-                own[key] = build_position(spec, layer.position, block=b, max_len=max_len)
+                own[key] = build_position(spec, position, block=b, max_len=max_len, causal=causal)
             positions.append(own[key])
     ends = type(layers[-1].block).final_norm if final_norm is None else final_norm
     norm = build_part("norm", spec.block.norm, dim=spec.d_model) if ends else None
-    return Stack(blocks, norm, windows=windows, positions=positions)
+    return Stack(blocks, norm, windows=windows, positions=positions, dropout=spec.dropout.final)
 
 
 def check_tokens(tokens: object, name: str, *, vocab_size: int) -> None:

@@ -34,7 +34,7 @@ class DecoderLM(Family):
         self.position = build_position(spec, max_len=spec.max_seq_len)
         self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
-        self.stack = build_stack(spec, max_len=spec.max_seq_len)
+        self.stack = build_stack(spec, max_len=spec.max_seq_len, causal=True)
         self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
                                embedding=self.tok_emb)
         init_weights(self, spec)

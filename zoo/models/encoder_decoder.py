@@ -44,7 +44,7 @@ class EncoderDecoder(Family):
         self.tgt_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
         self.encoder = build_stack(spec, "encoder", max_len=spec.max_seq_len)
-        self.decoder = build_stack(spec, "decoder", max_len=spec.max_seq_len)
+        self.decoder = build_stack(spec, "decoder", max_len=spec.max_seq_len, causal=True)
         self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
                                embedding=self.tgt_emb)
         init_weights(self, spec)

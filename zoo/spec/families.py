@@ -39,6 +39,7 @@ class DropoutSpec(Spec):
     residual: Rate = 0.0
     attention: Rate = Field(0.0, description="on the attention weights")
     ffn: Rate = Field(0.0, description="on the FFN's hidden activation")
+    final: Rate = Field(0.0, description="on each stack's output, after its final norm (T5)")
 
 
 class InitSpec(Spec):

@@ -20,7 +20,7 @@ __all__ = [
     "AlibiSpec", "AnyAttention", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition", "AttentionSpec",
     "ClsPoolSpec", "FFNBaseSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
     "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
-    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "RMSNormSpec", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec",
+    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "RMSNormSpec", "RelativeBiasSpec", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec",
     "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
 ]
 
@@ -182,12 +182,15 @@ class PositionSpec(ComponentSpec):
       position of its own (``layers: [{at: ..., position: ...}]``: another RoPE base, none).
     * ``adds``: it adds a vector to each token (a table of rows).
     * ``resizable``: a ViT can fit it to another patch grid (``dynamic_size``).
+    * ``per_stack``: each stack of the model has a module of its own (T5's relative bias: learned,
+      and bidirectional or causal as the stack is); the model itself then adds nothing.
     """
 
     layouts: ClassVar[frozenset[str]] = frozenset({"sequence"})
     in_layers: ClassVar[bool] = False
     adds: ClassVar[bool] = False
     resizable: ClassVar[bool] = False
+    per_stack: ClassVar[bool] = False
 
     def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
         """What does not fit a model of width ``d_model`` whose query/key heads are ``head_dim``
@@ -267,6 +270,30 @@ class AlibiSpec(PositionSpec):
 
     kind: Literal["alibi"] = "alibi"
     in_layers: ClassVar[bool] = True
+
+
+class RelativeBiasSpec(PositionSpec):
+    """T5's relative position bias (Raffel et al. 2020, sec. 2.1): a learned scalar per head for each
+    bucket of key-minus-query distance, added to the scores. Half the buckets hold one distance
+    each, the rest logarithmically wider bins up to ``max_distance``; farther keys share the last.
+    Each stack has a table of its own (``per_stack``), with buckets for both directions in a
+    bidirectional stack (an encoder) and for earlier keys only in a causal one (a decoder);
+    cross-attention has none."""
+
+    kind: Literal["relative_bias"] = "relative_bias"
+    in_layers: ClassVar[bool] = True
+    per_stack: ClassVar[bool] = True
+    num_buckets: PositiveInt = Field(32, description="buckets of distance per direction set (T5: 32)")
+    max_distance: PositiveInt = Field(128, description="distances from here on share the last bucket (T5: 128)")
+
+    def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
+        if self.num_buckets < 4:
+            return [f"{field}.num_buckets: a bidirectional stack splits the buckets by direction, then into exact and "
+                    f"logarithmic halves, so num_buckets >= 4, got {self.num_buckets}; use e.g. 32"]
+        if self.max_distance <= self.num_buckets // 2:
+            return [f"{field}.max_distance: the logarithmic buckets reach from num_buckets // 2 ({self.num_buckets // 2}) "
+                    f"to max_distance, so it must be larger, got {self.max_distance}; use e.g. {4 * self.num_buckets}"]
+        return []
 
 
 class SinCos2dSpec(PositionSpec):
@@ -422,11 +449,14 @@ class NoHeadSpec(HeadSpec):
 
 class LMHeadSpec(HeadSpec):
     """A linear projection of each token to the vocabulary (logits [B, T, V]); with ``softcap``,
-    the logits squashed into (-softcap, softcap) by ``softcap * tanh(logits / softcap)`` (Gemma 2)."""
+    the logits squashed into (-softcap, softcap) by ``softcap * tanh(logits / softcap)`` (Gemma 2);
+    with ``scale_input``, its input first multiplied by d_model^-0.5 (T5 v1.0)."""
 
     kind: Literal["lm"] = "lm"
     bias: bool = Field(False, description="a bias on the projection")
     tied: bool = Field(True, description="the projection's weight is the token embedding's (tied embeddings)")
+    scale_input: bool = Field(False, description="multiply the input by d_model^-0.5 before the projection (T5 v1.0's "
+                              "head, which shares the embedding matrix; HF's scale_decoder_outputs)")
     softcap: float | None = Field(
         None, description="soft-capping of the logits, softcap * tanh(logits / softcap) (Gemma 2's "
         "final_logit_softcapping, 30.0); null: none",
@@ -465,7 +495,8 @@ AnyHead = Annotated[ComponentSpec, Dispatch("head", shorthand=True)]
 
 register_specs("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec})
 register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
-                                          "rope": RopeSpec, "alibi": AlibiSpec, "sincos2d": SinCos2dSpec})
+                                          "rope": RopeSpec, "alibi": AlibiSpec, "relative_bias": RelativeBiasSpec,
+                                          "sincos2d": SinCos2dSpec})
 register_specs("ffn", FFNBaseSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec,
                                 "geglu": GeGLUSpec})
 register_specs("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec})

@@ -41,10 +41,10 @@ __all__ = [
 class Architecture:
     """One HF reference class. ``spec(config, hf_model or None)`` reads a zoo spec (a mapping) from
     its config, ``config(spec, given)`` writes its config fields from a zoo spec, ``rules(spec)``
-    maps tensors by name. Four steps are optional: ``check_from`` names the reference tensors zoo
+    maps tensors by name. Five steps are optional: ``check_from`` names the reference tensors zoo
     keeps no copy of (after checking them), ``extra_to`` makes the reference tensors zoo does not
     hold, ``prepare_from`` and ``prepare_to`` rearrange a reference or zoo state dict (same names,
-    same shapes) before it is mapped.
+    same shapes) before it is mapped; ``made`` adjusts a reference model built for a zoo spec.
 
     Converting files on disk (:mod:`zoo.interop.hf.stream`) runs the same steps one tensor at a
     time, with no copy of the whole model in memory, so each step keeps to this: ``spec`` may read
@@ -131,6 +131,11 @@ class Architecture:
     def init_kwargs(cls, s: FamilySpec) -> dict[str, Any]:
         """The class's constructor arguments beyond its config that ``s`` decides."""
         return {}
+
+    @classmethod
+    def made(cls, hf_model: nn.Module, s: FamilySpec) -> None:
+        """What ``s`` decides that neither the config nor the constructor can say, done to a reference
+        model just built for it (before its tensors are written): T5's untied head."""
 
     @classmethod
     def saved_init_kwargs(cls, names: Collection[str]) -> dict[str, Any]:

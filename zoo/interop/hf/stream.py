@@ -275,6 +275,8 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
     except (OSError, ValueError) as e:
         raise ConversionError(f"{src}: cannot read config.json: {str(e).splitlines()[0]}") from None
     hf = _meta_model(arch, config, arch.saved_init_kwargs(files.tensors))  # as saved (BertModel's pooler or none)
+    if arch.made.__func__ is not Architecture.made.__func__:  # as the config reads (T5: a v1.1 config's head untied)
+        arch.made(hf, parse_spec(arch.spec(config, None), source=f"from {arch.name} config"))
     file_of, ignored = _match(src, arch, config, hf, files)
     target = dtype or _load_dtype(config, files)
 
@@ -339,6 +341,7 @@ def zoo_to_hf_dir(src: Path, dst: Path, *, architecture: str | None = None, dtyp
     where = f"zoo -> {arch.name}"
     config = hf_config(spec, arch.name)
     hf = _meta_model(arch, config, arch.init_kwargs(spec))
+    arch.made(hf, spec)
     meta = hf.state_dict(keep_vars=True)
     shapes = {n: t.shape for n, t in meta.items()}
     rules = arch.rules(spec)
