@@ -234,3 +234,22 @@ def test_a_packed_row_on_flex_equals_each_document_alone_and_trains_as_dense():
         grads[backend] = [p.grad.clone() for p in model.parameters()]
     for a, b in zip(grads["flex"], grads["dense"]):
         assert (a - b).abs().max() < 1e-4 * max(1.0, float(b.abs().max()))
+
+
+def test_packed_translation_pairs_equal_each_pair_alone():
+    model = tiny_model("encoder_decoder", ["dropout.embedding=0", "dropout.residual=0", "dropout.attention=0",
+                                           "dropout.ffn=0"]).eval()
+    g = torch.Generator().manual_seed(4)
+    pairs = [(torch.randint(0, model.spec.src_vocab_size, (s,), generator=g),
+              torch.randint(0, model.spec.vocab_size, (t,), generator=g)) for s, t in ((4, 6), (7, 2), (3, 5))]
+    src, tgt = (torch.cat([p[i] for p in pairs])[None] for i in (0, 1))
+    ids = [torch.cat([torch.full((len(p[i]),), k) for k, p in enumerate(pairs)])[None] for i in (0, 1)]
+    pad = torch.tensor([[True] * src.shape[1] + [False] * 2])  # two padding slots after the packed sources
+    src = torch.cat([src, torch.zeros(1, 2, dtype=torch.long)], 1)
+    src_ids = torch.cat([ids[0], torch.full((1, 2), 9)], 1)
+    with torch.no_grad():
+        packed = model(src, tgt, pad, src_documents=src_ids, tgt_documents=ids[1])[0]
+        alone = torch.cat([model(s[None], t[None])[0] for s, t in pairs])
+    assert (packed - alone).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="packed pairs need both"):
+        model(src, tgt, pad, src_documents=src_ids)

@@ -54,7 +54,7 @@ class BlockContext:
     mask: Tensor | Mask | None = None
     is_causal: bool = False
     memory: Tensor | None = None
-    memory_mask: Tensor | None = None
+    memory_mask: Tensor | Mask | None = None
 
 
 class LayerScale(nn.Module):

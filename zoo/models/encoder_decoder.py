@@ -16,6 +16,7 @@ from zoo.components import parts
 from zoo.components.cache import KVCache
 from zoo.components.dropout import Dropout
 from zoo.components.stack import Stack
+from zoo.kernels import Mask
 from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, token_embedding
 from zoo.models.family import Family
 from zoo.registry import register
@@ -49,11 +50,12 @@ class EncoderDecoder(Family):
                                embedding=self.tgt_emb)
         init_weights(self, spec)
 
-    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        """Source ids [B, S] -> memory [B, S, D]."""
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None, *, src_documents: Tensor | None = None) -> Tensor:
+        """Source ids [B, S] -> memory [B, S, D]; ``src_documents`` ([B, S] ids): packed sources, each
+        attending only within itself."""
         check_tokens(src, "src", vocab_size=self.spec.src_vocab_size)
         src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
-        ctx = self.encoder.context(self.position, src, src_padding_mask, causal=False, name="src")
+        ctx = self.encoder.context(self.position, src, src_padding_mask, causal=False, name="src", documents=src_documents)
         x = self.drop(self.src_emb_norm(self.position.add(self.src_emb(src), ctx.positions)))
         return self.encoder(x, ctx)
 
@@ -66,16 +68,28 @@ class EncoderDecoder(Family):
         cache: KVCache | None = None,
         *,
         last_only: bool = False,
+        src_documents: Tensor | None = None,
+        tgt_documents: Tensor | None = None,
     ) -> Tensor:
         """Target ids [B, T] and memory [B, S, D] -> logits [B, T, V] ([B, 1, V] with ``last_only``).
 
         With a ``cache`` (from :meth:`new_cache`), ``tgt_in`` continues the cached target tokens and
-        the memory's keys/values are computed at the first call only."""
+        the memory's keys/values are computed at the first call only. Packed pairs: ``tgt_documents``
+        ([B, T]) and ``src_documents`` ([B, S]) pair each target with the source of the same id."""
         check_tokens(tgt_in, "tgt_in", vocab_size=self.spec.vocab_size)
         tgt_padding_mask = check_mask(tgt_padding_mask, tgt_in, "tgt_padding_mask")
-        ctx = self.decoder.context(self.position, tgt_in, tgt_padding_mask, causal=True, cache=cache, name="tgt_in")
+        if (src_documents is None) != (tgt_documents is None):
+            raise ValueError("src_documents/tgt_documents: packed pairs need both (each target sees the source of its "
+                             "own id), or neither")
+        ctx = self.decoder.context(self.position, tgt_in, tgt_padding_mask, causal=True, cache=cache, name="tgt_in",
+                                   documents=tgt_documents)
         x = self.drop(self.tgt_emb_norm(self.position.add(self.tgt_emb(tgt_in), ctx.positions)))
-        memory_mask = None if src_padding_mask is None else src_padding_mask.to(bool)[:, None, None, :]  # (B, 1, 1, S)
+        if src_documents is not None:
+            padding = None if src_padding_mask is None else src_padding_mask.to(bool)
+            memory_mask = Mask(tgt_in.shape[1], memory.shape[1], padding=padding, documents=src_documents,
+                               q_documents=tgt_documents)
+        else:
+            memory_mask = None if src_padding_mask is None else src_padding_mask.to(bool)[:, None, None, :]  # (B, 1, 1, S)
         x = self.decoder(x, ctx.with_memory(memory, memory_mask), cache=cache)
         return self.head(x[:, -1:] if last_only else x)
 
@@ -89,9 +103,14 @@ class EncoderDecoder(Family):
         tgt_in: Tensor,
         src_padding_mask: Tensor | None = None,
         tgt_padding_mask: Tensor | None = None,
+        *,
+        src_documents: Tensor | None = None,
+        tgt_documents: Tensor | None = None,
     ) -> Tensor:
-        memory = self.encode(src, src_padding_mask)
-        return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
+        """Packed pairs: ``src_documents`` [B, S] and ``tgt_documents`` [B, T] ids (see :meth:`decode`)."""
+        memory = self.encode(src, src_padding_mask, src_documents=src_documents)
+        return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask, src_documents=src_documents,
+                           tgt_documents=tgt_documents)
 
 
     def stacks(self, seq: int) -> list[tuple[Stack, int, int | None]]:
