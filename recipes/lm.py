@@ -174,10 +174,10 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
                f"{train_rows.targets:,} train tokens in {slots:,} slots ({100 * (1 - train_rows.targets / slots):.1f}% padding); "
                f"{time.perf_counter() - t0:.1f}s")
     if train_rows.split:
-        cut = ("cut to the row, the rest dropped" if cfg.data.packing == "pad" else
-               "split at a row boundary, positions continuing in the next row" if cfg.data.packing == "documents" else
-               "split at a row boundary")
-        dist.print(f"data: {train_rows.split:,} training documents longer than their row were {cut}")
+        cut = {"pad": "longer than a row were cut to it, the rest dropped",
+               "documents": "ran past a row's end and go on in the next row, their positions continuing",
+               "concat": "ran past a row's end and go on in the next row"}[cfg.data.packing]
+        dist.print(f"data: {train_rows.split:,} training documents {cut}")
     dist.print(f"unigram baseline (add-one, fit on train): valid perplexity {unigram:.1f}")
 
     # model
