@@ -116,6 +116,23 @@ def test_rows_packed_with_document_masks_padded_or_examples_whole():
         T.pack_examples([[1] * 6], 5)
 
 
+def test_lm_loss_of_packed_rows_equals_each_document_alone():
+    """The LM recipe's loss on rows packed with document masks is the sum of each document's loss run
+    alone (``<eos> doc <eos>``), which is what padded rows compute, and not what concat rows compute."""
+    lm = _recipe("lm")
+    model = zoo.build(zoo.load_spec("llama-tiny", ["vocab_size=60", "d_model=32", "n_layers=2", "block.attention.n_heads=4",
+                                                   "block.attention.n_kv_heads=2", "block.ffn.hidden=48"])).eval()
+    g = torch.Generator().manual_seed(0)
+    docs = [torch.randint(4, 60, (n,), generator=g).tolist() for n in (5, 9, 3, 6)]
+    with torch.no_grad():
+        packed, n_packed = lm.lm_loss(model, T.pack_documents(docs, 27, eos_id=1))  # all in one row of 27 + 1
+        padded, n_padded = lm.lm_loss(model, T.pad_documents(docs, 12, eos_id=1, pad_id=0))
+        concat, _ = lm.lm_loss(model, T.Rows(T.pack_blocks([[1, *d] for d in docs][:1] + [d for d in docs[1:]], 27,
+                                                           eos_id=1)))
+    assert int(n_packed) == int(n_padded) == sum(len(d) + 1 for d in docs)
+    assert abs(float(packed) - float(padded)) < 1e-3 and abs(float(packed) - float(concat)) > 1e-2
+
+
 def test_bert_masking_selects_in_every_packed_document():
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(4, 1000, (50, 40), generator=g)
