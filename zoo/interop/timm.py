@@ -1,9 +1,14 @@
-"""Two-way converters between zoo's ViT and timm's VisionTransformer, exact in both directions.
+"""Two-way converters between zoo's ViT and timm's VisionTransformer and Eva (:mod:`zoo.interop.timm_eva`),
+exact in both directions.
 
-    from_timm(timm_model) -> zoo model        to_timm(zoo_model) -> timm VisionTransformer
+    from_timm(timm_model) -> zoo model        to_timm(zoo_model, architecture=None) -> timm model
     timm_spec(timm_model) -> zoo spec
 
-Covers ``vit_tiny/small/base_patch16_224``, DeiT III, register and MAP-pooled ViTs, and every
+``to_timm`` writes a VisionTransformer where one computes the spec, else an Eva (rope2d, SwiGLU, no
+key bias, ...); ``architecture`` ('VisionTransformer' or 'Eva') picks one.
+
+Covers ``vit_tiny/small/base_patch16_224``, DeiT III, register and MAP-pooled ViTs, CLIP towers
+(``vit_base_patch16_clip_224``: a norm before the blocks, no patch bias, GELU or quick GELU), and every
 VisionTransformer built from options zoo has: class-token, mean ('avg') or attention ('map')
 pooling, fc_norm, a linear head or none (``num_classes=0``: a backbone), register tokens, positions on every token or on the patches only
 (``no_embed_class``), learned or no positions, ``dynamic_img_size``, Pre-Norm LayerNorm blocks with
@@ -22,7 +27,8 @@ from torch import nn
 from zoo.build import build
 from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
-from zoo.interop.timm_parts import activation_of, layernorm_eps, mlp_ratio
+from zoo.interop.timm_eva import eva_spec, from_eva, to_eva
+from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["CLAIMS", "from_timm", "to_timm", "timm_spec", "timm_kwargs"]
@@ -156,7 +162,9 @@ def _map_pool(m: nn.Module, heads: int, hidden: int, act: type) -> dict:
 
 
 def timm_spec(m: nn.Module) -> FamilySpec:
-    """The zoo spec of a timm VisionTransformer (refusing what zoo cannot express)."""
+    """The zoo spec of a timm VisionTransformer or Eva (refusing what zoo cannot express)."""
+    if type(m).__name__ == "Eva":
+        return eva_spec(m)
     _check_model(m)
     for i, blk in enumerate(m.blocks):
         _check_block(blk, i)
@@ -204,18 +212,6 @@ def timm_spec(m: nn.Module) -> FamilySpec:
     }, source="from timm VisionTransformer")
 
 
-def embedding_rules(s: FamilySpec) -> list:
-    """The rules of the patch projection, the prefix tokens, the position table and the pre-norm
-    (the same names in timm's VisionTransformer and Eva)."""
-    rules = [rule("patch_embed.proj.weight", "patch_embed.proj.weight")]
-    rules += [rule(name, name) for name, on in (("patch_embed.proj.bias", s.patch_bias), ("cls_token", s.class_token),
-                                                 ("reg_token", s.reg_tokens)) if on]
-    rules += [rule(f"norm_pre.{p}", f"norm_pre.{p}") for p in ("weight", "bias") if s.pre_norm]
-    if s.position.kind == "learned":
-        rules.append(rule("position.weight", "pos_embed"))  # [1, N, D] in timm, [N, D] in zoo
-    return rules
-
-
 def _rules(s: FamilySpec) -> list:
     rules = embedding_rules(s)
     bias = s.block.attention.bias
@@ -246,7 +242,10 @@ def _rules(s: FamilySpec) -> list:
 
 
 def from_timm(timm_model: nn.Module) -> nn.Module:
-    """A zoo ViT computing what ``timm_model`` computes: spec from its modules, tensors copied."""
+    """A zoo ViT computing what ``timm_model`` (a VisionTransformer or an Eva) computes: spec from its
+    modules, tensors copied."""
+    if type(timm_model).__name__ == "Eva":
+        return from_eva(timm_model)
     spec = timm_spec(timm_model)
     device, dtype = device_dtype(timm_model)
     model = build(spec, device=device, dtype=dtype)
@@ -300,8 +299,25 @@ def timm_kwargs(s: FamilySpec) -> dict:
     )
 
 
-def to_timm(zoo_model: nn.Module) -> nn.Module:
-    """The timm VisionTransformer computing what the zoo ViT ``zoo_model`` computes."""
+def to_timm(zoo_model: nn.Module, architecture: str | None = None) -> nn.Module:
+    """The timm model computing what the zoo ViT ``zoo_model`` computes: ``architecture``
+    'VisionTransformer' or 'Eva'; None: a VisionTransformer where one computes the spec, else an Eva."""
+    if architecture not in (None, "VisionTransformer", "Eva"):
+        raise ConversionError(f"to_timm: architecture {architecture!r} is not converted; use 'VisionTransformer' or 'Eva'")
+    if architecture is None:
+        try:
+            timm_kwargs(zoo_model.spec)
+        except ConversionError as vit_refusal:
+            try:
+                return to_eva(zoo_model)
+            except ConversionError as eva_refusal:
+                raise ConversionError(f"{vit_refusal}\n(nor as timm's Eva: {eva_refusal})") from None
+    elif architecture == "Eva":
+        return to_eva(zoo_model)
+    return _to_vision_transformer(zoo_model)
+
+
+def _to_vision_transformer(zoo_model: nn.Module) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
     spec = zoo_model.spec

@@ -1,6 +1,6 @@
 """What the timm converters (:mod:`zoo.interop.timm` for VisionTransformer, :mod:`zoo.interop.timm_eva`
 for Eva) share: reading an MLP's activation and the LayerNorms' eps from timm modules, and the
-``mlp_ratio`` that gives back a hidden size. timm is imported only when a converter runs."""
+``mlp_ratio`` that gives back a hidden size, and the rules of the embeddings, named alike in both. timm is imported only when a converter runs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import math
 
 from torch import nn
 
-from zoo.interop.common import unsupported
+from zoo.interop.common import rule, unsupported
+from zoo.spec import FamilySpec
 
-__all__ = ["activation_of", "layernorm_eps", "mlp_ratio"]
+__all__ = ["activation_of", "embedding_rules", "layernorm_eps", "mlp_ratio"]
 
 
 def activation_of(act: nn.Module, where: str) -> dict:
@@ -51,3 +52,15 @@ def mlp_ratio(d: int, hidden: int) -> float:
     while int(d * ratio) > hidden:
         ratio = math.nextafter(ratio, -math.inf)
     return ratio
+
+
+def embedding_rules(s: FamilySpec) -> list:
+    """The rules of the patch projection, the prefix tokens, the position table and the pre-norm
+    (the same names in timm's VisionTransformer and Eva)."""
+    rules = [rule("patch_embed.proj.weight", "patch_embed.proj.weight")]
+    rules += [rule(name, name) for name, on in (("patch_embed.proj.bias", s.patch_bias), ("cls_token", s.class_token),
+                                                 ("reg_token", s.reg_tokens)) if on]
+    rules += [rule(f"norm_pre.{p}", f"norm_pre.{p}") for p in ("weight", "bias") if s.pre_norm]
+    if s.position.kind == "learned":
+        rules.append(rule("position.weight", "pos_embed"))  # [1, N, D] in timm, [N, D] in zoo
+    return rules
