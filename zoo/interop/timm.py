@@ -27,11 +27,11 @@ from torch import nn
 from zoo.build import build
 from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
-from zoo.interop.timm_eva import eva_spec, from_eva, to_eva
+from zoo.interop.timm_eva import eva_kwargs, eva_spec, from_eva, to_eva
 from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio
 from zoo.spec import FamilySpec, parse_spec
 
-__all__ = ["CLAIMS", "from_timm", "to_timm", "timm_spec", "timm_kwargs"]
+__all__ = ["CLAIMS", "from_timm", "to_timm", "timm_architecture", "timm_spec", "timm_kwargs"]
 
 FROM, TO = "timm VisionTransformer -> zoo", "zoo -> timm VisionTransformer"
 _POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm global_pool
@@ -304,17 +304,23 @@ def to_timm(zoo_model: nn.Module, architecture: str | None = None) -> nn.Module:
     'VisionTransformer' or 'Eva'; None: a VisionTransformer where one computes the spec, else an Eva."""
     if architecture not in (None, "VisionTransformer", "Eva"):
         raise ConversionError(f"to_timm: architecture {architecture!r} is not converted; use 'VisionTransformer' or 'Eva'")
-    if architecture is None:
-        try:
-            timm_kwargs(zoo_model.spec)
-        except ConversionError as vit_refusal:
-            try:
-                return to_eva(zoo_model)
-            except ConversionError as eva_refusal:
-                raise ConversionError(f"{vit_refusal}\n(nor as timm's Eva: {eva_refusal})") from None
-    elif architecture == "Eva":
+    if (architecture or timm_architecture(zoo_model.spec)) == "Eva":
         return to_eva(zoo_model)
     return _to_vision_transformer(zoo_model)
+
+
+def timm_architecture(s: FamilySpec) -> str:
+    """'VisionTransformer' where timm's ViT computes ``s``, else 'Eva' where timm's Eva does; else a
+    ConversionError with both refusals."""
+    try:
+        timm_kwargs(s)
+        return "VisionTransformer"
+    except ConversionError as vit_refusal:
+        try:
+            eva_kwargs(s)
+            return "Eva"
+        except ConversionError as eva_refusal:
+            raise ConversionError(f"{vit_refusal}\n(nor as timm's Eva: {eva_refusal})") from None
 
 
 def _to_vision_transformer(zoo_model: nn.Module) -> nn.Module:
