@@ -233,6 +233,9 @@ def _rope_of(s: FamilySpec):
     own = {layer.position.model_dump_json() if layer.position is not None else None for layer in layers}
     if len(own) > 1:
         raise unsupported(TO, "layers", "positions that differ", "timm's Eva turns every layer alike")
+    if layers[0].position is not None and s.position.kind != "learned":
+        raise unsupported(TO, "layers.position", layers[0].position.kind, "timm's Eva's layers have a rope2d of their own "
+                          "beside learned positions only; without a learned table, give the model position: rope2d alone")
     pos = layers[0].position or s.position
     if pos.kind not in ("rope2d", "learned", "none") or (layers[0].position is not None and pos.kind != "rope2d"):
         raise unsupported(TO, "layers.position.kind", pos.kind, "timm's Eva turns its layers by rope2d or not at all")
