@@ -101,6 +101,8 @@ MORE = {
     "MarianMTModel": [dict(share_encoder_decoder_embeddings=False, tie_word_embeddings=False, decoder_vocab_size=V + 4)],
     "timm": [dict(class_token=False, global_pool="avg", reg_tokens=2)],
 }
+EVA = dict(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, mlp_ratio=2.0, num_classes=5, use_rot_pos_emb=True,
+           use_abs_pos_emb=False, swiglu_mlp=True, ref_feat_shape=(8, 8))  # timm's Eva: rope2d, SwiGLU, no key bias
 # a valid mapping of each kind of a closed choice (Kinds) whose fields have no defaults; the lists fit
 # the base specs' 6-wide heads (3 rotated pairs)
 KIND_EXAMPLES = {
@@ -121,6 +123,10 @@ def base_specs(name: str) -> list[FamilySpec]:
         from timm.models.vision_transformer import VisionTransformer
 
         return [timm_spec(VisionTransformer(**{**TIMM, **kw})) for kw in [{}, *MORE.get(name, [])]]
+    if name == "Eva":
+        from timm.models.eva import Eva
+
+        return [timm_spec(Eva(**{**EVA, **kw})) for kw in [{}, *MORE.get(name, [])]]
     config, base = HF_CONFIGS[name]
     return [hf_spec(getattr(transformers, config)(**{**base, **kw})) for kw in [{}, *MORE.get(name, [])]]
 
@@ -131,11 +137,14 @@ def convert_back(name: str, spec: FamilySpec) -> tuple[torch.nn.Module, torch.nn
     from zoo.interop import from_hf, from_timm, to_hf, to_timm
 
     model = randomize(zoo.build(spec, seed=0))
-    back = from_timm(to_timm(model)) if name == "timm" else from_hf(to_hf(model, name))
+    if name in ("timm", "Eva"):
+        back = from_timm(to_timm(model, "VisionTransformer" if name == "timm" else name))
+    else:
+        back = from_hf(to_hf(model, name))
     return model, back
 
 
-CONVERTERS = [*HF_CONFIGS, "timm"]
+CONVERTERS = [*HF_CONFIGS, "timm", "Eva"]
 
 
 # ------------------------------------------------------------------------------- what computes the same

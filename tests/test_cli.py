@@ -21,7 +21,7 @@ def test_presets_table(capsys):
 def test_list_show_schema(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "position: alibi, learned, none, relative_bias, rope, sincos2d, sinusoidal" in out
+    assert "position: alibi, learned, none, relative_bias, rope, rope2d, sincos2d, sinusoidal" in out
     assert main(["show", "llama-small", "--set", "n_layers=3"]) == 0
     text = capsys.readouterr().out
     spec = zoo.load_spec(zoo.spec.read_yaml(text, "show"))
@@ -47,7 +47,7 @@ def test_python_m_zoo_list_is_zoo_list(capsys):
     assert main(["list"]) == 0
     assert run.returncode == 0 and run.stderr == ""
     assert run.stdout == capsys.readouterr().out
-    assert "ffn: geglu, gelu, moe, relu, silu, swiglu" in run.stdout and "presets: " in run.stdout
+    assert "ffn: geglu, gelu, moe, quick_gelu, relu, silu, swiglu" in run.stdout and "presets: " in run.stdout
 
 
 def test_python_m_zoo_without_a_command_and_with_help():

@@ -26,7 +26,7 @@ from zoo.spec import SpecError, apply_overrides, load_spec, to_yaml
         (["block.ffn.hidden=0"], "block.ffn.hidden: Input should be greater than 0"),
         (["dropout.residual=1.0"], "dropout.residual: Input should be less than 1"),
         (["dropout.attention=-0.1"], "dropout.attention: Input should be greater than or equal to 0"),
-        (["block.ffn.kind=swigluu"], r"block.ffn: unknown ffn kind 'swigluu'; did you mean 'swiglu'\? \(known: geglu, gelu, moe, relu, silu, swiglu\)"),
+        (["block.ffn.kind=swigluu"], r"block.ffn: unknown ffn kind 'swigluu'; did you mean 'swiglu'\? \(known: geglu, gelu, moe, quick_gelu, relu, silu, swiglu\)"),
         (["position.kind=rotary"], "position: unknown position kind 'rotary'.*known: alibi, learned, none, relative_bias, rope"),
         (["block.norm.kind=rms_norm"], "did you mean 'rmsnorm'"),
         (["block.kind=middle"], r"block: unknown block kind 'middle' \(known: parallel, post, post_sublayer, pre"),
@@ -71,7 +71,7 @@ def test_rules_name_the_field_and_fix(overrides, message):
     "preset,overrides,message",
     [
         ("vit-tiny-16", ["patch_size=15"], r"image_size \(224\) must be divisible by patch_size \(15\)"),
-        ("vit-tiny-16", ["position.kind=rope"], "position.kind: 'rope' does not apply to family vit; use one of learned, none, sincos2d"),
+        ("vit-tiny-16", ["position.kind=rope"], "position.kind: 'rope' does not apply to family vit; use one of learned, none, rope2d, sincos2d"),
         ("vit-tiny-16", ["position.kind=sincos2d", "d_model=198", "block.attention.n_heads=3"], "sincos2d .* d_model \\(198\\) must be divisible by 4"),
         ("vit-tiny-16", ["class_token=false"], "pool: cls needs class_token: true"),
         ("vit-tiny-16", ["stem.channels=[24, 48]", "stem.strides=[2]"], "stem.strides: one stride per conv layer, got 1 strides for 2"),

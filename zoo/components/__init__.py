@@ -13,6 +13,7 @@ from zoo.components import (  # noqa: F401
     pool,
     position,
     rope,
+    rope2d,
     stack,
 )
 from zoo.components.attention import Attention, attention_mask
@@ -44,12 +45,13 @@ from zoo.components.position import (
     SinusoidalPosition,
 )
 from zoo.components.rope import RotaryPosition
+from zoo.components.rope2d import GridRotaryPosition
 from zoo.components.stack import Stack, StackContext
 
 __all__ = [
     "Attention", "attention_mask", "Block", "BlockContext", "build_norm", "build_sublayers", "LayerScale", "PreNormBlock", "PostNormBlock",
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
     "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
-    "RotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
+    "RotaryPosition", "GridRotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
     "MLMHead", "ClassifierHead", "MoE", "load_balancing_loss", "router_z_loss",
 ]

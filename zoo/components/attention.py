@@ -41,7 +41,9 @@ class Attention(nn.Module):
 
     Self-attention fuses the q, k, v projections into one ``qkv`` linear; cross-attention has ``q``
     on the queries and a fused ``kv`` on the memory. ``bias`` puts biases on those projections and,
-    unless ``out_bias`` says otherwise, on the output projection ``out``.
+    unless ``out_bias`` says otherwise, on the output projection ``out``. ``key_bias=False`` keeps the
+    key's share of them at zero: the projections then have none of their own, and ``q_bias`` and
+    ``v_bias`` hold the queries' and values' (EVA, BEiT; timm's layout).
 
     ``qk_norm`` (``layernorm`` or ``rmsnorm``) adds ``q_norm`` and ``k_norm``, applied to queries and
     keys before positions rotate them and before the scores: over each head's K features
@@ -67,6 +69,7 @@ class Attention(nn.Module):
         v_head_dim: int,
         bias: bool = True,
         out_bias: bool | None = None,
+        key_bias: bool = True,
         dropout: float = 0.0,
         cross: bool = False,
         kv_dim: int | None = None,
@@ -93,11 +96,14 @@ class Attention(nn.Module):
         self.dropout, self.cross = dropout, cross
         q_size, k_size, v_size = n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * v_head_dim
         self.splits = (q_size, k_size, v_size)
+        own = bias and key_bias  # the projections' own biases; else q_bias and v_bias with a zero key share
         if cross:
             self.q = Linear(dim, q_size, bias=bias)
-            self.kv = Linear(kv_dim or dim, k_size + v_size, bias=bias)
+            self.kv = Linear(kv_dim or dim, k_size + v_size, bias=own)
         else:
-            self.qkv = Linear(dim, q_size + k_size + v_size, bias=bias)
+            self.qkv = Linear(dim, q_size + k_size + v_size, bias=own)
+        self.q_bias = nn.Parameter(torch.zeros(q_size)) if bias and not key_bias and not cross else None
+        self.v_bias = nn.Parameter(torch.zeros(v_size)) if bias and not key_bias else None
         self.out = Linear(n_heads * v_head_dim, dim, bias=bias if out_bias is None else out_bias)
         self.qk_scope = qk_scope
         if qk_norm is not None:
@@ -135,7 +141,7 @@ class Attention(nn.Module):
                 if cache is not None:
                     cache.memory_kv = (k, v)
         else:
-            q, kv = self.qkv(x).split([self.splits[0], self.splits[1] + self.splits[2]], dim=-1)
+            q, kv = self._project(self.qkv, x, self.q_bias).split([self.splits[0], self.splits[1] + self.splits[2]], dim=-1)
             q = self._heads(q, self.q_norm, self.n_heads)
             k, v = self._split_kv(kv)
             if pos is not None:
@@ -181,7 +187,15 @@ class Attention(nn.Module):
         """Cross-attention's keys and values of ``memory`` [B, S, Dm]: k (B, G, S, K), v (B, G, S, V)."""
         if not self.cross:
             raise ValueError("memory_kv: a self-attention module has no memory; build it with cross=True")
-        return self._split_kv(self.kv(memory))
+        return self._split_kv(self._project(self.kv, memory, None))
+
+    def _project(self, linear: nn.Module, x: Tensor, q_bias: Tensor | None) -> Tensor:
+        """``linear(x)``; with ``v_bias``, plus [q_bias (self-attention) | zeros for the keys | v_bias]."""
+        if self.v_bias is None:
+            return linear(x)
+        zeros = self.v_bias.new_zeros(self.splits[1])
+        bias = torch.cat([zeros, self.v_bias] if q_bias is None else [q_bias, zeros, self.v_bias])
+        return kernels.linear(x, linear.weight, bias)
 
     def _split_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """[B, S, G*K + G*V] -> k (B, G, S, K) (normalised, with qk-norm), v (B, G, S, V)."""
@@ -240,6 +254,7 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         v_head_dim=spec.v_size(d_model),
         bias=spec.bias,
         out_bias=spec.has_out_bias,
+        key_bias=spec.key_bias,
         dropout=dropout,
         cross=cross,
         kv_dim=kv_dim,

@@ -237,7 +237,7 @@ def build_sublayers(spec, *, dim: int, dropout, cross: bool, layer_scale: bool =
 
     return dict(
         attn=attention(spec.attention, False),
-        ffn=registry("ffn").builder(spec.ffn.kind)(spec.ffn, dim=dim, dropout=dropout.ffn),
+        ffn=registry("ffn").builder(spec.ffn.kind)(spec.ffn, dim=dim, dropout=dropout.ffn, norm=spec.norm),
         cross_attn=attention(spec.cross, True) if cross else None,
         dropout=dropout.residual,
         ls_attn=scale(),

@@ -51,7 +51,7 @@ class PatchEmbedding(nn.Module):
     summary_part = "embeddings"
 
     def __init__(self, *, in_channels: int, dim: int, patch_size: int,
-                 stem: Sequence[tuple[int, int]] = ()) -> None:
+                 stem: Sequence[tuple[int, int]] = (), bias: bool = True) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         c = in_channels
@@ -61,7 +61,7 @@ class PatchEmbedding(nn.Module):
             c = channels
         self.stem = nn.Sequential(*layers) if layers else None
         kernel = patch_size // math.prod(s for _, s in stem)
-        self.proj = nn.Conv2d(c, dim, kernel_size=kernel, stride=kernel)
+        self.proj = nn.Conv2d(c, dim, kernel_size=kernel, stride=kernel, bias=bias)
 
     def forward(self, images: Tensor) -> Tensor:
         x = self.stem(images) if self.stem is not None else images

@@ -1,43 +1,57 @@
 """Position-wise feed-forward networks. Every FFN is ``(dim, hidden, *, bias, dropout)``.
 
-Two-layer: ``fc2(drop(act(fc1(x))))`` with ReLU (the paper), GELU (BERT, GPT-2, ViT) or SiLU (Marian).
-Gated (Shazeer 2020): ``fc2(drop(act(gate) * up))`` where ``fc1`` computes [gate | up] in one
-matmul; SwiGLU uses SiLU (LLaMA), GeGLU uses GELU.
+Two-layer: ``fc2(drop(act(fc1(x))))`` with ReLU (the paper), GELU (BERT, GPT-2, ViT), SiLU (Marian)
+or quick GELU (OpenAI CLIP). Gated (Shazeer 2020): ``fc2(drop(act(gate) * up))`` where ``fc1``
+computes [gate | up] in one matmul; SwiGLU uses SiLU (LLaMA), GeGLU uses GELU. Either may put a
+``norm`` on the hidden activation before ``fc2`` (NormFormer; EVA-02's SwiGLU).
 
 Shapes: B batch, T tokens, D dim, F hidden.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
 from zoo.components.parts import linear_flops
-from zoo.registry import register
+from zoo.registry import register, registry
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): OpenAI CLIP's approximation of GELU."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
 
 
 class MLP(nn.Module):
     residual_out = ("fc2",)  # writes into the residual stream (zoo.components.parts)
     summary_part = "ffn"
 
-    def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
+    def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module,
+                 norm: nn.Module | None = None) -> None:
         super().__init__()
         self.fc1 = Linear(dim, hidden, bias=bias)
         self.act = activation
         self.drop = Dropout(dropout)
+        self.norm = norm  # on the hidden activation (F), before fc2
         self.fc2 = Linear(hidden, dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
-        return self.fc2(self.drop(self.act(self.fc1(x))))
+        h = self.drop(self.act(self.fc1(x)))  # (B, T, F)
+        return self.fc2(h if self.norm is None else self.norm(h))
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
         return linear_flops(self, tokens)
 
     def saved_per_token(self) -> int:
-        """The pre- and post-activation (2F); ReLU needs only its output (F) unless dropout copies it."""
+        """The pre- and post-activation (2F); ReLU needs only its output (F) unless dropout copies it;
+        a norm its output (F) more."""
         hidden = self.fc1.out_features
-        return hidden if isinstance(self.act, nn.ReLU) and not self.drop.p else 2 * hidden
+        own = hidden if isinstance(self.act, nn.ReLU) and not self.drop.p else 2 * hidden
+        return own + (hidden if self.norm is not None else 0)
 
     def mask_per_token(self) -> int:
         """The dropout mask on the hidden activation, a byte per element."""
@@ -48,23 +62,26 @@ class GatedMLP(nn.Module):
     residual_out = ("fc2",)
     summary_part = "ffn"
 
-    def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module) -> None:
+    def __init__(self, dim: int, hidden: int, *, bias: bool = True, dropout: float = 0.0, activation: nn.Module,
+                 norm: nn.Module | None = None) -> None:
         super().__init__()
         self.fc1 = Linear(dim, 2 * hidden, bias=bias)  # [gate | up]
         self.act = activation
         self.drop = Dropout(dropout)
+        self.norm = norm  # on the gated product (F), before fc2
         self.fc2 = Linear(hidden, dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.fc1(x).chunk(2, dim=-1)  # (B, T, F) each
-        return self.fc2(self.drop(self.act(gate) * up))
+        h = self.drop(self.act(gate) * up)
+        return self.fc2(h if self.norm is None else self.norm(h))
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
         return linear_flops(self, tokens)
 
     def saved_per_token(self) -> int:
-        """[gate | up], act(gate) and their product (4F)."""
-        return 4 * self.fc2.in_features
+        """[gate | up], act(gate) and their product (4F); a norm its output (F) more."""
+        return (4 + (self.norm is not None)) * self.fc2.in_features
 
     def mask_per_token(self) -> int:
         """The dropout mask on the gated product, a byte per element."""
@@ -72,19 +89,30 @@ class GatedMLP(nn.Module):
 
 
 def _activation(kind: str, approximate: str = "none") -> nn.Module:
-    return {"relu": nn.ReLU, "silu": nn.SiLU, "swiglu": nn.SiLU}.get(kind, lambda: nn.GELU(approximate=approximate))()
+    acts = {"relu": nn.ReLU, "silu": nn.SiLU, "swiglu": nn.SiLU, "quick_gelu": QuickGELU}
+    return acts.get(kind, lambda: nn.GELU(approximate=approximate))()
+
+
+def _hidden_norm(spec, norm, hidden: int) -> nn.Module | None:
+    """The FFN's own norm (``spec.norm``) of ``hidden`` features, of the block's norm kind ``norm``."""
+    if not getattr(spec, "norm", False):
+        return None
+    if norm is None:
+        raise ValueError("ffn.norm: the FFN's norm is of the block's norm kind, which its builder was not given")
+    return registry("norm").builder(norm.kind)(norm, dim=hidden)
 
 
 @register("ffn", "relu")
 @register("ffn", "gelu")
 @register("ffn", "silu")
-def _mlp(spec, *, dim: int, dropout: float, **_) -> MLP:
-    act = _activation(spec.kind, getattr(spec, "approximate", "none"))
-    return MLP(dim, spec.hidden_size(dim), bias=spec.bias, dropout=dropout, activation=act)
+@register("ffn", "quick_gelu")
+def _mlp(spec, *, dim: int, dropout: float, norm=None, **_) -> MLP:
+    act, hidden = _activation(spec.kind, getattr(spec, "approximate", "none")), spec.hidden_size(dim)
+    return MLP(dim, hidden, bias=spec.bias, dropout=dropout, activation=act, norm=_hidden_norm(spec, norm, hidden))
 
 
 @register("ffn", "swiglu")
 @register("ffn", "geglu")
-def _gated(spec, *, dim: int, dropout: float, **_) -> GatedMLP:
-    act = _activation(spec.kind, getattr(spec, "approximate", "none"))
-    return GatedMLP(dim, spec.hidden_size(dim), bias=spec.bias, dropout=dropout, activation=act)
+def _gated(spec, *, dim: int, dropout: float, norm=None, **_) -> GatedMLP:
+    act, hidden = _activation(spec.kind, getattr(spec, "approximate", "none")), spec.hidden_size(dim)
+    return GatedMLP(dim, hidden, bias=spec.bias, dropout=dropout, activation=act, norm=_hidden_norm(spec, norm, hidden))

@@ -76,6 +76,6 @@ def _map(spec, *, dim: int, block, **_) -> nn.Module:
     attn = Attention(dim, n_heads=heads, n_kv_heads=heads, head_dim=dim // heads, v_head_dim=dim // heads, bias=spec.bias,
                      cross=True, kv_dim=dim)
     ffn_spec = block.ffn.model_copy(update={"hidden": spec.hidden or block.ffn.hidden_size(dim), "bias": spec.bias})
-    ffn = registry("ffn").builder(ffn_spec.kind)(ffn_spec, dim=dim, dropout=0.0)
+    ffn = registry("ffn").builder(ffn_spec.kind)(ffn_spec, dim=dim, dropout=0.0, norm=block.norm)
     norm = registry("norm").builder(block.norm.kind)(block.norm, dim=dim)
     return AttentionPool(dim, attn=attn, norm=norm, ffn=ffn)

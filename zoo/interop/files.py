@@ -50,13 +50,15 @@ from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf
 from zoo.interop.hf.stream import NotStreamable, hf_dir_to_zoo, zoo_to_hf_dir
 from zoo.interop.sentence import read_sentence_transformers
 from zoo.interop.timm import CLAIMS as TIMM_CLAIMS
-from zoo.interop.timm import from_timm, timm_kwargs, to_timm
+from zoo.interop.timm import from_timm, timm_architecture, timm_kwargs, to_timm
+from zoo.interop.timm_eva import eva_kwargs
 from zoo.io import load, read_header, read_spec, save
 from zoo.shards import DEFAULT_MAX_SHARD_SIZE, parse_size, resolve
 
 __all__ = ["Converted", "convert", "TIMM_BASE_MODEL", "TIMM_LAYERNORM_EPS"]
 
 TIMM_BASE_MODEL = "vit_base_patch16_224"  # the timm name written for a zoo ViT; model_args set every size
+TIMM_EVA_BASE_MODEL = "eva02_tiny_patch14_224"  # the same for a zoo ViT that converts to timm's Eva
 TIMM_LAYERNORM_EPS = 1e-6  # timm's ViT builds its LayerNorms with this eps when the config names none
 TIMM_WEIGHTS = "model.safetensors"
 
@@ -100,9 +102,11 @@ def _fresh_dir(dst: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- zoo -> reference
-def timm_model_args(spec) -> dict:
-    """JSON-able ``model_args`` that rebuild, with ``timm.create_model``, the ViT :func:`to_timm` builds."""
-    kwargs = timm_kwargs(spec)
+def timm_model_args(spec) -> tuple[str, dict]:
+    """The timm model name and JSON-able ``model_args`` that rebuild, with ``timm.create_model``, the
+    VisionTransformer or Eva :func:`to_timm` builds."""
+    eva = timm_architecture(spec) == "Eva"
+    kwargs = eva_kwargs(spec) if eva else timm_kwargs(spec)
     eps = spec.block.norm.eps
     if eps != TIMM_LAYERNORM_EPS:
         raise ConversionError(
@@ -111,19 +115,19 @@ def timm_model_args(spec) -> dict:
             f"(convert in Python with zoo.interop.to_timm instead)"
         )
     del kwargs["norm_layer"]
-    return {**kwargs, "class_token": bool(kwargs["class_token"])}
+    return (TIMM_EVA_BASE_MODEL if eva else TIMM_BASE_MODEL), {**kwargs, "class_token": bool(kwargs["class_token"])}
 
 
 def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None) -> Converted:
     from safetensors.torch import save_file
 
     _fresh_dir(dst)
-    args = timm_model_args(model.spec)  # refuse before any work
+    name, args = timm_model_args(model.spec)  # refuse before any work
     ref = to_timm(model)
     state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in ref.state_dict().items()}
     s = model.spec
     config = {
-        "architecture": TIMM_BASE_MODEL,
+        "architecture": name,
         "num_classes": s.num_classes,
         "num_features": s.d_model,
         "global_pool": args["global_pool"],

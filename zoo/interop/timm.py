@@ -1,9 +1,14 @@
-"""Two-way converters between zoo's ViT and timm's VisionTransformer, exact in both directions.
+"""Two-way converters between zoo's ViT and timm's VisionTransformer and Eva (:mod:`zoo.interop.timm_eva`),
+exact in both directions.
 
-    from_timm(timm_model) -> zoo model        to_timm(zoo_model) -> timm VisionTransformer
+    from_timm(timm_model) -> zoo model        to_timm(zoo_model, architecture=None) -> timm model
     timm_spec(timm_model) -> zoo spec
 
-Covers ``vit_tiny/small/base_patch16_224``, DeiT III, register and MAP-pooled ViTs, and every
+``to_timm`` writes a VisionTransformer where one computes the spec, else an Eva (rope2d, SwiGLU, no
+key bias, ...); ``architecture`` ('VisionTransformer' or 'Eva') picks one.
+
+Covers ``vit_tiny/small/base_patch16_224``, DeiT III, register and MAP-pooled ViTs, CLIP towers
+(``vit_base_patch16_clip_224``: a norm before the blocks, no patch bias, GELU or quick GELU), and every
 VisionTransformer built from options zoo has: class-token, mean ('avg') or attention ('map')
 pooling, fc_norm, a linear head or none (``num_classes=0``: a backbone), register tokens, positions on every token or on the patches only
 (``no_embed_class``), learned or no positions, ``dynamic_img_size``, Pre-Norm LayerNorm blocks with
@@ -16,16 +21,17 @@ when a converter runs.
 from __future__ import annotations
 
 import functools
-import math
 
 from torch import nn
 
 from zoo.build import build
 from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
+from zoo.interop.timm_eva import eva_kwargs, eva_spec, from_eva, to_eva
+from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio
 from zoo.spec import FamilySpec, parse_spec
 
-__all__ = ["CLAIMS", "from_timm", "to_timm", "timm_spec", "timm_kwargs"]
+__all__ = ["CLAIMS", "from_timm", "to_timm", "timm_architecture", "timm_spec", "timm_kwargs"]
 
 FROM, TO = "timm VisionTransformer -> zoo", "zoo -> timm VisionTransformer"
 _POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm global_pool
@@ -34,33 +40,16 @@ _POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm 
 CLAIMS: Claims = {
     "family": one_of("vit"), "image_size": ANY, "patch_size": ANY, "in_channels": ANY, "d_model": ANY, "n_layers": ANY,
     "head.kind": one_of("linear", "none"), "head.num_classes": ANY, "class_token": ANY, "reg_tokens": ANY,
-    "prefix_positions": ANY, "pool": ANY, "fc_norm": ANY, "dynamic_size": ANY, "position.kind": one_of("learned", "none"),
+    "prefix_positions": ANY, "pool": ANY, "fc_norm": ANY, "pre_norm": ANY, "patch_bias": ANY, "dynamic_size": ANY,
+    "position.kind": one_of("learned", "none"),
     "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
     "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY,
     "block.attention.bias": ANY, "block.attention.out_bias": ANY, "block.attention.qk_norm": ANY,
-    "block.ffn.kind": one_of("gelu", "relu", "silu"), "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
+    "block.ffn.kind": one_of("gelu", "relu", "silu", "quick_gelu"), "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
     "block.ffn.approximate": ANY, "block.norm.kind": one_of("layernorm"), "block.norm.eps": ANY,
     "block.norm.bias": one_of(True), "block.layer_scale": ANY,
     "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY, "dropout.ffn": ANY,
 }
-
-
-def _is(module: nn.Module | None, cls: type | tuple) -> bool:
-    return module is not None and isinstance(module, cls)
-
-
-def _activation(act: nn.Module) -> dict:
-    from timm.layers import activations
-
-    if isinstance(act, nn.GELU):
-        return {"kind": "gelu", "approximate": act.approximate}
-    if type(act) is activations.GELU:
-        return {"kind": "gelu", "approximate": "none"}
-    if type(act) is activations.GELUTanh:
-        return {"kind": "gelu", "approximate": "tanh"}
-    if type(act) in (nn.ReLU, nn.SiLU):
-        return {"kind": "relu" if type(act) is nn.ReLU else "silu"}
-    raise unsupported(FROM, "act_layer", type(act).__name__, "zoo's ViT MLP activations are GELU (exact or tanh), ReLU and SiLU")
 
 
 def _check_model(m: nn.Module) -> None:
@@ -79,7 +68,6 @@ def _check_model(m: nn.Module) -> None:
          "zoo pools the class token ('token'), the mean of the patch tokens ('avg') or by attention ('map')"),
         ("pool_include_prefix", m.pool_include_prefix, not m.pool_include_prefix, "zoo's pools skip the class and register tokens"),
         ("patch_drop_rate", getattr(m.patch_drop, "prob", 0.0), isinstance(m.patch_drop, nn.Identity), "zoo has no patch dropout"),
-        ("pre_norm", True, isinstance(m.norm_pre, nn.Identity), "zoo's ViT has no norm before the blocks"),
         ("final_norm", False, not (isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity)),
          "zoo's Pre-Norm ViT ends with a norm (before or after pooling)"),
         ("head", type(m.head).__name__, isinstance(m.head, (nn.Linear, nn.Identity)),
@@ -142,16 +130,6 @@ def _check_block(blk: nn.Module, i: int) -> None:
             raise unsupported(FROM, f"blocks.{i}: {option}", value, why)
 
 
-def _norm_eps(norms: list[nn.Module]) -> float:
-    for n in norms:
-        if not (type(n).__name__ == "LayerNorm" and isinstance(n, nn.LayerNorm) and n.elementwise_affine and n.bias is not None):
-            raise unsupported(FROM, "norm_layer", type(n).__name__, "zoo's ViT uses LayerNorm with weight and bias")
-    eps = {n.eps for n in norms}
-    if len(eps) > 1:
-        raise unsupported(FROM, "norm_layer eps", sorted(eps), "zoo's ViT uses one eps for every norm")
-    return eps.pop()
-
-
 def _map_pool(m: nn.Module, heads: int, hidden: int, act: type) -> dict:
     """timm's AttentionPoolLatent as a zoo MapPoolSpec mapping (the checks name what zoo lacks)."""
     from timm.layers import Mlp
@@ -185,7 +163,9 @@ def _map_pool(m: nn.Module, heads: int, hidden: int, act: type) -> dict:
 
 
 def timm_spec(m: nn.Module) -> FamilySpec:
-    """The zoo spec of a timm VisionTransformer (refusing what zoo cannot express)."""
+    """The zoo spec of a timm VisionTransformer or Eva (refusing what zoo cannot express)."""
+    if type(m).__name__ == "Eva":
+        return eva_spec(m)
     _check_model(m)
     for i, blk in enumerate(m.blocks):
         _check_block(blk, i)
@@ -207,6 +187,7 @@ def timm_spec(m: nn.Module) -> FamilySpec:
     if b0.attn.head_dim * b0.attn.num_heads != m.embed_dim:
         raise unsupported(FROM, "attn_head_dim", b0.attn.head_dim, "zoo's ViT head size is embed_dim / num_heads")
     norms = [m.norm if not isinstance(m.norm, nn.Identity) else m.fc_norm] + [n for blk in m.blocks for n in (blk.norm1, blk.norm2)]
+    norms += [] if isinstance(m.norm_pre, nn.Identity) else [m.norm_pre]
     pool = {"token": {"kind": "cls"}, "avg": {"kind": "mean"}}.get(m.global_pool)
     if m.global_pool == "map":
         pool = _map_pool(m, heads, hidden, act)
@@ -218,11 +199,12 @@ def timm_spec(m: nn.Module) -> FamilySpec:
         "class_token": m.cls_token is not None, "reg_tokens": m.num_reg_tokens,
         "prefix_positions": not m.no_embed_class or m.pos_embed is None,  # without positions the flag means nothing
         "pool": pool, "fc_norm": not isinstance(m.fc_norm, nn.Identity), "dynamic_size": m.dynamic_img_size,
+        "pre_norm": not isinstance(m.norm_pre, nn.Identity), "patch_bias": pe.proj.bias is not None,
         "position": {"kind": "none" if m.pos_embed is None else "learned"},
         "block": {
             "attention": {"kind": "mha", "n_heads": heads, "bias": qkv_bias, "qk_norm": _qk_norm(b0.attn)},
-            "ffn": {**_activation(b0.mlp.act), "hidden": hidden, "bias": fc1_bias},
-            "norm": {"kind": "layernorm", "eps": _norm_eps(norms)},
+            "ffn": {**activation_of(b0.mlp.act, FROM), "hidden": hidden, "bias": fc1_bias},
+            "norm": {"kind": "layernorm", "eps": layernorm_eps(norms, FROM)},
             "kind": "pre",
             "layer_scale": scale,
         },
@@ -232,10 +214,7 @@ def timm_spec(m: nn.Module) -> FamilySpec:
 
 
 def _rules(s: FamilySpec) -> list:
-    rules = [rule("patch_embed.proj.weight", "patch_embed.proj.weight"), rule("patch_embed.proj.bias", "patch_embed.proj.bias")]
-    rules += [rule(name, name) for name, on in (("cls_token", s.class_token), ("reg_token", s.reg_tokens)) if on]
-    if s.position.kind == "learned":
-        rules.append(rule("position.weight", "pos_embed"))  # [1, N, D] in timm, [N, D] in zoo
+    rules = embedding_rules(s)
     bias = s.block.attention.bias
     names = [("attn_norm", "norm1", True), ("attn.qkv", "attn.qkv", bias), ("attn.out", "attn.proj", bias),
              ("ffn_norm", "norm2", True), ("ffn.fc1", "mlp.fc1", bias), ("ffn.fc2", "mlp.fc2", bias)]
@@ -264,7 +243,10 @@ def _rules(s: FamilySpec) -> list:
 
 
 def from_timm(timm_model: nn.Module) -> nn.Module:
-    """A zoo ViT computing what ``timm_model`` computes: spec from its modules, tensors copied."""
+    """A zoo ViT computing what ``timm_model`` (a VisionTransformer or an Eva) computes: spec from its
+    modules, tensors copied."""
+    if type(timm_model).__name__ == "Eva":
+        return from_eva(timm_model)
     spec = timm_spec(timm_model)
     device, dtype = device_dtype(timm_model)
     model = build(spec, device=device, dtype=dtype)
@@ -273,17 +255,6 @@ def from_timm(timm_model: nn.Module) -> nn.Module:
     shapes = {name: t.shape for name, t in model.state_dict().items()}
     load_exact(model, zoo_state(ref, rules, shapes, FROM), FROM)
     return model.train(timm_model.training)
-
-
-def _mlp_ratio(d: int, hidden: int) -> float:
-    """The float ratio timm turns back into ``hidden`` (it sizes the MLP as ``int(d * mlp_ratio)``;
-    ``hidden / d`` alone can land one ulp low, and truncation then loses a unit)."""
-    ratio = hidden / d
-    while int(d * ratio) < hidden:
-        ratio = math.nextafter(ratio, math.inf)
-    while int(d * ratio) > hidden:
-        ratio = math.nextafter(ratio, -math.inf)
-    return ratio
 
 
 def timm_kwargs(s: FamilySpec) -> dict:
@@ -295,13 +266,16 @@ def timm_kwargs(s: FamilySpec) -> dict:
         ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads, "timm's ViT has multi-head attention only"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's ViT head size is d_model / n_heads"),
-        ("block.ffn.kind", ffn.kind, ffn.kind in ("gelu", "relu", "silu"), "timm's ViT MLP is two-layer (gelu, relu or silu)"),
+        ("block.ffn.kind", ffn.kind, ffn.kind in ("gelu", "relu", "silu", "quick_gelu"),
+         "timm's ViT MLP is two-layer (gelu, relu, silu or quick_gelu)"),
         ("block.ffn.bias", ffn.bias, ffn.bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
         ("block.attention.out_bias", att.out_bias, att.has_out_bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
         ("dropout.ffn", s.dropout.ffn, s.dropout.ffn == s.dropout.residual, "timm's proj_drop_rate covers the MLP and the residuals"),
         ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and qk.scope == "head" and qk.eps == norm.eps),
          f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps})"),
         ("pool.kind", getattr(pool, "kind", None), getattr(pool, "kind", None) in _POOLS, "timm pools by 'token', 'avg' or 'map'"),
+        ("patch_bias", s.patch_bias, s.patch_bias != s.pre_norm, f"timm's ViT has a patch bias without pre_norm and none with it "
+         f"(pre_norm is {s.pre_norm})"),
     ]
     if getattr(pool, "kind", None) == "map":
         problems += [
@@ -312,21 +286,45 @@ def timm_kwargs(s: FamilySpec) -> dict:
     for option, value, ok, why in problems:
         if not ok:
             raise unsupported(TO, option, value, why)
-    act = {"relu": "relu", "silu": "silu"}.get(ffn.kind) or ("gelu_tanh" if ffn.approximate == "tanh" else "gelu")
+    act = {"relu": "relu", "silu": "silu", "quick_gelu": "quick_gelu"}.get(ffn.kind) or (
+        "gelu_tanh" if ffn.approximate == "tanh" else "gelu")
     return dict(
         img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes or 0,
         global_pool=_POOLS[pool.kind], embed_dim=d, depth=s.n_layers, num_heads=att.n_heads,
-        mlp_ratio=_mlp_ratio(d, ffn.hidden_size(d)), qkv_bias=att.bias, proj_bias=att.bias, class_token=s.class_token,
+        mlp_ratio=mlp_ratio(d, ffn.hidden_size(d)), qkv_bias=att.bias, proj_bias=att.bias, class_token=s.class_token,
         pos_embed="learn" if s.position.kind == "learned" else "none", fc_norm=s.fc_norm,
         norm_layer=functools.partial(nn.LayerNorm, eps=norm.eps), act_layer=act,
         pos_drop_rate=s.dropout.embedding, proj_drop_rate=s.dropout.residual, attn_drop_rate=s.dropout.attention,
         reg_tokens=s.reg_tokens, no_embed_class=not s.prefix_positions, dynamic_img_size=s.dynamic_size,
-        init_values=s.block.layer_scale, qk_norm=qk is not None,
+        init_values=s.block.layer_scale, qk_norm=qk is not None, pre_norm=s.pre_norm,
     )
 
 
-def to_timm(zoo_model: nn.Module) -> nn.Module:
-    """The timm VisionTransformer computing what the zoo ViT ``zoo_model`` computes."""
+def to_timm(zoo_model: nn.Module, architecture: str | None = None) -> nn.Module:
+    """The timm model computing what the zoo ViT ``zoo_model`` computes: ``architecture``
+    'VisionTransformer' or 'Eva'; None: a VisionTransformer where one computes the spec, else an Eva."""
+    if architecture not in (None, "VisionTransformer", "Eva"):
+        raise ConversionError(f"to_timm: architecture {architecture!r} is not converted; use 'VisionTransformer' or 'Eva'")
+    if (architecture or timm_architecture(zoo_model.spec)) == "Eva":
+        return to_eva(zoo_model)
+    return _to_vision_transformer(zoo_model)
+
+
+def timm_architecture(s: FamilySpec) -> str:
+    """'VisionTransformer' where timm's ViT computes ``s``, else 'Eva' where timm's Eva does; else a
+    ConversionError with both refusals."""
+    try:
+        timm_kwargs(s)
+        return "VisionTransformer"
+    except ConversionError as vit_refusal:
+        try:
+            eva_kwargs(s)
+            return "Eva"
+        except ConversionError as eva_refusal:
+            raise ConversionError(f"{vit_refusal}\n(nor as timm's Eva: {eva_refusal})") from None
+
+
+def _to_vision_transformer(zoo_model: nn.Module) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
     spec = zoo_model.spec

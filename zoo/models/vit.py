@@ -1,17 +1,19 @@
 """Vision Transformer (Dosovitskiy et al. 2021), laid out as timm's VisionTransformer.
 
     images [B, C, H, W] -> [conv stem ->] patches [B, N, D] -> [class token; registers;] + positions
-                        -> blocks -> pool -> [fc_norm] -> logits
+                        -> [pre_norm ->] blocks -> pool -> [fc_norm] -> logits
 
 Positions are added to every token, or, with ``prefix_positions: false``, to the patches before the
 class token and registers are put in front (timm's ``no_embed_class``). With ``dynamic_size`` the
-position table is fitted to each input's patch grid.
+position table is fitted to each input's patch grid. Inside attention, the layers get each token's
+place on the grid, (row, column) and (-1, -1) for the prefix (:func:`grid_positions`), which a 2-D
+RoPE turns queries and keys by (EVA-02).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +21,7 @@ from torch import Tensor, nn
 from zoo.components import parts
 from zoo.components.dropout import Dropout
 from zoo.components.embedding import PatchEmbedding
+from zoo.components.rope2d import grid_positions
 from zoo.components.stack import Stack, StackContext
 from zoo.models.common import build_part, build_position, build_stack, init_weights
 from zoo.models.family import Family
@@ -47,18 +50,20 @@ class VisionTransformer(Family):
 
     is_causal = False
     unit = "image"
-    summary_parts = {"cls_token": "embeddings", "reg_token": "embeddings"}
+    summary_parts = {"cls_token": "embeddings", "reg_token": "embeddings", "norm_pre": "norms"}
 
     def __init__(self, spec: VitSpec) -> None:
         super().__init__()
         self.spec = spec
         d = spec.d_model
         stem = list(zip(spec.stem.channels, spec.stem.layer_strides)) if spec.stem else []
-        self.patch_embed = PatchEmbedding(in_channels=spec.in_channels, dim=d, patch_size=spec.patch_size, stem=stem)
+        self.patch_embed = PatchEmbedding(in_channels=spec.in_channels, dim=d, patch_size=spec.patch_size, stem=stem,
+                                          bias=spec.patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if spec.class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, spec.reg_tokens, d)) if spec.reg_tokens else None
         self.position = build_position(spec, max_len=spec.n_positions, grid=spec.grid)
         self.drop = Dropout(spec.dropout.embedding)
+        self.norm_pre = build_part("norm", spec.block.norm, dim=d) if spec.pre_norm else nn.Identity()
         self.stack = build_stack(spec, max_len=spec.n_positions, final_norm=spec.has_final_norm and not spec.fc_norm)
         self.pool = build_part("pool", spec.pool, dim=d, block=spec.block)
         self.fc_norm = build_part("norm", spec.block.norm, dim=d) if spec.fc_norm else nn.Identity()
@@ -100,8 +105,8 @@ class VisionTransformer(Family):
         return x if table is None else x + table.to(x.dtype)
 
     def embed(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """The first block's input [B, T, D] (prefix tokens, then patches, with positions and
-        embedding dropout) and the patch grid (h, w)."""
+        """The first block's input [B, T, D] (prefix tokens, then patches, with positions, embedding
+        dropout and ``pre_norm``) and the patch grid (h, w)."""
         grid = self._grid(images)
         x = self.patch_embed(images)  # (B, N, D)
         prefix = [t.expand(x.shape[0], -1, -1).to(x.dtype) for t in (self.cls_token, self.reg_token) if t is not None]
@@ -109,17 +114,21 @@ class VisionTransformer(Family):
             x = self._add_positions(torch.cat([*prefix, x], dim=1), grid)  # (B, P + N, D)
         else:
             x = torch.cat([*prefix, self._add_positions(x, grid)], dim=1)
-        return self.drop(x), grid
+        return self.norm_pre(self.drop(x)), grid
 
-    def _context(self, x: Tensor) -> StackContext:
-        return self.stack.context(self.position, x, None, causal=False, check_length=False)  # added by embed()
+    def _context(self, x: Tensor, grid: tuple[int, int]) -> StackContext:
+        """The stack's context, each layer's attention given the tokens' grid positions [T, 2]."""
+        ctx = self.stack.context(self.position, x, None, causal=False, check_length=False)  # added by embed()
+        places = grid_positions(grid, self.spec.n_prefix, x.device)
+        made = {id(c): replace(c, positions=places) for c in ctx.layers}
+        return replace(ctx, layers=tuple(made[id(c)] for c in ctx.layers))
 
     # ------------------------------------------------------------------------------- outputs
     def pooled(self, images: Tensor) -> Tensor:
         """The head's input [B, D]: the tokens pooled (class token, patch mean or attention pooling),
         after the final norm or through ``fc_norm``."""
-        x, _ = self.embed(images)
-        x = self.stack(x, self._context(x))
+        x, grid = self.embed(images)
+        x = self.stack(x, self._context(x, grid))
         return self.fc_norm(self.pool(x, self.spec.n_prefix))
 
     def forward(self, images: Tensor) -> Tensor:
@@ -134,7 +143,7 @@ class VisionTransformer(Family):
         n = len(self.stack.blocks)
         take = self._take(n, layers)
         x, (h, w) = self.embed(images)
-        ctx = self._context(x)
+        ctx = self._context(x, (h, w))
         outs = []
         for i, block in enumerate(self.stack.blocks[: max(take) + 1]):
             x = block(x, ctx.layers[i])
@@ -180,12 +189,12 @@ class VisionTransformer(Family):
                 + parts.flops(self.head, 1))
 
     def saved(self, seq: int) -> tuple[int, int]:
-        """One image: the images, the stem's activations, the blocks, what the pool keeps per patch,
-        the pooled vector and the head's input and logits."""
+        """One image: the images, the stem's activations, the pre-norm's output, the blocks, what the
+        pool keeps per patch, the pooled vector and the head's input and logits."""
         s = self.spec
         n, patches = s.n_tokens, s.grid[0] * s.grid[1]
         elements, masks = self.stack.saved(n, rotates=self.position.rotates)
-        elements += s.in_channels * s.image_size**2 + self.patch_embed.saved(s.image_size)
+        elements += s.in_channels * s.image_size**2 + self.patch_embed.saved(s.image_size) + s.pre_norm * n * s.d_model
         elements += s.d_model + parts.saved_per_token(self.head) + patches * parts.saved_per_token(self.pool)
         return elements, masks + (n * s.d_model if s.dropout.embedding else 0)
 

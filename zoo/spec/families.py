@@ -341,6 +341,11 @@ class VitSpec(FamilySpec):
         "stands for {kind: name})"
     )
     fc_norm: bool = Field(False, description="norm after pooling instead of before (timm's fc_norm)")
+    pre_norm: bool = Field(
+        False, description="a norm of the block's kind on the tokens (with their positions) before the first block "
+        "(CLIP's ln_pre; timm's pre_norm, norm_pre)"
+    )
+    patch_bias: bool = Field(True, description="a bias on the patch projection (CLIP has none: timm drops it with pre_norm)")
     dynamic_size: bool = Field(
         False, description="accept images of other sizes (multiples of patch_size): learned positions are resampled "
         "bicubically to the grid (timm's dynamic_img_size), sincos2d recomputed"

@@ -100,6 +100,8 @@ class MoESpec(FFNBaseSpec):
     def _check_expert(cls, expert: GatedFFNSpec) -> GatedFFNSpec:
         if expert.bias:
             raise ValueError("expert.bias: experts' stacked weights have no biases; set expert.bias: false")
+        if expert.norm:
+            raise ValueError("expert.norm: experts have no norm on their hidden activation; set expert.norm: false")
         return expert
 
     @model_validator(mode="after")

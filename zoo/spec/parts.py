@@ -20,7 +20,8 @@ __all__ = [
     "AlibiSpec", "AnyAttention", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition", "AttentionSpec",
     "ClsPoolSpec", "FFNBaseSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
     "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
-    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "RMSNormSpec", "RelativeBiasSpec", "ReluFFNSpec", "RopeSpec", "SiluFFNSpec",
+    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBiasSpec", "ReluFFNSpec",
+    "Rope2dSpec", "RopeSpec", "SiluFFNSpec",
     "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
 ]
 
@@ -78,6 +79,8 @@ class AttentionSpec(ComponentSpec):
     v_head_dim: PositiveInt | None = Field(None, description="value size per head; default d_model // n_heads")
     bias: bool = Field(True, description="biases on the q, k and v projections, and on the output projection unless out_bias says otherwise")
     out_bias: bool | None = Field(None, description="a bias on the output projection; null: as bias (Qwen2: bias true, out_bias false)")
+    key_bias: bool = Field(True, description="with bias: a bias on the key projection too; false: queries and values "
+                           "only, the key's fixed at zero (EVA, BEiT: timm's q_bias and v_bias)")
     qk_norm: QKNormSpec | None = Field(None, description="a norm on queries and keys before the scores; null: none")
     window: int | None = Field(
         None,
@@ -144,6 +147,13 @@ class AttentionSpec(ComponentSpec):
         if g is not None and h % g:
             divisors = [d for d in range(1, h + 1) if h % d == 0]
             raise ValueError(f"n_heads ({h}) must be divisible by n_kv_heads ({g}); choose n_kv_heads from {divisors}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_key_bias(self) -> AttentionSpec:
+        if not self.key_bias and not self.bias:
+            raise ValueError("key_bias: false drops the key's share of bias: true, but bias is false (no projection "
+                             "has one); remove key_bias or set bias: true")
         return self
 
     @property
@@ -265,6 +275,31 @@ class RopeSpec(PositionSpec):
         return []
 
 
+class Rope2dSpec(PositionSpec):
+    """Rotary embeddings on a ViT's patch grid (EVA-02; timm's ``RotaryEmbeddingCat``): the first half of
+    each query/key head turns with the patch's row, the second half with its column, in interleaved
+    pairs (dimensions 2i and 2i + 1), at the frequencies base^(-i/(K/4)) for i < K/4. The class token
+    and the registers are not turned. ``ref_grid`` stretches the coordinates of an h x w grid to
+    ``ref_grid`` cells a side (row * ref_grid / h): a model fine-tuned at another size keeps the turns
+    it was pretrained with (timm's ``ref_feat_shape``)."""
+
+    kind: Literal["rope2d"] = "rope2d"
+    layouts: ClassVar[frozenset[str]] = frozenset({"grid"})
+    in_layers: ClassVar[bool] = True
+    resizable: ClassVar[bool] = True
+    base: PositiveFloat = Field(10000.0, description="the frequencies' base (timm's rope_temperature)")
+    ref_grid: PositiveInt | None = Field(
+        None, description="patches a side the coordinates are stretched to (timm's ref_feat_shape; EVA-02: 16); "
+        "null: the grid's own row and column indices"
+    )
+
+    def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
+        if head_dim % 4:
+            return [f"{field}.kind: rope2d turns pairs of dimensions by row and by column, so the query/key head size "
+                    f"must be divisible by 4, got {head_dim}; change n_heads or set block.attention.head_dim"]
+        return []
+
+
 class AlibiSpec(PositionSpec):
     """Linear biases on attention scores (Press et al. 2022)."""
 
@@ -326,6 +361,10 @@ class FFNSpec(FFNBaseSpec):
 
     hidden: PositiveInt | None = None
     bias: bool = True
+    norm: bool = Field(
+        False, description="a norm of the block's kind on the hidden activation, before the output projection "
+        "(NormFormer's FFN norm; timm's scale_mlp: EVA-02 base and large)"
+    )
 
     def hidden_size(self, d_model: int) -> int:
         return self.hidden or 4 * d_model
@@ -338,6 +377,13 @@ class ReluFFNSpec(FFNSpec):
 class GeluFFNSpec(FFNSpec):
     kind: Literal["gelu"] = "gelu"
     approximate: Literal["none", "tanh"] = "none"
+
+
+class QuickGeluFFNSpec(FFNSpec):
+    """Two-layer FFN with OpenAI CLIP's quick GELU, x * sigmoid(1.702 x) (timm's ``act_layer='quick_gelu'``,
+    the ``*_clip_quickgelu_*`` towers)."""
+
+    kind: Literal["quick_gelu"] = "quick_gelu"
 
 
 class SiluFFNSpec(FFNSpec):
@@ -496,9 +542,9 @@ AnyHead = Annotated[ComponentSpec, Dispatch("head", shorthand=True)]
 register_specs("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec})
 register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
                                           "rope": RopeSpec, "alibi": AlibiSpec, "relative_bias": RelativeBiasSpec,
-                                          "sincos2d": SinCos2dSpec})
+                                          "sincos2d": SinCos2dSpec, "rope2d": Rope2dSpec})
 register_specs("ffn", FFNBaseSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec,
-                                "geglu": GeGLUSpec})
+                                "geglu": GeGLUSpec, "quick_gelu": QuickGeluFFNSpec})
 register_specs("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec})
 register_specs("pool", PoolSpec, {"cls": ClsPoolSpec, "mean": MeanPoolSpec, "map": MapPoolSpec})
 register_specs("head", HeadSpec, {"none": NoHeadSpec, "lm": LMHeadSpec, "mlm": MLMHeadSpec, "linear": LinearHeadSpec})

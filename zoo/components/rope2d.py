@@ -1,0 +1,80 @@
+"""Rotary embeddings on a ViT's patch grid (EVA-02; timm's ``RotaryEmbeddingCat``), computed with the
+same float32 arithmetic as timm, so a converted model's rotations agree with timm's.
+
+A ViT hands the layers each token's place on the grid (:func:`grid_positions`): [T, 2] (row,
+column), the class token and the registers at (-1, -1), which are not turned. Each query/key head of
+K dimensions turns its first K/2 dimensions by the row and the rest by the column, in interleaved
+pairs (2i, 2i + 1), at the frequencies base^(-j/(K/4)) for j < K/4.
+
+Shapes: B batch, H query heads, G key/value heads, T tokens, K head size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from zoo.components.position import Position
+from zoo.registry import register
+
+__all__ = ["GridRotaryPosition", "grid_positions"]
+
+
+def grid_positions(grid: tuple[int, int], prefix: int, device: torch.device | None = None) -> Tensor:
+    """[prefix + h*w, 2]: (-1, -1) for each prefix token, then (row, column) of each patch in raster order."""
+    h, w = grid
+    rows, cols = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+    cells = torch.stack([rows.flatten(), cols.flatten()], dim=-1)  # (h*w, 2)
+    return torch.cat([torch.full((prefix, 2), -1, dtype=cells.dtype, device=device), cells])
+
+
+def _turn_pairs(x: Tensor) -> Tensor:
+    """[x0, x1, x2, x3, ...] -> [-x1, x0, -x3, x2, ...]: each interleaved pair turned a quarter."""
+    return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)
+
+
+class GridRotaryPosition(Position):
+    """2-D RoPE over (row, column) grid positions (see the module docstring); ``ref_grid``: the side
+    the coordinates of any grid are stretched to (timm's ``ref_feat_shape``), None: raw indices."""
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, ref_grid: int | None = None) -> None:
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"GridRotaryPosition: the head size must be divisible by 4, got {head_dim}")
+        self.head_dim, self.base, self.ref_grid = head_dim, base, ref_grid
+        self.register_buffer("inv_freq", self._frequencies(), persistent=False)
+
+    def _frequencies(self) -> Tensor:
+        bands = self.head_dim // 4
+        exponents = torch.arange(0, bands, 1, dtype=torch.int64).to(torch.float32) / bands
+        return 1.0 / (float(self.base) ** exponents)  # (K/4,), timm's freq_bands
+
+    def reset_buffers(self) -> None:
+        """Recompute the frequencies in place, on their device, keeping their dtype."""
+        self.inv_freq.copy_(self._frequencies().to(self.inv_freq.device))
+
+    def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
+        return None  # adds nothing: the turns follow each input's grid
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        if positions.dim() != 2 or positions.shape[-1] != 2:
+            raise ValueError(f"rope2d turns by (row, column) grid positions [T, 2], got {tuple(positions.shape)}; "
+                             f"it applies to a ViT's patch grid")
+        on_grid = positions[:, :1] >= 0  # (T, 1): the prefix tokens are not turned
+        coords = positions.clamp(min=0).to(torch.float32)  # (T, 2)
+        if self.ref_grid is not None:
+            size = (positions.amax(dim=0) + 1).to(torch.float32)  # (2,) the grid's h, w
+            coords = coords / size * self.ref_grid
+        angles = (coords[..., None] * self.inv_freq).flatten(-2)  # (T, K/2): the row's bands, then the column's
+        sin = torch.where(on_grid, angles.sin(), 0.0).repeat_interleave(2, -1)  # (T, K), pairs interleaved
+        cos = torch.where(on_grid, angles.cos(), 1.0).repeat_interleave(2, -1)
+
+        def turn(x: Tensor) -> Tensor:  # (B, H or G, T, K)
+            return (x * cos + _turn_pairs(x) * sin).to(x.dtype)
+
+        return turn(q), turn(k)
+
+
+@register("position", "rope2d")
+def _rope2d(spec, *, head_dim: int, **_) -> Position:
+    return GridRotaryPosition(head_dim, base=spec.base, ref_grid=spec.ref_grid)

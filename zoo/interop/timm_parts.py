@@ -1,0 +1,66 @@
+"""What the timm converters (:mod:`zoo.interop.timm` for VisionTransformer, :mod:`zoo.interop.timm_eva`
+for Eva) share: reading an MLP's activation and the LayerNorms' eps from timm modules, and the
+``mlp_ratio`` that gives back a hidden size, and the rules of the embeddings, named alike in both. timm is imported only when a converter runs."""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from zoo.interop.common import rule, unsupported
+from zoo.spec import FamilySpec
+
+__all__ = ["activation_of", "embedding_rules", "layernorm_eps", "mlp_ratio"]
+
+
+def activation_of(act: nn.Module, where: str) -> dict:
+    """A timm MLP activation as zoo FFN fields (kind, approximate)."""
+    from timm.layers import activations
+
+    if isinstance(act, nn.GELU):
+        return {"kind": "gelu", "approximate": act.approximate}
+    if type(act) is activations.GELU:
+        return {"kind": "gelu", "approximate": "none"}
+    if type(act) is activations.GELUTanh:
+        return {"kind": "gelu", "approximate": "tanh"}
+    if type(act) is activations.QuickGELU:
+        return {"kind": "quick_gelu"}
+    if type(act) in (nn.ReLU, nn.SiLU):
+        return {"kind": "relu" if type(act) is nn.ReLU else "silu"}
+    raise unsupported(where, "act_layer", type(act).__name__,
+                      "zoo's ViT MLP activations are GELU (exact or tanh), quick GELU, ReLU and SiLU")
+
+
+def layernorm_eps(norms: list[nn.Module], where: str) -> float:
+    """The one eps of ``norms``, refusing a norm that is no LayerNorm with weight and bias."""
+    for n in norms:
+        if not (type(n).__name__ == "LayerNorm" and isinstance(n, nn.LayerNorm) and n.elementwise_affine and n.bias is not None):
+            raise unsupported(where, "norm_layer", type(n).__name__, "zoo's ViT uses LayerNorm with weight and bias")
+    eps = {n.eps for n in norms}
+    if len(eps) > 1:
+        raise unsupported(where, "norm_layer eps", sorted(eps), "zoo's ViT uses one eps for every norm")
+    return eps.pop()
+
+
+def mlp_ratio(d: int, hidden: int) -> float:
+    """The float ratio timm turns back into ``hidden`` (it sizes the MLP as ``int(d * mlp_ratio)``;
+    ``hidden / d`` alone can land one ulp low, and truncation then loses a unit)."""
+    ratio = hidden / d
+    while int(d * ratio) < hidden:
+        ratio = math.nextafter(ratio, math.inf)
+    while int(d * ratio) > hidden:
+        ratio = math.nextafter(ratio, -math.inf)
+    return ratio
+
+
+def embedding_rules(s: FamilySpec) -> list:
+    """The rules of the patch projection, the prefix tokens, the position table and the pre-norm
+    (the same names in timm's VisionTransformer and Eva)."""
+    rules = [rule("patch_embed.proj.weight", "patch_embed.proj.weight")]
+    rules += [rule(name, name) for name, on in (("patch_embed.proj.bias", s.patch_bias), ("cls_token", s.class_token),
+                                                 ("reg_token", s.reg_tokens)) if on]
+    rules += [rule(f"norm_pre.{p}", f"norm_pre.{p}") for p in ("weight", "bias") if s.pre_norm]
+    if s.position.kind == "learned":
+        rules.append(rule("position.weight", "pos_embed"))  # [1, N, D] in timm, [N, D] in zoo
+    return rules
