@@ -43,7 +43,8 @@ CLAIMS: Claims = {
     "block.attention.key_bias": ANY, "block.ffn.kind": one_of("gelu", "swiglu"), "block.ffn.hidden": ANY,
     "block.ffn.bias": one_of(True), "block.ffn.norm": ANY, "block.ffn.approximate": one_of("none"),
     "block.norm.kind": one_of("layernorm"), "block.norm.eps": ANY, "block.norm.bias": one_of(True),
-    "block.layer_scale": ANY, "dropout": ANY,
+    "block.layer_scale": ANY, "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY,
+    "dropout.ffn": ANY,
 }
 
 
