@@ -58,11 +58,11 @@ def aten_linears(monkeypatch):
 
 def randomize(model: torch.nn.Module, seed: int = 0, *, buffers: tuple[str, ...] = ()) -> torch.nn.Module:
     """Every parameter random, 1-D weights (norms, layer scales) around 1, so a swapped or dropped
-    tensor shows; Marian's fixed sinusoids kept; ``buffers`` named here randomized too. In eval mode."""
+    tensor shows; Marian's fixed sinusoids (frozen) kept; ``buffers`` named here randomized too. In eval mode."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "embed_positions" not in name:
+            if "embed_positions" not in name or p.requires_grad:  # BART's learned tables are randomized
                 base = 1.0 if p.dim() == 1 and name.endswith(("weight", "gamma")) else 0.0
                 p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
         for name, b in model.named_buffers():

@@ -65,11 +65,18 @@ HF = {
         vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=32, scale_embedding=True,
         pad_token_id=V - 1, decoder_start_token_id=V - 1)),
+    "bart untied, scaled": lambda: transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=V, d_model=36, encoder_layers=2, decoder_layers=3, encoder_attention_heads=3, decoder_attention_heads=3,
+        encoder_ffn_dim=52, decoder_ffn_dim=52, max_position_embeddings=40, scale_embedding=True, tie_word_embeddings=False)),
+    "mbart": lambda: transformers.MBartForConditionalGeneration(transformers.MBartConfig(
+        vocab_size=V, d_model=36, encoder_layers=2, decoder_layers=3, encoder_attention_heads=3, decoder_attention_heads=3,
+        encoder_ffn_dim=52, decoder_ffn_dim=52, max_position_embeddings=40)),
 }
+SEQ2SEQ = ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration")
 
 
 def hf_logits(hf, x, types=None):
-    if isinstance(hf, transformers.MarianMTModel):
+    if type(hf).__name__ in SEQ2SEQ:
         return hf(input_ids=x, decoder_input_ids=x.flip(1)).logits
     if isinstance(hf, transformers.BertForMaskedLM):
         return hf(x, token_type_ids=types).logits

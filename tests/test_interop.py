@@ -372,6 +372,10 @@ FROM_REFUSED = {
     "marian unequal FFNs": (lambda: marian(decoder_ffn_dim=40), "decoder_ffn_dim=40"),
     "marian layerdrop": (lambda: marian(encoder_layerdrop=0.1), "encoder_layerdrop=0.1"),
     "marian altered positions": (lambda: marian_with_learned_positions(), "embed_positions.weight is not the sinusoid table"),
+    "bart fairseq pre-norm": (lambda: bart(normalize_before=True), "normalize_before=True"),
+    "bart logits bias on lm_head": (lambda: bart(add_bias_logits=True), "add_bias_logits=True"),
+    "bart layerdrop": (lambda: bart(decoder_layerdrop=0.1), "decoder_layerdrop=0.1"),
+    "mbart without its final norms": (lambda: bart("MBart", add_final_layer_norm=False), "add_final_layer_norm=False"),
     "vit layer scale on one sub-layer": (lambda: vit_with_one_layer_scale(), "init_values='differ'"),
     "vit qkv bias only": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3,
                                                    qkv_bias=False), "qkv_bias=False"),
@@ -382,6 +386,13 @@ FROM_REFUSED = {
     "vit stochastic depth": (lambda: VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3,
                                                       drop_path_rate=0.1), "blocks.1: drop_path_rate='> 0'"),
 }
+
+
+def bart(kind: str = "Bart", **kw):
+    config = getattr(transformers, f"{kind}Config")(vocab_size=V, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=24,
+                                                    decoder_ffn_dim=24, max_position_embeddings=16, **kw)
+    return getattr(transformers, f"{kind}ForConditionalGeneration")(config)
 
 
 def vit_with_one_layer_scale():
@@ -424,6 +435,14 @@ TO_REFUSED = {
     "marian learned positions": ("transformer-base", ["position.kind=learned"], None, "position.kind='learned'"),
     "marian shared but untied": ("transformer-base", ["head.tied=false"], None, "head.tied=False"),
     "marian with an embedding norm": ("transformer-base", ["embedding.norm=true"], None, "embedding.norm=True"),
+    "bart one position table": ("bart-base", ["share_positions=true"], None, "share_positions=True"),
+    "bart positions from row 0": ("bart-base", ["position.offset=0"], None, "position.offset=0"),
+    "bart shared but untied": ("bart-base", ["head.tied=false"], None, "head.tied=False"),
+    "bart without an embedding norm": ("bart-base", ["embedding.norm=false"], None, "embedding.norm=False"),
+    "bart two vocabularies": ("bart-base", ["share_embeddings=false", "head.tied=false", "src_vocab_size=70"], None,
+                              "src_vocab_size=70"),
+    "bart pre-norm": ("bart-base", ["block.kind=pre"], "BartForConditionalGeneration", "block.kind='pre'"),
+    "mbart post-norm": ("bart-base", [], "MBartForConditionalGeneration", "block.kind='post'"),
     "vit sincos2d": ("vit-tiny-16", ["position.kind=sincos2d"], "timm", "position.kind='sincos2d'"),
     "vit post-norm": ("vit-tiny-16", ["block.kind=post"], "timm", "block.kind='post'"),
     "vit swiglu": ("vit-tiny-16", ["block.ffn.kind=swiglu"], "timm", "block.ffn.kind='swiglu'"),

@@ -34,6 +34,8 @@ EXACT = {
     "qwen3-30b-a3b": 30_532_122_624,
     "olmoe-1b-7b": 6_919_161_856,
     "qwen1.5-moe-a2.7b": 14_315_784_192,
+    # HF BartForConditionalGeneration from facebook/bart-base's config (tests/test_bart_hf.py)
+    "bart-base": 139_420_416,
 }
 
 

@@ -75,12 +75,23 @@ class TablePosition(Position):
 
 
 class LearnedPosition(TablePosition):
+    """A learned table; with an ``offset``, position p reads row p + offset (BART's table starts at 2)
+    and the first ``offset`` rows are weights no position reads."""
+
     init_normal = ("weight",)  # drawn N(0, init.std) by the model's initialisation, as embeddings
 
-    def __init__(self, dim: int, max_len: int) -> None:
+    def __init__(self, dim: int, max_len: int, offset: int = 0) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(max_len, dim))
+        self.offset = offset
+        self.weight = nn.Parameter(torch.empty(max_len + offset, dim))
         nn.init.normal_(self.weight, std=0.02)
+
+    @property
+    def max_len(self) -> int:
+        return self.weight.shape[0] - self.offset
+
+    def add(self, x: Tensor, positions: Tensor) -> Tensor:
+        return super().add(x, positions + self.offset if self.offset else positions)
 
 
 def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
@@ -241,7 +252,7 @@ def _none(spec, **_) -> Position:
 
 @register("position", "learned")
 def _learned(spec, *, dim: int, max_len: int, **_) -> Position:
-    return LearnedPosition(dim, max_len)
+    return LearnedPosition(dim, max_len, spec.offset)
 
 
 @register("position", "sinusoidal")

@@ -40,7 +40,8 @@ class EncoderDecoder(Family):
             self.src_emb = self.tgt_emb
         else:
             self.src_emb = token_embedding(spec, spec.src_vocab_size)
-        self.position = build_position(spec, max_len=spec.max_seq_len)
+        self.position = build_position(spec, max_len=spec.max_seq_len)  # the decoder's, and the encoder's where shared
+        self.src_position = None if spec.share_positions else build_position(spec, max_len=spec.max_seq_len)
         self.src_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.tgt_emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
@@ -55,8 +56,9 @@ class EncoderDecoder(Family):
         attending only within itself."""
         check_tokens(src, "src", vocab_size=self.spec.src_vocab_size)
         src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
-        ctx = self.encoder.context(self.position, src, src_padding_mask, causal=False, name="src", documents=src_documents)
-        x = self.drop(self.src_emb_norm(self.position.add(self.src_emb(src), ctx.positions)))
+        position = self.position if self.src_position is None else self.src_position
+        ctx = self.encoder.context(position, src, src_padding_mask, causal=False, name="src", documents=src_documents)
+        x = self.drop(self.src_emb_norm(position.add(self.src_emb(src), ctx.positions)))
         return self.encoder(x, ctx)
 
     def decode(

@@ -255,6 +255,8 @@ class EncoderDecoderSpec(TextSpec):
     src_vocab_size: PositiveInt | None = Field(None, description="the source vocabulary; default: vocab_size (a "
                                                "shared vocabulary); left out of a written spec when it is vocab_size")
     share_embeddings: bool = Field(True, description="source and target embeddings are one matrix")
+    share_positions: bool = Field(True, description="the encoder and the decoder add one position module (one "
+                                  "learned table); false: each has its own (BART's two learned tables)")
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="xavier"))
 
     def stacks(self) -> dict[str, tuple[int, bool]]:
@@ -370,6 +372,9 @@ class VitSpec(FamilySpec):
         if problems:
             raise ValueError("\n".join(problems))
         position = type(self.position)
+        if getattr(self.position, "offset", 0):
+            raise ValueError(f"position.offset: a ViT's table has one row per token, read from row 0, got offset "
+                             f"{self.position.offset}; remove offset")
         if not self.prefix_positions and not position.adds:
             raise ValueError(
                 f"prefix_positions: false leaves the class and register tokens out of the position table, but "

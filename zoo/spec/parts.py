@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 from zoo.spec.rope import AnyRopeScaling
@@ -229,12 +229,16 @@ class SinusoidalSpec(PositionSpec):
 
 
 class LearnedSpec(PositionSpec):
-    """A learned table of positions (GPT-2, BERT, ViT)."""
+    """A learned table of positions (GPT-2, BERT, ViT; BART with ``offset: 2``)."""
 
     kind: Literal["learned"] = "learned"
     layouts: ClassVar[frozenset[str]] = frozenset({"sequence", "grid"})
     adds: ClassVar[bool] = True
     resizable: ClassVar[bool] = True
+    offset: NonNegativeInt = Field(
+        0, description="table rows before position 0: the table has max_seq_len + offset rows and position p reads "
+        "row p + offset, the first offset rows never read (BART and mBART: 2, fairseq's padding index + 1); text only",
+    )
 
 
 class RopeSpec(PositionSpec):
