@@ -43,6 +43,12 @@ class Position(nn.Module):
         """x [B, T, D] -> x with absolute position information added."""
         return x
 
+    def added_positions(self, positions: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """The positions :meth:`add` reads for tokens at ``positions`` ([T] or [B, T]) whose padding
+        is ``padding_mask`` ([B, T], True = real; None: every token real): ``positions`` itself, but
+        for a learned table with a ``padding_idx`` (an encoder's, which calls this)."""
+        return positions
+
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """q [B, H, T, K], k [B, G, T, K] at ``positions`` -> rotated q, k."""
         return q, k
@@ -75,12 +81,30 @@ class TablePosition(Position):
 
 
 class LearnedPosition(TablePosition):
+    """A learned table. With ``padding_idx`` (fairseq's positions: RoBERTa, XLM-R) the real tokens
+    read rows padding_idx + 1 on, padding tokens row padding_idx (:meth:`added_positions`); the
+    table has ``max_len + padding_idx + 1`` rows and still serves ``max_len`` tokens."""
+
     init_normal = ("weight",)  # drawn N(0, init.std) by the model's initialisation, as embeddings
 
-    def __init__(self, dim: int, max_len: int) -> None:
+    def __init__(self, dim: int, max_len: int, *, padding_idx: int | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(max_len, dim))
+        self.padding_idx = padding_idx
+        self.offset = 0 if padding_idx is None else padding_idx + 1
+        self.weight = nn.Parameter(torch.empty(max_len + self.offset, dim))
         nn.init.normal_(self.weight, std=0.02)
+
+    @property
+    def max_len(self) -> int:
+        return self.weight.shape[0] - self.offset
+
+    def added_positions(self, positions: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """HF's ``create_position_ids_from_input_ids``: real tokens ``padding_idx + 1 + position``,
+        padding tokens ``padding_idx``."""
+        if self.padding_idx is None:
+            return positions
+        shifted = positions + self.offset
+        return shifted if padding_mask is None else shifted.masked_fill(~padding_mask, self.padding_idx)
 
 
 def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
@@ -194,7 +218,7 @@ def _none(spec, **_) -> Position:
 
 @register("position", "learned")
 def _learned(spec, *, dim: int, max_len: int, **_) -> Position:
-    return LearnedPosition(dim, max_len)
+    return LearnedPosition(dim, max_len, padding_idx=spec.padding_idx)
 
 
 @register("position", "sinusoidal")

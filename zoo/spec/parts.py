@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 from zoo.spec.rope import AnyRopeScaling
@@ -216,12 +216,20 @@ class SinusoidalSpec(PositionSpec):
 
 
 class LearnedSpec(PositionSpec):
-    """A learned table of positions (GPT-2, BERT, ViT)."""
+    """A learned table of positions (GPT-2, BERT, ViT). With ``padding_idx``, fairseq's positions
+    (RoBERTa, XLM-R): the table's first padding_idx + 1 rows are read by no real token, the real
+    tokens read the rows after them, and padding tokens the row padding_idx."""
 
     kind: Literal["learned"] = "learned"
     layouts: ClassVar[frozenset[str]] = frozenset({"sequence", "grid"})
     adds: ClassVar[bool] = True
     resizable: ClassVar[bool] = True
+    padding_idx: NonNegativeInt | None = Field(
+        None, description="fairseq's positions (RoBERTa, XLM-R; encoders only): the real tokens read rows "
+        "padding_idx + 1, padding_idx + 2, ... (counting real tokens, as without it) and padding tokens (padding_mask "
+        "false) row padding_idx, so the table has max_seq_len + padding_idx + 1 rows (HF's max_position_embeddings); "
+        "null: rows 0, 1, ... of a max_seq_len table",
+    )
 
 
 class RopeSpec(PositionSpec):
