@@ -209,7 +209,9 @@ def attention_mask(
     device: torch.device | None = None,
 ) -> tuple[Tensor | None, bool]:
     """Combine causality, the keys' ``padding_mask`` ([B, S], True = real), an additive bias ([B|1, H, T, S]) and a
-    sliding ``window`` (causal only: each query sees itself and the ``window - 1`` keys before it).
+    sliding ``window``: causal, each query sees itself and the ``window - 1`` keys before it; not causal
+    (an encoder's local attention), each query sees the keys at most ``window // 2`` slots away on either
+    side, |i - j| <= window // 2 (HF ModernBERT's ``local_attention`` = window: 128 sees 64 each way).
 
     Returns ``(mask, is_causal)`` for SDPA. With nothing to combine, the mask is None and causality is
     left to SDPA's ``is_causal`` flag (its fastest path). The last query attends to the last key, so
@@ -218,14 +220,16 @@ def attention_mask(
     outputs do not change. The window counts key slots, padding included, as HF does; with left
     padding (generation's) that is the same as counting real tokens.
     """
-    local = causal and window is not None and window < k_len
+    local = window is not None and (window < k_len if causal else window // 2 < k_len - 1)
     if padding_mask is None and bias is None and not local and (not causal or q_len in (1, k_len)):
         return None, causal and q_len > 1
     allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     if causal:
         allowed = allowed.tril(diagonal=k_len - q_len)
-    if local:
+    if local and causal:
         allowed = allowed.triu(diagonal=k_len - q_len - window + 1)  # key j > query i - window
+    elif local:  # |key j - query i| <= window // 2
+        allowed = allowed.triu(diagonal=k_len - q_len - window // 2).tril(diagonal=k_len - q_len + window // 2)
     allowed = allowed[None, None]  # (1, 1, T, S)
     if padding_mask is not None:
         allowed = allowed & padding_mask[:, None, None, :].to(torch.bool)  # (B, 1, T, S)

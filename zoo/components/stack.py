@@ -54,7 +54,7 @@ class StackContext:
 class Stack(nn.Module):
     """Blocks in sequence, then the final norm (or nothing, where the block kind ends in a norm).
 
-    ``windows``: each layer's sliding window (None: every earlier token); ``positions``: each
+    ``windows``: each layer's sliding window (None: every token it may see; see ``attention_mask``); ``positions``: each
     layer's own position module (None: the model's, passed to :meth:`context`).
 
     ``checkpointing``: in training, each block keeps only its input and recomputes the rest in the

@@ -59,7 +59,8 @@ def _checked_cap(value: float | None) -> float | None:
 
 class AttentionSpec(ComponentSpec):
     """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1).
-    ``window`` makes causal self-attention local (sliding-window attention, Mistral).
+    ``window`` makes self-attention local: causal (sliding-window attention, Mistral) or both ways,
+    window // 2 tokens each side (an encoder's, ModernBERT's local attention).
 
     The scores are ``q·k / sqrt(scale_dim or head size)``; ``softcap`` then squashes them into
     (-softcap, softcap) with ``softcap * tanh(scores / softcap)`` before the position bias and the
@@ -81,8 +82,9 @@ class AttentionSpec(ComponentSpec):
     qk_norm: QKNormSpec | None = Field(None, description="a norm on queries and keys before the scores; null: none")
     window: int | None = Field(
         None,
-        description="sliding-window attention (decoders): each token attends to itself and the window - 1 tokens "
-        "before it (Mistral's sliding_window); null: to every earlier token",
+        description="sliding-window attention: in a decoder each token attends to itself and the window - 1 tokens "
+        "before it (Mistral's sliding_window); in an encoder to the tokens at most window // 2 slots away on either "
+        "side (ModernBERT's local_attention); slots count padding too; null: to every token it may see",
     )
     scale_dim: int | None = Field(
         None, description="the scores are divided by sqrt(scale_dim) instead of sqrt(head_dim) (Gemma 2 and 3's "
