@@ -1,5 +1,6 @@
 """Encoders people download, against HF at random init: RoBERTa and XLM-R (fairseq's positions past
-the padding index), with their backbones with and without the pooler.
+the padding index), with their backbones with and without the pooler; DistilBERT (no segments, a
+stored sinusoid table read as a learned one) and its backbone.
 
 Each class at odd sizes (d_model 36, 3 heads, 2 layers, vocabulary 89) converts into zoo with the same
 logits (fp32, unpadded, right- and left-padded, compared at real tokens), back to the same class
@@ -27,6 +28,7 @@ PAD = 1  # the padding token's id in every config here; real tokens are drawn fr
 
 ROBERTA = dict(vocab_size=V, hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=50,
                max_position_embeddings=16, type_vocab_size=1, pad_token_id=PAD, layer_norm_eps=1e-5)
+DISTILBERT = dict(vocab_size=V, dim=36, n_heads=3, n_layers=2, hidden_dim=50, max_position_embeddings=16, pad_token_id=PAD)
 # (config class, its fields, constructor arguments, whether HF numbers positions from the ids itself)
 CLASSES = {
     "RobertaForMaskedLM": ("RobertaConfig", ROBERTA, {}, True),
@@ -34,6 +36,8 @@ CLASSES = {
                                                    "tie_word_embeddings": False}, {}, True),
     "RobertaModel": ("RobertaConfig", ROBERTA, {"add_pooling_layer": True}, True),
     "XLMRobertaModel": ("XLMRobertaConfig", ROBERTA, {"add_pooling_layer": False}, True),
+    "DistilBertForMaskedLM": ("DistilBertConfig", {**DISTILBERT, "sinusoidal_pos_embds": True}, {}, False),
+    "DistilBertModel": ("DistilBertConfig", DISTILBERT, {}, False),
 }
 
 
@@ -111,8 +115,12 @@ RELEASES = {  # the released configs' architecture fields (config.json of each H
         "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
         "max_position_embeddings": 514, "type_vocab_size": 1, "initializer_range": 0.02, "layer_norm_eps": 1e-5,
         "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}),
+    "distilbert-base": ("DistilBertForMaskedLM", "DistilBertConfig", 66_985_530, {  # distilbert-base-uncased
+        "vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072, "max_position_embeddings": 512,
+        "dropout": 0.1, "attention_dropout": 0.1, "activation": "gelu", "initializer_range": 0.02,
+        "sinusoidal_pos_embds": False, "pad_token_id": 0, "tie_word_embeddings": True}),
 }
-TINY = {"roberta-tiny": "roberta-base"}
+TINY = {"roberta-tiny": "roberta-base", "distilbert-tiny": "distilbert-base"}
 
 
 @pytest.mark.parametrize("name", RELEASES)
