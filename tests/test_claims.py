@@ -80,6 +80,10 @@ HF_CONFIGS = {  # (config class, fields): small sizes no preset has
                                                  num_attention_heads=3, intermediate_size=40, type_vocab_size=1, pad_token_id=1)),
     "DistilBertForMaskedLM": ("DistilBertConfig", dict(vocab_size=V, max_position_embeddings=32, dim=24, n_layers=2, n_heads=3,
                                                        hidden_dim=40)),
+    "ModernBertForMaskedLM": ("ModernBertConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24,
+                                                       num_hidden_layers=3, num_attention_heads=3, intermediate_size=40,
+                                                       local_attention=4, global_attn_every_n_layers=2, pad_token_id=1,
+                                                       bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2)),
     # backbones without a head (head: none), named in the config's architectures
     "GPT2Model": ("GPT2Config", dict(vocab_size=V, n_positions=32, n_embd=24, n_layer=2, n_head=3, n_inner=40,
                                      architectures=["GPT2Model"])),

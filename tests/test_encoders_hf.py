@@ -1,6 +1,8 @@
 """Encoders people download, against HF at random init: RoBERTa and XLM-R (fairseq's positions past
 the padding index), with their backbones with and without the pooler; DistilBERT (no segments, a
-stored sinusoid table read as a learned one) and its backbone.
+stored sinusoid table read as a learned one) and its backbone; ModernBERT (local layers that see
+2 tokens each way with a rope base of their own between global ones, in 11-token rows) and its
+backbone, with and without biases.
 
 Each class at odd sizes (d_model 36, 3 heads, 2 layers, vocabulary 89) converts into zoo with the same
 logits (fp32, unpadded, right- and left-padded, compared at real tokens), back to the same class
@@ -29,6 +31,9 @@ PAD = 1  # the padding token's id in every config here; real tokens are drawn fr
 ROBERTA = dict(vocab_size=V, hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=50,
                max_position_embeddings=16, type_vocab_size=1, pad_token_id=PAD, layer_norm_eps=1e-5)
 DISTILBERT = dict(vocab_size=V, dim=36, n_heads=3, n_layers=2, hidden_dim=50, max_position_embeddings=16, pad_token_id=PAD)
+MODERNBERT = dict(vocab_size=V, hidden_size=36, num_hidden_layers=3, num_attention_heads=3, intermediate_size=40,
+                  max_position_embeddings=32, local_attention=4, global_attn_every_n_layers=2, global_rope_theta=1000.0,
+                  local_rope_theta=50.0, pad_token_id=PAD, bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2)
 # (config class, its fields, constructor arguments, whether HF numbers positions from the ids itself)
 CLASSES = {
     "RobertaForMaskedLM": ("RobertaConfig", ROBERTA, {}, True),
@@ -38,6 +43,9 @@ CLASSES = {
     "XLMRobertaModel": ("XLMRobertaConfig", ROBERTA, {"add_pooling_layer": False}, True),
     "DistilBertForMaskedLM": ("DistilBertConfig", {**DISTILBERT, "sinusoidal_pos_embds": True}, {}, False),
     "DistilBertModel": ("DistilBertConfig", DISTILBERT, {}, False),
+    "ModernBertForMaskedLM": ("ModernBertConfig", {**MODERNBERT, "attn_implementation": "eager"}, {}, False),
+    "ModernBertModel": ("ModernBertConfig", {**MODERNBERT, "attention_bias": True, "mlp_bias": True, "norm_bias": True,
+                                             "attn_implementation": "sdpa"}, {}, False),
 }
 
 
@@ -119,8 +127,17 @@ RELEASES = {  # the released configs' architecture fields (config.json of each H
         "vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072, "max_position_embeddings": 512,
         "dropout": 0.1, "attention_dropout": 0.1, "activation": "gelu", "initializer_range": 0.02,
         "sinusoidal_pos_embds": False, "pad_token_id": 0, "tie_word_embeddings": True}),
+    "modernbert-base": ("ModernBertForMaskedLM", "ModernBertConfig", 149_655_232, {  # answerdotai/ModernBERT-base
+        "vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22, "num_attention_heads": 12,
+        "hidden_activation": "gelu", "max_position_embeddings": 8192, "initializer_range": 0.02, "norm_eps": 1e-5,
+        "norm_bias": False, "global_rope_theta": 160000.0, "local_rope_theta": 10000.0, "global_attn_every_n_layers": 3,
+        "local_attention": 128, "attention_bias": False, "attention_dropout": 0.0, "embedding_dropout": 0.0, "mlp_bias": False,
+        "mlp_dropout": 0.0, "decoder_bias": True, "classifier_bias": False, "classifier_activation": "gelu",
+        "pad_token_id": 50283, "eos_token_id": 50282, "bos_token_id": 50281, "cls_token_id": 50281, "sep_token_id": 50282,
+        "tie_word_embeddings": True}),
 }
-TINY = {"roberta-tiny": "roberta-base", "distilbert-tiny": "distilbert-base"}
+TINY = {"roberta-tiny": "roberta-base", "distilbert-tiny": "distilbert-base", "modernbert-tiny": "modernbert-base"}
+READ_ONLY = {"architectures", "transformers_version", "global_attn_every_n_layers"}  # HF keeps this one beside layer_types
 
 
 @pytest.mark.parametrize("name", RELEASES)
@@ -133,21 +150,23 @@ def test_release_presets_are_the_hf_configs(name):
     assert zoo.count_parameters(model) == sum(p.numel() for p in ref.parameters()) == count
     assert model.spec.model_dump(exclude={"name"}) == hf_spec(config).model_dump(exclude={"name"})
     back = hf_config(model.spec, architecture).to_dict()
-    assert all(back[k] == v for k, v in config.to_dict().items() if k not in ("architectures", "transformers_version"))
+    assert all(back[k] == v for k, v in config.to_dict().items() if k not in READ_ONLY)
 
 
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_presets_convert_to_hf_with_the_same_logits(name):
     release, tiny = zoo.load_spec(TINY[name]), zoo.load_spec(name)
-    assert tiny.model_dump(exclude={"name", "vocab_size", "d_model", "n_layers", "block"}) == \
-        release.model_dump(exclude={"name", "vocab_size", "d_model", "n_layers", "block"})
+    sizes = {"name", "vocab_size", "max_seq_len", "d_model", "n_layers", "block", "layers"}
+    assert tiny.model_dump(exclude=sizes) == release.model_dump(exclude=sizes)
+    assert [(layer.block.kind, layer.position) for layer in tiny.stack_layers()[:3]] == \
+        [(layer.block.kind, layer.position) for layer in release.stack_layers()[:3]]
     model = zoo.build(name, seed=0).eval()
     hf = to_hf(model).eval()
     assert type(hf).__name__ == RELEASES[TINY[name]][0]
-    x, masks = batch(PAD, length=40)
+    x, masks = batch(PAD, length=24)  # past modernbert-tiny's window
     x = x % model.spec.vocab_size
     mask = masks["right"]
-    xp = x.masked_fill(~mask, hf.config.pad_token_id)
+    xp = x.masked_fill(~mask, hf.config.pad_token_id or 0)  # ModernBERT's (50283) is past the tiny vocabulary
     with torch.no_grad():
         logits = model(xp, mask)
         assert logits.abs().max() > 0.5

@@ -454,6 +454,8 @@ class MLMHeadSpec(HeadSpec):
 
     kind: Literal["mlm"] = "mlm"
     transform: bool = Field(True, description="linear + GELU + norm before the projection (BERT)")
+    transform_bias: bool = Field(True, description="a bias on the transform's linear; false: none (ModernBERT's "
+                                 "classifier_bias: false)")
     bias: bool = Field(True, description="a bias on the projection")
     tied: bool = Field(True, description="the projection's weight is the token embedding's (tied embeddings)")
 
