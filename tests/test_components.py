@@ -353,3 +353,17 @@ def test_sliding_window_mask():
     mask, _ = attention_mask(q_len=2, k_len=4, causal=True, window=3)
     assert mask[0, 0].int().tolist() == [[1, 1, 1, 0], [0, 1, 1, 1]]
     assert attention_mask(q_len=4, k_len=4, causal=True, window=4) == (None, True)  # the window covers every key
+
+
+@pytest.mark.parametrize("window", [1, 4, 5, 8, 9])
+def test_bidirectional_window_mask(window):
+    """Not causal (an encoder's local attention), each query sees the keys at most window // 2 slots
+    away on either side, padding slots counted, padded keys masked; a window that covers every key
+    leaves no mask."""
+    T, i = 5, torch.arange(5)
+    near = (i[:, None] - i[None]).abs() <= window // 2
+    pad = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    mask, is_causal = attention_mask(q_len=T, k_len=T, causal=False, window=window, padding_mask=pad)
+    assert not is_causal and torch.equal(mask[:, 0, :3], (near & pad[:, None, :])[:, :3])
+    plain = attention_mask(q_len=T, k_len=T, causal=False, window=window)
+    assert plain == (None, False) if window // 2 >= T - 1 else torch.equal(plain[0][0, 0], near)

@@ -12,6 +12,10 @@ EXACT = {
     "gpt2-small": 124_439_808,
     # HF BertForMaskedLM(BertConfig())
     "bert-base": 109_514_298,
+    # HF RobertaForMaskedLM from FacebookAI/roberta-base's config (tests/test_encoders_hf.py)
+    "roberta-base": 124_697_433,
+    "distilbert-base": 66_985_530,
+    "modernbert-base": 149_655_232,  # HF ModernBertForMaskedLM from answerdotai/ModernBERT-base's config  # HF DistilBertForMaskedLM from distilbert-base-uncased's config
     # timm vit_{tiny,small,base}_patch16_224
     "vit-tiny-16": 5_717_416,
     "vit-small-16": 22_050_664,

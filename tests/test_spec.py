@@ -79,14 +79,12 @@ def test_rules_name_the_field_and_fix(overrides, message):
         ("vit-tiny-16", ["stem.channels=[]"], "stem.channels"),
         ("gpt2-small", ["block.cross_attention={kind: mha, n_heads: 4}"], "block.cross_attention: family decoder has no cross-attention"),
         ("gpt2-small", ["init.scheme=xavier"], "init.scaled_residual: applies to scheme normal or trunc_normal"),
-        ("bert-base", ["block.attention.window=8"],
-         "block.attention.window: sliding-window attention is causal self-attention, which family encoder does not have"),
+        ("gpt2-small", ["position.padding_idx=1"], "position.padding_idx: fairseq's padding-aware positions are an encoder's"),
         ("transformer-base", ["block.kind=parallel", "block.shared_norm=false"],
          "block.kind: a parallel block has no cross-attention, which family encoder_decoder's decoder needs"),
-        ("bert-base", ["layers=[{at: '::2', block: {attention: {window: 8}}}]"],
-         "layers.0.block.attention.window: sliding-window attention is causal self-attention, which family encoder"),
         ("transformer-base", ["layers=[{at: 0, stack: decoder, block: {attention: {window: 2}}}]"],
-         "layers.0.block.attention.window: sliding-window attention is causal self-attention, which family encoder_decoder"),
+         "layers.0.block.attention.window: sliding-window attention is self-attention of a decoder or an encoder, which "
+         "family encoder_decoder"),
         ("transformer-base", ["src_vocab_size=100"], r"share_embeddings: .* src_vocab_size \(100\) != vocab_size \(37000\)"),
     ],
 )

@@ -259,7 +259,10 @@ def _norms(spec, dim: int, cross: bool) -> dict[str, nn.Module | None]:
 @register("block", "pre")
 def _pre(spec, *, dim: int, dropout, cross: bool = False, **_) -> Block:
     subs = build_sublayers(spec, dim=dim, dropout=dropout, cross=cross)
-    return PreNormBlock(**subs, **_norms(spec, dim, cross))
+    norms = _norms(spec, dim, cross)
+    if not spec.attn_norm:  # the attention reads x itself (ModernBERT's first layer)
+        norms["attn_norm"] = nn.Identity()
+    return PreNormBlock(**subs, **norms)
 
 
 @register("block", "post")

@@ -62,10 +62,11 @@ class MLMHead(nn.Module):
 
     summary_part = "head"
 
-    def __init__(self, dim: int, vocab_size: int, *, transform: bool, norm: nn.Module | None, bias: bool) -> None:
+    def __init__(self, dim: int, vocab_size: int, *, transform: bool, norm: nn.Module | None, bias: bool,
+                 transform_bias: bool = True) -> None:
         super().__init__()
         if transform:
-            self.transform = nn.Sequential(Linear(dim, dim), nn.GELU(), norm)
+            self.transform = nn.Sequential(Linear(dim, dim, bias=transform_bias), nn.GELU(), norm)
         else:
             self.transform = nn.Identity()
         self.proj = Linear(dim, vocab_size, bias=bias)
@@ -116,7 +117,7 @@ def _lm(spec, *, dim: int, vocab_size: int, embedding: nn.Module | None = None, 
 @register("head", "mlm")
 def _mlm(spec, *, dim: int, vocab_size: int, norm, embedding: nn.Module | None = None, **_) -> nn.Module:
     layer = registry("norm").builder(norm.kind)(norm, dim=dim) if spec.transform else None
-    head = MLMHead(dim, vocab_size, transform=spec.transform, norm=layer, bias=spec.bias)
+    head = MLMHead(dim, vocab_size, transform=spec.transform, norm=layer, bias=spec.bias, transform_bias=spec.transform_bias)
     _tie(head.proj, embedding, spec.tied)
     return head
 

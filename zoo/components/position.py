@@ -43,6 +43,12 @@ class Position(nn.Module):
         """x [B, T, D] -> x with absolute position information added."""
         return x
 
+    def added_positions(self, positions: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """The positions :meth:`add` reads for tokens at ``positions`` ([T] or [B, T]) whose padding
+        is ``padding_mask`` ([B, T], True = real; None: every token real): ``positions`` itself, but
+        for a learned table with a ``padding_idx`` (an encoder's, which calls this)."""
+        return positions
+
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """q [B, H, T, K], k [B, G, T, K] at ``positions`` -> rotated q, k."""
         return q, k
@@ -75,15 +81,20 @@ class TablePosition(Position):
 
 
 class LearnedPosition(TablePosition):
-    """A learned table; with an ``offset``, position p reads row p + offset (BART's table starts at 2)
-    and the first ``offset`` rows are weights no position reads."""
+    """A learned table. With an ``offset``, position p reads row p + offset (BART's table starts at 2)
+    and the first ``offset`` rows are weights no position reads. With ``padding_idx`` (fairseq's
+    positions: RoBERTa, XLM-R) the offset is padding_idx + 1 and padding tokens read row padding_idx
+    (:meth:`added_positions`); the table has ``max_len + offset`` rows and still serves ``max_len`` tokens."""
 
     init_normal = ("weight",)  # drawn N(0, init.std) by the model's initialisation, as embeddings
 
-    def __init__(self, dim: int, max_len: int, offset: int = 0) -> None:
+    def __init__(self, dim: int, max_len: int, offset: int = 0, *, padding_idx: int | None = None) -> None:
         super().__init__()
-        self.offset = offset
-        self.weight = nn.Parameter(torch.empty(max_len + offset, dim))
+        if offset and padding_idx is not None:
+            raise ValueError("LearnedPosition: give offset or padding_idx (whose offset is padding_idx + 1), not both")
+        self.padding_idx = padding_idx
+        self.offset = offset if padding_idx is None else padding_idx + 1
+        self.weight = nn.Parameter(torch.empty(max_len + self.offset, dim))
         nn.init.normal_(self.weight, std=0.02)
 
     @property
@@ -92,6 +103,13 @@ class LearnedPosition(TablePosition):
 
     def add(self, x: Tensor, positions: Tensor) -> Tensor:
         return super().add(x, positions + self.offset if self.offset else positions)
+
+    def added_positions(self, positions: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """HF's ``create_position_ids_from_input_ids`` before :meth:`add`'s offset: with
+        ``padding_idx``, padding tokens -1 (so they read row padding_idx), real tokens as they are."""
+        if self.padding_idx is None or padding_mask is None:
+            return positions
+        return positions.masked_fill(~padding_mask, -1)
 
 
 def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
@@ -252,7 +270,7 @@ def _none(spec, **_) -> Position:
 
 @register("position", "learned")
 def _learned(spec, *, dim: int, max_len: int, **_) -> Position:
-    return LearnedPosition(dim, max_len, spec.offset)
+    return LearnedPosition(dim, max_len, spec.offset, padding_idx=spec.padding_idx)
 
 
 @register("position", "sinusoidal")

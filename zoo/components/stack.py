@@ -58,9 +58,9 @@ class StackContext:
 class Stack(nn.Module):
     """Blocks in sequence, then the final norm (or nothing, where the block kind ends in a norm).
 
-    ``windows``: each layer's sliding window (None: every earlier token); ``positions``: each
-    layer's own position module (None: the model's, passed to :meth:`context`); ``dropout``: a
-    dropout rate on the output, after the final norm (T5's).
+    ``windows``: each layer's sliding window (None: every token it may see; see ``zoo.kernels.Mask``);
+    ``positions``: each layer's own position module (None: the model's, passed to :meth:`context`);
+    ``dropout``: a dropout rate on the output, after the final norm (T5's).
 
     ``checkpointing``: in training, each block keeps only its input and recomputes the rest in the
     backward pass (``torch.utils.checkpoint``, non-reentrant; random draws such as dropout masks are

@@ -82,6 +82,10 @@ class PreBlockSpec(BlockSpec):
     """Pre-Norm (GPT-2, LLaMA, ViT): ``x = x + drop(sublayer(norm(x)))``; the stack ends with a norm."""
 
     kind: Literal["pre"] = "pre"
+    attn_norm: bool = Field(
+        True, description="a norm before the attention; false: the attention reads the residual stream as it is "
+        "(ModernBERT's first layer, whose input the embedding norm has just normalised)"
+    )
 
 
 class PostBlockSpec(BlockSpec):

@@ -76,11 +76,14 @@ class FamilySpec(Spec):
     """Fields every model family has, and what a family declares (class variables, read by the
     checks): ``layout`` of its tokens (``sequence`` or ``grid``: which positions apply), ``output``
     its head reads (``tokens`` [B, T, D] or ``pooled`` [B, D]: which heads apply), ``windows``
-    (sliding-window attention applies: causal self-attention), and its stacks (:meth:`stacks`)."""
+    (sliding-window self-attention applies: causal in a decoder, both ways in an encoder),
+    ``padded_positions`` (a learned table's ``padding_idx`` applies: its embedding reads the padding
+    mask), and its stacks (:meth:`stacks`)."""
 
     layout: ClassVar[str] = "sequence"
     output: ClassVar[str] = "tokens"
     windows: ClassVar[bool] = False
+    padded_positions: ClassVar[bool] = False
 
     family: str
     name: str | None = Field(None, description="a label; never changes behaviour")
@@ -116,6 +119,9 @@ class FamilySpec(Spec):
             problems.append("init.scaled_residual: applies to scheme normal or trunc_normal, not xavier; set it to false")
         position = self.position
         problems += position.problems(d_model=self.d_model, head_dim=self._head_dim(self.block), field="position")
+        if getattr(position, "padding_idx", None) is not None and not self.padded_positions:
+            problems.append(f"position.padding_idx: fairseq's padding-aware positions are an encoder's (RoBERTa), not "
+                            f"family {self.family}'s; remove it")
         if self.layout not in type(position).layouts:
             allowed = [n for n in registry("position").names() if self.layout in registry("position").spec(n).layouts]
             problems.append(
@@ -190,8 +196,8 @@ class FamilySpec(Spec):
                 )
             if spec.window is not None and (field == "cross_attention" or not self.windows):
                 problems.append(
-                    f"{blk}.{field}.window: sliding-window attention is causal self-attention, which family "
-                    f"{self.family} does not have here; remove it"
+                    f"{blk}.{field}.window: sliding-window attention is self-attention of a decoder or an encoder, "
+                    f"which family {self.family} does not have here; remove it"
                 )
         if layer.position is not None and not problems:
             problems += layer.position.problems(d_model=d, head_dim=self._head_dim(b), field=f"{where}.position")
@@ -237,6 +243,8 @@ class ClassifierSpec(Spec):
 class EncoderSpec(TextSpec):
     """BERT-style bidirectional encoder: ``model(tokens[B,T], padding_mask) -> logits[B,T,V]``."""
 
+    windows: ClassVar[bool] = True
+    padded_positions: ClassVar[bool] = True
     family: Literal["encoder"] = "encoder"
     type_vocab_size: NonNegativeInt = Field(0, description="segment (token type) embeddings; 0 for none")
     head: AnyHead = Field(default_factory=MLMHeadSpec, description="after the last block: mlm, lm, or none (the "

@@ -60,7 +60,8 @@ def _checked_cap(value: float | None) -> float | None:
 
 class AttentionSpec(ComponentSpec):
     """Multi-head attention. ``n_kv_heads`` picks MHA (= n_heads), GQA (a divisor) or MQA (1).
-    ``window`` makes causal self-attention local (sliding-window attention, Mistral).
+    ``window`` makes self-attention local: causal (sliding-window attention, Mistral) or both ways,
+    window // 2 tokens each side (an encoder's, ModernBERT's local attention).
 
     The scores are ``q·k / sqrt(scale_dim or head size)``; ``softcap`` then squashes them into
     (-softcap, softcap) with ``softcap * tanh(scores / softcap)`` before the position bias and the
@@ -84,8 +85,9 @@ class AttentionSpec(ComponentSpec):
     qk_norm: QKNormSpec | None = Field(None, description="a norm on queries and keys before the scores; null: none")
     window: int | None = Field(
         None,
-        description="sliding-window attention (decoders): each token attends to itself and the window - 1 tokens "
-        "before it (Mistral's sliding_window); null: to every earlier token",
+        description="sliding-window attention: in a decoder each token attends to itself and the window - 1 tokens "
+        "before it (Mistral's sliding_window); in an encoder to the tokens at most window // 2 slots away on either "
+        "side (ModernBERT's local_attention); slots count padding too; null: to every token it may see",
     )
     scale_dim: int | None = Field(
         None, description="the scores are divided by sqrt(scale_dim) instead of sqrt(head_dim) (Gemma 2 and 3's "
@@ -229,7 +231,10 @@ class SinusoidalSpec(PositionSpec):
 
 
 class LearnedSpec(PositionSpec):
-    """A learned table of positions (GPT-2, BERT, ViT; BART with ``offset: 2``)."""
+    """A learned table of positions (GPT-2, BERT, ViT). ``offset``: position p reads row p + offset
+    (BART's table starts at 2). ``padding_idx``, fairseq's positions (RoBERTa, XLM-R): the table's
+    first padding_idx + 1 rows are read by no real token, the real tokens read the rows after them,
+    and padding tokens the row padding_idx."""
 
     kind: Literal["learned"] = "learned"
     layouts: ClassVar[frozenset[str]] = frozenset({"sequence", "grid"})
@@ -239,6 +244,19 @@ class LearnedSpec(PositionSpec):
         0, description="table rows before position 0: the table has max_seq_len + offset rows and position p reads "
         "row p + offset, the first offset rows never read (BART and mBART: 2, fairseq's padding index + 1); text only",
     )
+    padding_idx: NonNegativeInt | None = Field(
+        None, description="fairseq's positions (RoBERTa, XLM-R; encoders only): the real tokens read rows "
+        "padding_idx + 1, padding_idx + 2, ... (counting real tokens, as without it) and padding tokens (padding_mask "
+        "false) row padding_idx, so the table has max_seq_len + padding_idx + 1 rows (HF's max_position_embeddings); "
+        "null: rows 0, 1, ... of a max_seq_len table; not with offset",
+    )
+
+    @model_validator(mode="after")
+    def _one_offset(self) -> LearnedSpec:
+        if self.offset and self.padding_idx is not None:
+            raise ValueError(f"position.offset ({self.offset}) and position.padding_idx ({self.padding_idx}): the "
+                             "padding index sets the offset (padding_idx + 1); give one of them")
+        return self
 
 
 class RopeSpec(PositionSpec):
@@ -524,6 +542,8 @@ class MLMHeadSpec(HeadSpec):
 
     kind: Literal["mlm"] = "mlm"
     transform: bool = Field(True, description="linear + GELU + norm before the projection (BERT)")
+    transform_bias: bool = Field(True, description="a bias on the transform's linear; false: none (ModernBERT's "
+                                 "classifier_bias: false)")
     bias: bool = Field(True, description="a bias on the projection")
     tied: bool = Field(True, description="the projection's weight is the token embedding's (tied embeddings)")
 

@@ -24,7 +24,7 @@ from zoo.interop.hf.base import (
 )
 from zoo.spec import FamilySpec
 
-__all__ = ["Bert"]
+__all__ = ["Bert", "bert_layers"]
 
 
 class Bert(Architecture):
@@ -100,17 +100,7 @@ class Bert(Architecture):
             rule("tok_emb.weight", f"{e}.word_embeddings.weight"), rule("position.weight", f"{e}.position_embeddings.weight"),
             rule("type_emb.weight", f"{e}.token_type_embeddings.weight"), *weights("emb_norm", f"{e}.LayerNorm"),
         ]
-        for i in range(s.n_layers):
-            z, h = f"stack.blocks.{i}", f"bert.encoder.layer.{i}"
-            qkv = [f"{h}.attention.self.{p}" for p in ("query", "key", "value")]
-            rules += [
-                *fused(f"{z}.attn.qkv", qkv, bias=True),
-                *weights(f"{z}.attn.out", f"{h}.attention.output.dense"),
-                *weights(f"{z}.attn_norm", f"{h}.attention.output.LayerNorm"),
-                *weights(f"{z}.ffn.fc1", f"{h}.intermediate.dense"),
-                *weights(f"{z}.ffn.fc2", f"{h}.output.dense"),
-                *weights(f"{z}.ffn_norm", f"{h}.output.LayerNorm"),
-            ]
+        rules += bert_layers(s, "bert")
         if getattr(s, "pooler", False):  # BertModel's (the backbone's claims alone take it)
             rules += weights("pooler.dense", "bert.pooler.dense")
         if s.head.kind != "mlm":
@@ -130,3 +120,20 @@ class Bert(Architecture):
     @staticmethod
     def extra_to(state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
         return {"cls.predictions.bias": state["head.proj.bias"].detach()} if s.head.kind == "mlm" else {}
+
+
+def bert_layers(s: FamilySpec, prefix: str) -> list[Rule]:
+    """The encoder layers of BERT's layout (RoBERTa's too), under ``{prefix}.encoder.layer``."""
+    rules = []
+    for i in range(s.n_layers):
+        z, h = f"stack.blocks.{i}", f"{prefix}.encoder.layer.{i}"
+        qkv = [f"{h}.attention.self.{p}" for p in ("query", "key", "value")]
+        rules += [
+            *fused(f"{z}.attn.qkv", qkv, bias=True),
+            *weights(f"{z}.attn.out", f"{h}.attention.output.dense"),
+            *weights(f"{z}.attn_norm", f"{h}.attention.output.LayerNorm"),
+            *weights(f"{z}.ffn.fc1", f"{h}.intermediate.dense"),
+            *weights(f"{z}.ffn.fc2", f"{h}.output.dense"),
+            *weights(f"{z}.ffn_norm", f"{h}.output.LayerNorm"),
+        ]
+    return rules

@@ -20,6 +20,7 @@ from zoo.interop.common import (
 from zoo.interop.hf.bart import Bart, MBart
 from zoo.interop.hf.base import Architecture
 from zoo.interop.hf.bert import Bert
+from zoo.interop.hf.distilbert import DistilBert
 from zoo.interop.hf.gemma import Gemma
 from zoo.interop.hf.gemma2 import Gemma2
 from zoo.interop.hf.gemma3 import Gemma3
@@ -29,6 +30,7 @@ from zoo.interop.hf.llama import Llama
 from zoo.interop.hf.marian import Marian
 from zoo.interop.hf.mistral import Mistral
 from zoo.interop.hf.mixtral import Mixtral
+from zoo.interop.hf.modernbert import ModernBert
 from zoo.interop.hf.olmo2 import Olmo2
 from zoo.interop.hf.olmoe import Olmoe
 from zoo.interop.hf.phi3 import Phi3
@@ -36,6 +38,7 @@ from zoo.interop.hf.qwen2 import Qwen2
 from zoo.interop.hf.qwen3 import Qwen3
 from zoo.interop.hf.qwen_moe import Qwen2Moe, Qwen3Moe
 from zoo.interop.hf.t5 import T5
+from zoo.interop.hf.roberta import Roberta, XLMRoberta
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["ARCHITECTURES", "ARCHS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
@@ -43,7 +46,7 @@ __all__ = ["ARCHITECTURES", "ARCHS", "arch_for_spec", "by_model_type", "from_hf"
 # A spec converts by default to the first of these that expresses it: the classes with heads, then
 # the backbones of those that have one (GPT2Model, LlamaModel, ...), which take the specs with head: none
 _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma, Qwen3, Phi3, Gemma2, Gemma3,
-               Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, T5)
+               Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, T5, Roberta, XLMRoberta, DistilBert, ModernBert)
 _ALL = (*_WITH_HEADS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 ARCHITECTURES = tuple(ARCHS)
@@ -53,7 +56,8 @@ if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name
 
 def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, bart, mbart, mistral, qwen2, gpt_neox,
-    olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, t5) is ``model_type``: the one of a class named in ``architectures`` (a
+    olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, t5, roberta,
+    xlm-roberta, distilbert, modernbert) is ``model_type``: the one of a class named in ``architectures`` (a
     config's: ``["LlamaModel"]``) where there is one, else the first (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
     named = [a for a in of_type if a.name in (architectures or ())]

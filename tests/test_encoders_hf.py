@@ -1,0 +1,173 @@
+"""Encoders people download, against HF at random init: RoBERTa and XLM-R (fairseq's positions past
+the padding index), with their backbones with and without the pooler; DistilBERT (no segments, a
+stored sinusoid table read as a learned one) and its backbone; ModernBERT (local layers that see
+2 tokens each way with a rope base of their own between global ones, in 11-token rows) and its
+backbone, with and without biases.
+
+Each class at odd sizes (d_model 36, 3 heads, 2 layers, vocabulary 89) converts into zoo with the same
+logits (fp32, unpadded, right- and left-padded, compared at real tokens), back to the same class
+with every tensor equal, and survives ``zoo.save``/``zoo.load``; a saved HF directory goes through
+``zoo convert`` both ways. The presets of the releases have the parameter counts of the HF classes
+built from the released configs (meta device) and write back the same configs; their tiny variants
+convert to HF with the same logits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import max_diff, positions, randomize
+
+import zoo
+from zoo.cli import main
+from zoo.interop import from_hf, hf_config, hf_spec, to_hf
+
+transformers = pytest.importorskip("transformers")
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
+ATOL = 1e-4
+V = 89
+PAD = 1  # the padding token's id in every config here; real tokens are drawn from 3..V-1
+
+ROBERTA = dict(vocab_size=V, hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=50,
+               max_position_embeddings=16, type_vocab_size=1, pad_token_id=PAD, layer_norm_eps=1e-5)
+DISTILBERT = dict(vocab_size=V, dim=36, n_heads=3, n_layers=2, hidden_dim=50, max_position_embeddings=16, pad_token_id=PAD)
+MODERNBERT = dict(vocab_size=V, hidden_size=36, num_hidden_layers=3, num_attention_heads=3, intermediate_size=40,
+                  max_position_embeddings=32, local_attention=4, global_attn_every_n_layers=2, global_rope_theta=1000.0,
+                  local_rope_theta=50.0, pad_token_id=PAD, bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2)
+# (config class, its fields, constructor arguments, whether HF numbers positions from the ids itself)
+CLASSES = {
+    "RobertaForMaskedLM": ("RobertaConfig", ROBERTA, {}, True),
+    "XLMRobertaForMaskedLM": ("XLMRobertaConfig", {**ROBERTA, "pad_token_id": 2, "type_vocab_size": 2,
+                                                   "tie_word_embeddings": False}, {}, True),
+    "RobertaModel": ("RobertaConfig", ROBERTA, {"add_pooling_layer": True}, True),
+    "XLMRobertaModel": ("XLMRobertaConfig", ROBERTA, {"add_pooling_layer": False}, True),
+    "DistilBertForMaskedLM": ("DistilBertConfig", {**DISTILBERT, "sinusoidal_pos_embds": True}, {}, False),
+    "DistilBertModel": ("DistilBertConfig", DISTILBERT, {}, False),
+    "ModernBertForMaskedLM": ("ModernBertConfig", {**MODERNBERT, "attn_implementation": "eager"}, {}, False),
+    "ModernBertModel": ("ModernBertConfig", {**MODERNBERT, "attention_bias": True, "mlp_bias": True, "norm_bias": True,
+                                             "attn_implementation": "sdpa"}, {}, False),
+}
+
+
+UNTIED_UNREAD = {"XLMRobertaForMaskedLM": ("lm_head.bias",)}  # HF keeps it and reads the decoder's bias
+
+
+def reference(name: str) -> torch.nn.Module:
+    config, fields, kwargs, _ = CLASSES[name]
+    return randomize(getattr(transformers, name)(getattr(transformers, config)(**fields), **kwargs))
+
+
+def batch(pad: int, length: int = 11) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Tokens [3, length] without the padding id, and masks: row 1 right-padded, row 2 left-padded."""
+    x = torch.randint(3, V, (3, length), generator=torch.Generator().manual_seed(1))
+    right = torch.ones(3, length, dtype=torch.bool)
+    right[1, length - 4:], right[2, 3:] = False, False
+    left = right.flip(1)
+    return x, {"right": right, "left": left}
+
+
+def output(out) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_encoder_class_converts_both_ways_and_saves(name, tmp_path):
+    hf = reference(name)
+    pad, from_ids = hf.config.pad_token_id, CLASSES[name][3]
+    model = from_hf(hf)
+    x, masks = batch(pad)
+    with torch.no_grad():
+        assert max_diff(model(x), output(hf(x))) < ATOL
+        back = to_hf(model, name).eval()
+        for mask in masks.values():
+            xp = x.masked_fill(~mask, pad)  # padding tokens, which HF's fairseq positions read
+            kw = {} if from_ids else {"position_ids": positions(mask)}
+            ref = output(hf(xp, attention_mask=mask.long(), **kw))
+            assert max_diff(model(xp, mask), ref, mask) < ATOL
+            assert max_diff(output(back(xp, attention_mask=mask.long(), **kw)), ref, mask) < ATOL
+        if getattr(model, "pooler", None) is not None:
+            assert max_diff(model.pool(x), hf(x).pooler_output) < ATOL
+    theirs, ours = hf.state_dict(), back.state_dict()
+    unread = UNTIED_UNREAD.get(name, ()) if not hf.config.tie_word_embeddings else ()  # tied to the decoder's bias only when tied
+    assert theirs.keys() == ours.keys() and all(torch.equal(t, ours[k]) for k, t in theirs.items() if k not in unread)
+    assert hf_config(model.spec, name).architectures == [name]
+    read = hf_spec(back.config)  # a config alone says nothing of a pooler: HF's default has one
+    assert read.model_copy(update={"pooler": model.spec.pooler}) == model.spec
+    zoo.save(model, tmp_path / "m.safetensors")
+    loaded = zoo.load(tmp_path / "m.safetensors").eval()
+    assert loaded.spec == model.spec
+    with torch.no_grad():
+        assert torch.equal(loaded(x, masks["right"]), model(x, masks["right"]))
+
+
+def test_roberta_directory_converts_with_zoo_convert(tmp_path, capsys):
+    hf = reference("RobertaForMaskedLM")
+    hf.save_pretrained(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), "-o", str(tmp_path / "m.safetensors")]) == 0
+    assert main(["convert", str(tmp_path / "m.safetensors"), "-o", str(tmp_path / "back")]) == 0
+    assert "zoo file, RobertaForMaskedLM" in capsys.readouterr().out
+    disk = transformers.RobertaForMaskedLM.from_pretrained(tmp_path / "back", local_files_only=True).eval()
+    model = zoo.load(tmp_path / "m.safetensors").eval()
+    x, masks = batch(PAD)
+    xp = x.masked_fill(~masks["right"], PAD)
+    with torch.no_grad():
+        ref = hf(xp, attention_mask=masks["right"].long()).logits
+        assert max_diff(model(xp, masks["right"]), ref, masks["right"]) < ATOL
+        assert max_diff(disk(xp, attention_mask=masks["right"].long()).logits, ref, masks["right"]) < ATOL
+
+
+# ------------------------------------------------------------------------------------ presets
+RELEASES = {  # the released configs' architecture fields (config.json of each Hub repository)
+    "roberta-base": ("RobertaForMaskedLM", "RobertaConfig", 124_697_433, {  # FacebookAI/roberta-base
+        "vocab_size": 50265, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": 514, "type_vocab_size": 1, "initializer_range": 0.02, "layer_norm_eps": 1e-5,
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}),
+    "distilbert-base": ("DistilBertForMaskedLM", "DistilBertConfig", 66_985_530, {  # distilbert-base-uncased
+        "vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072, "max_position_embeddings": 512,
+        "dropout": 0.1, "attention_dropout": 0.1, "activation": "gelu", "initializer_range": 0.02,
+        "sinusoidal_pos_embds": False, "pad_token_id": 0, "tie_word_embeddings": True}),
+    "modernbert-base": ("ModernBertForMaskedLM", "ModernBertConfig", 149_655_232, {  # answerdotai/ModernBERT-base
+        "vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22, "num_attention_heads": 12,
+        "hidden_activation": "gelu", "max_position_embeddings": 8192, "initializer_range": 0.02, "norm_eps": 1e-5,
+        "norm_bias": False, "global_rope_theta": 160000.0, "local_rope_theta": 10000.0, "global_attn_every_n_layers": 3,
+        "local_attention": 128, "attention_bias": False, "attention_dropout": 0.0, "embedding_dropout": 0.0, "mlp_bias": False,
+        "mlp_dropout": 0.0, "decoder_bias": True, "classifier_bias": False, "classifier_activation": "gelu",
+        "pad_token_id": 50283, "eos_token_id": 50282, "bos_token_id": 50281, "cls_token_id": 50281, "sep_token_id": 50282,
+        "tie_word_embeddings": True}),
+}
+TINY = {"roberta-tiny": "roberta-base", "distilbert-tiny": "distilbert-base", "modernbert-tiny": "modernbert-base"}
+READ_ONLY = {"architectures", "transformers_version", "global_attn_every_n_layers"}  # HF keeps this one beside layer_types
+
+
+@pytest.mark.parametrize("name", RELEASES)
+def test_release_presets_are_the_hf_configs(name):
+    architecture, config_class, count, fields = RELEASES[name]
+    config = getattr(transformers, config_class)(**fields)
+    with torch.device("meta"):
+        ref = getattr(transformers, architecture)(config)
+    model = zoo.build(name, device="meta")
+    assert zoo.count_parameters(model) == sum(p.numel() for p in ref.parameters()) == count
+    assert model.spec.model_dump(exclude={"name"}) == hf_spec(config).model_dump(exclude={"name"})
+    back = hf_config(model.spec, architecture).to_dict()
+    assert all(back[k] == v for k, v in config.to_dict().items() if k not in READ_ONLY)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_presets_convert_to_hf_with_the_same_logits(name):
+    release, tiny = zoo.load_spec(TINY[name]), zoo.load_spec(name)
+    sizes = {"name", "vocab_size", "max_seq_len", "d_model", "n_layers", "block", "layers"}
+    assert tiny.model_dump(exclude=sizes) == release.model_dump(exclude=sizes)
+    assert [(layer.block.kind, layer.position) for layer in tiny.stack_layers()[:3]] == \
+        [(layer.block.kind, layer.position) for layer in release.stack_layers()[:3]]
+    model = zoo.build(name, seed=0).eval()
+    hf = to_hf(model).eval()
+    assert type(hf).__name__ == RELEASES[TINY[name]][0]
+    x, masks = batch(PAD, length=24)  # past modernbert-tiny's window
+    x = x % model.spec.vocab_size
+    mask = masks["right"]
+    xp = x.masked_fill(~mask, hf.config.pad_token_id or 0)  # ModernBERT's (50283) is past the tiny vocabulary
+    with torch.no_grad():
+        logits = model(xp, mask)
+        assert logits.abs().max() > 0.5
+        assert max_diff(logits, hf(xp, attention_mask=mask.long()).logits, mask) < ATOL

@@ -1,0 +1,97 @@
+"""RoBERTa and XLM-R: ``RobertaForMaskedLM`` / ``XLMRobertaForMaskedLM`` <-> a zoo encoder laid out
+as BERT's (:mod:`zoo.interop.hf.bert`) but for the positions and the head's names; their backbones
+``RobertaModel`` / ``XLMRobertaModel`` <-> ``head: none``, with or without the pooler (``pooler``).
+
+fairseq's positions: HF numbers the real tokens from ``pad_token_id + 1`` and gives padding tokens
+``pad_token_id`` (``create_position_ids_from_input_ids``), which zoo's learned table does with
+``position.padding_idx``; the table has ``max_position_embeddings`` rows and serves
+``max_position_embeddings - pad_token_id - 1`` tokens (``max_seq_len``: 512 for roberta-base's 514).
+HF tells padding from the token ids (those equal to ``pad_token_id``), zoo from ``padding_mask``:
+the same positions where the mask marks exactly the padding tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from zoo.interop.claims import ANY, Claims
+from zoo.interop.common import Rule, rule
+from zoo.interop.hf.base import require, token_ids, weights
+from zoo.interop.hf.bert import Bert, bert_layers
+from zoo.spec import FamilySpec
+
+__all__ = ["Roberta", "XLMRoberta"]
+
+
+class Roberta(Bert):
+    name = "RobertaForMaskedLM"
+    config_name = "RobertaConfig"
+    model_type = "roberta"
+    base = "RobertaModel"
+    prefix = "roberta"
+    base_pooler = "pooler"
+    claims: ClassVar[Claims] = {**Bert.claims, "position.padding_idx": ANY}
+
+    @classmethod
+    def spec(cls, c: Any, hf: nn.Module | None) -> dict:
+        where = f"{cls.name} -> zoo"
+        s = Bert.spec(c, None)
+        pad = c.pad_token_id
+        require(pad is not None and pad >= 0, where, "pad_token_id", pad,
+                "its positions start past the padding token's id (pad_token_id), so it needs one")
+        rows = c.max_position_embeddings
+        require(rows > pad + 1, where, "max_position_embeddings", rows,
+                f"the position table's first pad_token_id + 1 = {pad + 1} rows are for no real token; it needs more")
+        if hf is not None:
+            s["head"]["tied"] = hf.lm_head.decoder.weight is getattr(hf, cls.prefix).embeddings.word_embeddings.weight
+        return {**s, "max_seq_len": rows - pad - 1, "position": {"kind": "learned", "padding_idx": pad}}
+
+    @classmethod
+    def config(cls, s: FamilySpec, given: dict) -> dict:
+        where = f"zoo -> {cls.name}"
+        pad = s.position.padding_idx if s.position.kind == "learned" else None
+        require(pad is not None, where, "position.padding_idx", None,
+                f"{cls.name}'s positions start past the padding token's (pad_token_id); set position.padding_idx "
+                f"(1 in RoBERTa), or convert to BertForMaskedLM")
+        require(given.get("pad_token_id", pad) == pad, where, "pad_token_id", given.get("pad_token_id"),
+                f"the padding token's id is position.padding_idx ({pad}): its positions follow from it")
+        require(pad < s.vocab_size, where, "position.padding_idx", pad,
+                f"it is the padding token's id (pad_token_id), so below vocab_size ({s.vocab_size})")
+        c = {**Bert.config(s, given), "max_position_embeddings": s.max_seq_len + pad + 1, "pad_token_id": pad}
+        token_ids(c, s.vocab_size, {"bos_token_id": 0, "eos_token_id": 2}, given)
+        return c
+
+    @classmethod
+    def rules(cls, s: FamilySpec) -> list[Rule]:
+        e = f"{cls.prefix}.embeddings"
+        rules = [
+            rule("tok_emb.weight", f"{e}.word_embeddings.weight"), rule("position.weight", f"{e}.position_embeddings.weight"),
+            rule("type_emb.weight", f"{e}.token_type_embeddings.weight"), *weights("emb_norm", f"{e}.LayerNorm"),
+            *bert_layers(s, cls.prefix),
+        ]
+        if getattr(s, "pooler", False):
+            rules += weights("pooler.dense", f"{cls.prefix}.pooler.dense")
+        if s.head.kind != "mlm":
+            return rules
+        return rules + [*weights("head.transform.0", "lm_head.dense"), *weights("head.transform.2", "lm_head.layer_norm"),
+                        *weights("head.proj", "lm_head.decoder")]
+
+    @classmethod
+    def check_from(cls, hf: nn.Module, s: FamilySpec, ref: Mapping[str, Tensor]) -> list[str]:
+        # HF ties lm_head.bias to lm_head.decoder.bias, which the forward pass reads
+        return ["lm_head.bias"] if s.head.kind == "mlm" else []
+
+    @classmethod
+    def extra_to(cls, state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
+        return {"lm_head.bias": state["head.proj.bias"].detach()} if s.head.kind == "mlm" else {}
+
+
+class XLMRoberta(Roberta):
+    """XLM-R: RoBERTa's classes under other names (a 250k vocabulary in the releases)."""
+
+    name = "XLMRobertaForMaskedLM"
+    config_name = "XLMRobertaConfig"
+    model_type = "xlm-roberta"
+    base = "XLMRobertaModel"
