@@ -169,6 +169,11 @@ def recipe_settings(recipe: str) -> str:
     return "\n".join(lines)
 
 
+def ablation_table(path: str) -> str:
+    """A table a measurement wrote (``zoo ablate --table``, ``python -m bench.packing_eval``), as it is."""
+    return (ROOT / path).read_text(encoding="utf-8").rstrip("\n")
+
+
 def ablation_rows(path: str) -> str:
     import yaml
 
@@ -177,7 +182,7 @@ def ablation_rows(path: str) -> str:
 
 GENERATORS: dict[str, Callable[..., str]] = {
     "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare, "bench-table": bench_table,
-    "recipe-settings": recipe_settings, "ablation-rows": ablation_rows, "convert-memory": convert_memory,
+    "recipe-settings": recipe_settings, "ablation-rows": ablation_rows, "ablation-table": ablation_table, "convert-memory": convert_memory,
 }
 
 
