@@ -270,7 +270,7 @@ def _none(spec, **_) -> Position:
 
 @register("position", "learned")
 def _learned(spec, *, dim: int, max_len: int, **_) -> Position:
-    return LearnedPosition(dim, max_len, spec.offset, padding_idx=spec.padding_idx)
+    return LearnedPosition(dim, max_len, getattr(spec, "offset", 0), padding_idx=getattr(spec, "padding_idx", None))
 
 
 @register("position", "sinusoidal")
