@@ -148,8 +148,19 @@ def base_specs(name: str) -> list[FamilySpec]:
 def convert_back(name: str, spec: FamilySpec) -> tuple[torch.nn.Module, torch.nn.Module]:
     """A random-init zoo model of ``spec`` and the zoo model read back from what it converts to (a
     ConversionError if it does not)."""
-    from zoo.interop import from_hf, from_timm, to_hf, to_timm
+    from zoo.interop import from_hf, from_timm, hf_config, to_hf, to_timm
+    from zoo.interop.hf.convert import arch_for_spec
+    from zoo.interop.timm import timm_kwargs
+    from zoo.interop.timm_eva import eva_kwargs
 
+    # the spec-level checks the converters make first, in their order, before a model is built (most
+    # mutations are refused here: building each one's model would be most of this test's time)
+    if name == "timm":
+        timm_kwargs(spec)
+    elif name == "Eva":
+        eva_kwargs(spec)
+    else:
+        hf_config(spec, arch_for_spec(spec, name).name)
     model = randomize(zoo.build(spec, seed=0))
     if name in ("timm", "Eva"):
         back = from_timm(to_timm(model, "VisionTransformer" if name == "timm" else name))
