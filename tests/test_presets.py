@@ -12,10 +12,11 @@ EXACT = {
     "gpt2-small": 124_439_808,
     # HF BertForMaskedLM(BertConfig())
     "bert-base": 109_514_298,
+    "bert-base-headless": 109_482_240,  # HF BertModel(BertConfig()), with its pooler
     # HF RobertaForMaskedLM from FacebookAI/roberta-base's config (tests/test_encoders_hf.py)
     "roberta-base": 124_697_433,
-    "distilbert-base": 66_985_530,
-    "modernbert-base": 149_655_232,  # HF ModernBertForMaskedLM from answerdotai/ModernBERT-base's config  # HF DistilBertForMaskedLM from distilbert-base-uncased's config
+    "distilbert-base": 66_985_530,  # HF DistilBertForMaskedLM from distilbert-base-uncased's config
+    "modernbert-base": 149_655_232,  # HF ModernBertForMaskedLM from answerdotai/ModernBERT-base's config
     # timm vit_{tiny,small,base}_patch16_224
     "vit-tiny-16": 5_717_416,
     "vit-small-16": 22_050_664,
@@ -123,6 +124,7 @@ def test_counts_equal_reference_classes():
         refs = {
             "gpt2-small": transformers.GPT2LMHeadModel(transformers.GPT2Config()),
             "bert-base": transformers.BertForMaskedLM(transformers.BertConfig()),
+            "bert-base-headless": transformers.BertModel(transformers.BertConfig()),
             "llama-small": transformers.LlamaForCausalLM(transformers.LlamaConfig(
                 vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                 num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False)),
