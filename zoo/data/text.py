@@ -147,15 +147,20 @@ def pack_blocks(docs: Iterable[Sequence[int]], block_len: int, *, eos_id: int) -
     """Documents joined into one stream, each followed by ``eos_id``, cut into rows of
     ``block_len + 1`` tokens that overlap by one (inputs ``row[:-1]``, targets ``row[1:]``), so each
     token of the stream is a target once. The last partial row is dropped. Shape [N, block_len + 1]."""
-    stream: list[int] = []
+    return _stream(docs, block_len, eos_id, opened=False).unfold(0, block_len + 1, block_len).contiguous()
+
+
+def _stream(docs: Iterable[Sequence[int]], block_len: int, eos_id: int, *, opened: bool) -> Tensor:
+    """The documents as one stream, each followed by ``eos_id`` (and, ``opened``, one ``eos_id``
+    first), cut to the ``n * block_len + 1`` tokens that whole overlapping rows take."""
+    stream: list[int] = [eos_id] if opened else []
     for d in docs:
         stream.extend(d)
         stream.append(eos_id)
     n = (len(stream) - 1) // block_len
     if n < 1:
         raise DataError(f"{len(stream)} tokens are too few for one block of {block_len} + 1")
-    flat = torch.tensor(stream[: n * block_len + 1], dtype=torch.long)
-    return flat.unfold(0, block_len + 1, block_len).contiguous()
+    return torch.tensor(stream[: n * block_len + 1], dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -194,14 +199,7 @@ def pack_documents(docs: Iterable[Sequence[int]], block_len: int, *, eos_id: int
     token predicts the ``eos_id`` that opens the next). A document cut at a row boundary goes on in
     the next row with its positions continuing (counted in ``split``); positions wrap at
     ``max_position`` (a position table's length)."""
-    stream: list[int] = [eos_id]
-    for d in docs:
-        stream.extend(d)
-        stream.append(eos_id)
-    n = (len(stream) - 1) // block_len
-    if n < 1:
-        raise DataError(f"{len(stream)} tokens are too few for one block of {block_len} + 1")
-    flat = torch.tensor(stream[: n * block_len + 1], dtype=torch.long)
+    flat = _stream(docs, block_len, eos_id, opened=True)
     starts = flat == eos_id
     ids = starts.long().cumsum(0)
     index = torch.arange(flat.numel())
