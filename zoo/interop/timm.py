@@ -28,7 +28,7 @@ from zoo.build import build
 from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
 from zoo.interop.timm_eva import eva_kwargs, eva_spec, from_eva, to_eva
-from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio
+from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["CLAIMS", "from_timm", "to_timm", "timm_architecture", "timm_spec", "timm_kwargs"]
@@ -234,12 +234,7 @@ def _rules(s: FamilySpec) -> list:
                 ("norm", "norm", True), ("ffn.fc1", "mlp.fc1", s.pool.bias), ("ffn.fc2", "mlp.fc2", s.pool.bias)]
         for z, t, has_bias in pool:
             rules += [rule(f"pool.{z}.{p}", f"attn_pool.{t}.{p}") for p in ("weight", "bias")[: 1 + has_bias]]
-    final = ("fc_norm", "fc_norm") if s.fc_norm else ("stack.norm", "norm")
-    for p in ("weight", "bias"):
-        rules.append(rule(f"{final[0]}.{p}", f"{final[1]}.{p}"))
-        if s.num_classes is not None:
-            rules.append(rule(f"head.{p}", f"head.{p}"))
-    return rules
+    return rules + output_rules(s)
 
 
 def from_timm(timm_model: nn.Module) -> nn.Module:

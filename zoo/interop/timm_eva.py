@@ -23,7 +23,7 @@ from torch import nn
 from zoo.build import build
 from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
-from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio
+from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["CLAIMS", "eva_kwargs", "eva_spec", "from_eva", "to_eva"]
@@ -202,12 +202,7 @@ def _rules(s: FamilySpec, *, fused: bool, split_glu: bool) -> list:
             rules += [rule(f"{z}attn.{n}_bias", f"{t}attn.{n}_proj.bias") for n in "qv" if att.bias]
         if s.block.layer_scale is not None:
             rules += [rule(f"{z}ls_attn.gamma", f"{t}gamma_1"), rule(f"{z}ls_ffn.gamma", f"{t}gamma_2")]
-    final = ("fc_norm", "fc_norm") if s.fc_norm else ("stack.norm", "norm")
-    for p in ("weight", "bias"):
-        rules.append(rule(f"{final[0]}.{p}", f"{final[1]}.{p}"))
-        if s.num_classes is not None:
-            rules.append(rule(f"head.{p}", f"head.{p}"))
-    return rules
+    return rules + output_rules(s)
 
 
 def from_eva(timm_model: nn.Module) -> nn.Module:

@@ -1,6 +1,6 @@
 """What the timm converters (:mod:`zoo.interop.timm` for VisionTransformer, :mod:`zoo.interop.timm_eva`
 for Eva) share: reading an MLP's activation and the LayerNorms' eps from timm modules, and the
-``mlp_ratio`` that gives back a hidden size, and the rules of the embeddings, named alike in both. timm is imported only when a converter runs."""
+``mlp_ratio`` that gives back a hidden size, and the rules of the embeddings and of the output (final norm, head), named alike in both. timm is imported only when a converter runs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 from zoo.interop.common import rule, unsupported
 from zoo.spec import FamilySpec
 
-__all__ = ["activation_of", "embedding_rules", "layernorm_eps", "mlp_ratio"]
+__all__ = ["activation_of", "embedding_rules", "layernorm_eps", "mlp_ratio", "output_rules"]
 
 
 def activation_of(act: nn.Module, where: str) -> dict:
@@ -63,4 +63,15 @@ def embedding_rules(s: FamilySpec) -> list:
     rules += [rule(f"norm_pre.{p}", f"norm_pre.{p}") for p in ("weight", "bias") if s.pre_norm]
     if s.position.kind == "learned":
         rules.append(rule("position.weight", "pos_embed"))  # [1, N, D] in timm, [N, D] in zoo
+    return rules
+
+
+def output_rules(s: FamilySpec) -> list:
+    """The final norm (``fc_norm`` after pooling, else the stack's ``norm``) and the classifier."""
+    final = ("fc_norm", "fc_norm") if s.fc_norm else ("stack.norm", "norm")
+    rules = []
+    for p in ("weight", "bias"):
+        rules.append(rule(f"{final[0]}.{p}", f"{final[1]}.{p}"))
+        if s.num_classes is not None:
+            rules.append(rule(f"head.{p}", f"head.{p}"))
     return rules
