@@ -17,9 +17,10 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.claims import Claims
 from zoo.interop.common import Rule, rule, unsupported
-from zoo.interop.hf.base import TEXT_CLAIMS, Architecture, fused, layernorm, plain_attention, require, token_ids, weights
+from zoo.interop.hf.base import Architecture, fused, layernorm, plain_attention, require, token_ids, weights
+from zoo.interop.hf.bert import Bert
 from zoo.spec import FamilySpec
 
 __all__ = ["DistilBert"]
@@ -33,12 +34,7 @@ class DistilBert(Architecture):
     model_type = "distilbert"
     base = "DistilBertModel"
     prefix = "distilbert"
-    claims: ClassVar[Claims] = {
-        **TEXT_CLAIMS, "family": one_of("encoder"), "embedding.norm": ANY, "position.kind": one_of("learned"),
-        "block.kind": one_of("post"), "block.norm.kind": one_of("layernorm"), "block.norm.bias": one_of(True),
-        "block.attention.out_bias": ANY, "head.kind": one_of("mlm"), "head.transform": one_of(True), "head.bias": one_of(True),
-        "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY,
-    }
+    claims: ClassVar[Claims] = {k: v for k, v in Bert.claims.items() if k != "type_vocab_size"}  # BERT's, no segments
 
     @staticmethod
     def spec(c: Any, hf: nn.Module | None) -> dict:
