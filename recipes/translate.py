@@ -80,6 +80,8 @@ class TranslationTask(ListTask):
         self.cfg, self.tok, self.domains = cfg, tok, domains
         self.src, self.tgt = ids["train"]
         self.src_lens, self.tgt_lens = [len(x) for x in self.src], [len(x) for x in self.tgt]
+        # packed rows: source rows in proportion to the pairs' source/target tokens
+        self.src_row = math.ceil(cfg.data.pack_len * sum(self.src_lens) / max(1, sum(self.tgt_lens)))
         self.valid_src, self.valid_tgt = ids["valid"]
         self.refs, self.labels = splits["valid"].tgt, labels["valid"]
         n_curve, seen, self.curve = cfg.decode.eval_sentences or len(self.refs), Counter(), []
@@ -93,19 +95,40 @@ class TranslationTask(ListTask):
                        ("valid BLEU", ["valid/bleu", *(f"valid_{d}/bleu" for d in domains)])]
         self.plot_options = {"log_y": ["perplexity"], "title": f"{cfg.model} {cfg.data.src_lang}->{cfg.data.tgt_lang}"}
 
-    def batches(self, epoch: int) -> list[list[int]]:
-        return T.token_batches(self.src_lens, self.tgt_lens, max_tokens=self.cfg.train.max_tokens, shuffle=True,
-                               seed=self.cfg.run.seed + epoch)
+    def batches(self, epoch: int) -> list[list[int]] | list[list[list[int]]]:
+        """Token buckets of pair indices; packed: token buckets of rows, each a list of pair indices."""
+        data, seed = self.cfg.data, self.cfg.run.seed + epoch
+        if data.packing == "pad":
+            return T.token_batches(self.src_lens, self.tgt_lens, max_tokens=self.cfg.train.max_tokens, seed=seed)
+        rows = T.pack_pairs(self.src_lens, self.tgt_lens, src_len=self.src_row, tgt_len=data.pack_len, seed=seed)
+        lens = [sum(self.src_lens[i] for i in r) for r in rows], [sum(self.tgt_lens[i] for i in r) for r in rows]
+        return [[rows[i] for i in b] for b in T.token_batches(*lens, max_tokens=self.cfg.train.max_tokens, seed=seed)]
 
-    def count(self, batch: list[int]) -> float:
-        return float(sum(self.tgt_lens[i] for i in batch))
+    def padding(self, batches) -> tuple[float, float]:
+        """The padded share of source and target slots in ``batches``."""
+        if self.cfg.data.packing == "pad":
+            return T.padding_fraction(batches, self.src_lens), T.padding_fraction(batches, self.tgt_lens)
+        fractions = []
+        for lens in (self.src_lens, self.tgt_lens):
+            rows = [[sum(lens[i] for i in row) for row in b] for b in batches]  # each row's tokens
+            fractions.append(1 - sum(map(sum, rows)) / max(1, sum(len(r) * max(r) for r in rows)))
+        return fractions[0], fractions[1]
+
+    def count(self, batch) -> float:
+        pairs = batch if self.cfg.data.packing == "pad" else [i for row in batch for i in row]
+        return float(sum(self.tgt_lens[i] for i in pairs))
 
     def loss(self, model, batch, step):
         cfg, device = self.cfg, self.dist.device
-        s, t_in, t_out = T.collate(self.src, self.tgt, batch)
+        documents = {}
+        if cfg.data.packing == "pad":
+            s, t_in, t_out = T.collate(self.src, self.tgt, batch)
+        else:
+            s, t_in, t_out, s_doc, t_doc = T.collate_packed(self.src, self.tgt, batch)
+            documents = {"src_documents": s_doc.to(device), "tgt_documents": t_doc.to(device)}
         s, t_in = (word_dropout(x, cfg.train.word_dropout) for x in (s, t_in))
         s, t_in, t_out = s.to(device), t_in.to(device), t_out.to(device)
-        logits = model(s, t_in, s != T.PAD_ID, t_in != T.PAD_ID)
+        logits = model(s, t_in, s != T.PAD_ID, t_in != T.PAD_ID, **documents)
         flat, gold = logits.float().flatten(0, 1), t_out.flatten()
         loss = F.cross_entropy(flat, gold, ignore_index=T.PAD_ID, label_smoothing=cfg.train.label_smoothing, reduction="sum")
         stats = {"tokens": self.count(batch), "src_tokens": float((s != T.PAD_ID).sum())}
@@ -174,12 +197,15 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     domains = list(corpus.splits) if corpus is not None else []  # per-domain rows: the embedded corpus
     task = TranslationTask(cfg, dist, tok, splits, ids, labels, domains, accum)
     first = task.epoch_batches(0)
-    pad = (T.padding_fraction(first, task.src_lens), T.padding_fraction(first, task.tgt_lens))
+    pad = task.padding(first)
     dist.print(f"model: {spec.name or cfg.model}, {n_params:,} parameters, d_model {spec.d_model}, "
                f"{spec.encoder_layers}+{spec.decoder_layers} layers; {dist.world_size} process(es) on {device}, "
                f"{cfg.run.precision}, micro-batch {cfg.train.max_tokens} tokens x {accum} accumulation")
-    dist.print(f"batches: {len(first)} a epoch ({task.steps(0)} optimizer steps), padding {100 * pad[0]:.1f}% source, "
-               f"{100 * pad[1]:.1f}% target")
+    packed = ("" if cfg.data.packing == "pad" else
+              f" of rows packed with document masks ({task.src_row} source / {cfg.data.pack_len} target tokens a row, "
+              f"{sum(map(len, first)):,} rows)")
+    dist.print(f"batches: {len(first)} a epoch{packed} ({task.steps(0)} optimizer steps), padding {100 * pad[0]:.1f}% "
+               f"source, {100 * pad[1]:.1f}% target")
     keep = max(cfg.run.keep_checkpoints, cfg.train.average_last)
     info = {"params": n_params, "vocab": V, "padding_src": pad[0], "padding_tgt": pad[1], "world_size": dist.world_size,
             "grad_accum": accum, "max_tokens": cfg.train.max_tokens}

@@ -206,11 +206,12 @@ def test_word_dropout_replaces_only_real_tokens_at_the_rate():
 
 def test_resume_reproduces_the_uninterrupted_run(data, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    steps = ["train.steps=14", "decode.beams=1", "train.word_dropout=0.2"]  # word dropout draws from the RNG too
+    # word dropout draws from the RNG too; packed rows (the packing is drawn per epoch)
+    steps = ["train.steps=14", "decode.beams=1", "train.word_dropout=0.2", "data.packing=documents", "data.pack_len=40"]
     assert recipe.main(tiny(data, straight, *steps)) == 0
+    assert "of rows packed with document masks (" in capsys.readouterr().out
     # the same run, stopped after step 6 (mid-epoch), then resumed from its newest checkpoint
-    assert recipe.main(tiny(data, resumed, "train.steps=6", "decode.beams=1", "train.word_dropout=0.2",
-                            "run.checkpoint_every=6")) == 0
+    assert recipe.main(tiny(data, resumed, *steps, "train.steps=6", "run.checkpoint_every=6")) == 0
     ck = load_checkpoint(list_checkpoints(resumed)[-1])
     assert ck["step"] == 6 and ck["state"]["pos"] > 0  # inside an epoch
     for p in list_checkpoints(resumed):

@@ -111,10 +111,12 @@ class Stack(nn.Module):
                 if t is not None and tuple(t.shape) != (B, T):
                     raise ValueError(f"{what}: shape {tuple(t.shape)} does not fit {name} {tuple(tokens.shape[:2])}; "
                                      f"give one {'id' if what == 'documents' else 'position'} per token, [B, T]")
-        length = T if positions is None else max(T, int(positions.max()) + 1)
+        length = T if positions is None else int(positions.max()) + 1
         if cache is None:
             if positions is None:
                 positions = positions_for(padding_mask, T, device, documents)
+                if documents is not None:  # a packed row may outrun a position table its documents fit
+                    length = int(positions.max()) + 1
             key_positions = positions
             key_padding = padding_mask
         else:

@@ -263,6 +263,68 @@ def token_batches(
     return batches
 
 
+def pack_pairs(
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    *,
+    src_len: int,
+    tgt_len: int,
+    seed: int = 0,
+    chunk: int = 4096,
+) -> list[list[int]]:
+    """Sentence pairs packed into rows of at most ``src_len`` source and ``tgt_len`` target tokens
+    (each row's pairs then attend only to each other through document masks: see
+    :func:`collate_packed`). The pairs are shuffled, then packed ``chunk`` at a time, longest target
+    first, each into the open row of the chunk with the least target room that holds both of its
+    sides (best-fit decreasing); a pair longer than a row takes a row of its own. Returns each row's
+    pair indices."""
+    if src_len < 1 or tgt_len < 1:
+        raise DataError(f"packed rows need room: got {src_len} source and {tgt_len} target tokens a row")
+    order = list(range(len(src_lens)))
+    random.Random(seed).shuffle(order)
+    rows: list[list[int]] = []
+    for c in range(0, len(order), chunk):
+        part = sorted(order[c : c + chunk], key=lambda i: (-tgt_lens[i], -src_lens[i]))
+        by_room: list[dict[int, None]] = [{} for _ in range(tgt_len + 1)]  # open rows by target room left
+        room_src: dict[int, int] = {}
+        for i in part:
+            s, t = src_lens[i], tgt_lens[i]
+            if s > src_len or t > tgt_len:
+                rows.append([i])
+                continue
+            room, row = next(((k, r) for k in range(t, tgt_len + 1) for r in by_room[k] if room_src[r] >= s),
+                             (tgt_len, None))
+            if row is None:
+                row = len(rows)
+                rows.append([])
+                room_src[row] = src_len
+            else:
+                del by_room[room][row]
+            rows[row].append(i)
+            room_src[row] -= s
+            if room - t > 0 and room_src[row] > 0:
+                by_room[room - t][row] = None
+    return rows
+
+
+def collate_packed(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], rows: list[list[int]], *,
+                   pad_id: int = 0, bos_id: int = 1):
+    """:func:`collate` for packed rows (lists of pair indices): src [B, S], tgt_in [B, T] (each pair's
+    target after its own ``<s>``), tgt_out [B, T], and the document ids of each source and target
+    token, src_documents [B, S] and tgt_documents [B, T] (the k-th pair of a row is document k; the
+    padding after a row's last pair keeps that pair's id, so no query is left without keys)."""
+    import torch
+
+    flat = lambda seqs: [[x for i in r for x in seqs[i]] for r in rows]  # noqa: E731
+    ids = lambda seqs: [[k for k, i in enumerate(r) for _ in seqs[i]] for r in rows]  # noqa: E731
+    t_in = [[x for i in r for x in (bos_id, *tgt[i][:-1])] for r in rows]
+    out = []
+    for seqs, fill in ((flat(src), pad_id), (t_in, pad_id), (flat(tgt), pad_id), (ids(src), None), (ids(tgt), None)):
+        n = max(len(x) for x in seqs)
+        out.append(torch.tensor([x + [x[-1] if fill is None else fill] * (n - len(x)) for x in seqs], dtype=torch.long))
+    return tuple(out)
+
+
 def padding_fraction(batches: Iterable[list[int]], lens: Sequence[int]) -> float:
     """Share of padded positions among all positions of the batches."""
     real = padded = 0
