@@ -36,10 +36,10 @@ class TranslationDataConfig(Config):
     min_frequency: PositiveInt = Field(2, description="BPE: merge only pairs seen at least this often")
     tokenizer: Path | None = Field(None, description="an existing tokenizer.json to use instead of training BPE")
     max_len: PositiveInt = Field(128, description="tokens per sentence (longer ones are truncated)")
-    packing: Literal["pad", "documents"] = Field("pad", description=(
-        "training batches: pad (token buckets of pairs of similar length, padded to the longest) or documents "
-        "(pairs packed into rows of data.pack_len target tokens, each pair masked off the others in the encoder, "
-        "the decoder and the cross-attention; docs/recipes/translate.md compares them)"))
+    packing: Literal["documents", "pad"] = Field("documents", description=(
+        "training batches: documents (pairs packed into rows of data.pack_len target tokens, each pair masked off "
+        "the others in the encoder, the decoder and the cross-attention) or pad (token buckets of pairs of similar "
+        "length, padded to the longest); docs/recipes/translate.md compares them"))
     pack_len: PositiveInt = Field(32, description=(
         "data.packing=documents: target tokens a packed row holds (its source row: this times the training pairs' "
         "source/target token ratio); a longer pair takes a row of its own"))

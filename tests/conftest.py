@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 import zoo
+
+# measured kernel choices (zoo.kernels.cpu.choose) stay in each test process's memory: the suite
+# writes nothing under the user's home, and every run measures what it uses
+os.environ.setdefault("ZOO_KERNEL_CACHE", "off")
 
 TINY = ["d_model=32", "n_layers=2", "block.attention.n_heads=4", "block.ffn.hidden=48"]
 TEXT_TINY = TINY + ["vocab_size=61", "max_seq_len=32"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +13,7 @@ from torch import nn
 import zoo
 from zoo import kernels
 from zoo.components import Linear
+from zoo.kernels.cpu import choose
 from zoo.kernels.cpu import linear as L
 from conftest import example_inputs, tiny_model
 
@@ -134,7 +138,7 @@ def test_fast_path_leaves_autocast_small_products_and_other_dtypes_to_torch(monk
         assert len(calls) == 2
 
 
-def test_backend_choice_is_validated_and_follows_the_cpu(monkeypatch):
+def test_backend_choice_is_validated_and_measured_per_shape_class(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="auto, onednn, aten"):
         L.set_cpu_linear("mkl")
     monkeypatch.setattr(L, "_choice", None)
@@ -142,12 +146,36 @@ def test_backend_choice_is_validated_and_follows_the_cpu(monkeypatch):
     with pytest.raises(ValueError, match="ZOO_CPU_LINEAR='fast'"):
         L.cpu_linear_backend()
     monkeypatch.setenv("ZOO_CPU_LINEAR", "aten")
-    assert L.cpu_linear_backend() == "aten"
+    assert L.cpu_linear_backend() == "aten" and not L.prefers_onednn(4096, 1024, 1024, True)
     monkeypatch.setenv("ZOO_CPU_LINEAR", "auto")
-    for prefers in [True, False]:
-        monkeypatch.setattr(L, "_cpu_prefers_onednn", lambda: prefers)
-        expected = "onednn" if prefers and L.onednn_available() else "aten"
-        assert L.cpu_linear_backend() == expected
+    assert L.cpu_linear_backend() == ("auto" if L.onednn_available() else "aten")
+    if L.onednn_available():
+        # auto: each shape class is timed once, both backends, and the faster kept (here a stand-in clock)
+        monkeypatch.setenv("ZOO_KERNEL_CACHE", str(tmp_path / "kernels.json"))
+        monkeypatch.setattr(L, "_decided", {})
+        choose.forget()
+        timed = []
+
+        def fake(m, n, k, grad):  # oneDNN "wins" on classes with N = 2048 only
+            def kernel(name):
+                return lambda: timed.append((name, m, n, k, grad)) or time.sleep(0.02 if (name == "onednn") != (n == 2048) else 0)
+            return {"aten": kernel("aten"), "onednn": kernel("onednn")}
+
+        monkeypatch.setattr(L, "_candidates", fake)
+        assert L.prefers_onednn(300, 2048, 512, True) and not L.prefers_onednn(300, 1024, 512, True)
+        assert L.prefers_onednn(512, 2048, 512, True)  # 300 and 512 rows: one class, not timed again
+        assert len(timed) == 2 * 2 * 4 and {t[1:] for t in timed} == {(512, 2048, 512, True), (512, 1024, 512, True)}
+        assert L.shape_class(300, 2048, 512, True) == "512x2048x512+grad"
+        assert L.shape_class(9000, 3072, 768, False) == "256x3072x768"  # timed at ~2^30 multiply-adds
+        assert L.shape_class(9, 50000, 4096, False) == "16x50000x4096"  # at least 256 rows unless fewer run
+        # a new process (memory forgotten) reads the cache file and times nothing
+        monkeypatch.setattr(L, "_decided", {})
+        choose.forget()
+        assert L.prefers_onednn(257, 2048, 512, True) and len(timed) == 16
+        saved = json.loads((tmp_path / "kernels.json").read_text())
+        assert saved["machine"] == choose.machine()
+        assert saved["choices"]["linear_fp32/512x2048x512+grad"]["pick"] == "onednn"
+        assert saved["choices"]["linear_fp32/512x1024x512+grad"]["pick"] == "aten"
     L.set_cpu_linear("onednn")
     try:
         assert L.cpu_linear_backend() == ("onednn" if L.onednn_available() else "aten")
@@ -155,16 +183,34 @@ def test_backend_choice_is_validated_and_follows_the_cpu(monkeypatch):
         L.set_cpu_linear(None)
 
 
-AMD = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx2 avx512f avx512bw\n\nprocessor\t: 1\n"
-INTEL = "vendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512f amx_bf16\n"
-ZEN3 = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu avx avx2 fma\n"
+def test_measured_choice_keeps_the_global_rng_and_the_flop_count(monkeypatch):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
+    choose.forget()
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    counter = FlopCounterMode(display=False)
+    a = lambda: torch.randn(64, 64, generator=torch.Generator()).mm(torch.ones(64, 64))  # noqa: E731
+    with counter:  # the timing's products are not the model's
+        name = choose.pick("test_op", "class-a", {"a": a, "b": lambda: None})
+    assert name in ("a", "b") and counter.get_total_flops() == 0
+    assert torch.equal(torch.rand(4), expected)
+    assert choose.pick("test_op", "class-a", {"a": lambda: 1 / 0, "b": lambda: 1 / 0}) == name  # remembered
 
 
-def test_cpuinfo_reading():
-    assert L.amd_with_avx512(AMD)
-    assert not L.amd_with_avx512(INTEL)
-    assert not L.amd_with_avx512(ZEN3)
-    assert not L.amd_with_avx512("")
+def test_unreadable_or_foreign_cache_is_measured_afresh(monkeypatch, tmp_path):
+    path = tmp_path / "kernels.json"
+    monkeypatch.setenv("ZOO_KERNEL_CACHE", str(path))
+    path.write_text("{not json")
+    choose.forget()
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert choose.pick("test_op", "c", {"a": lambda: time.sleep(0.02), "b": lambda: None}) == "b"
+    assert json.loads(path.read_text())["choices"]["test_op/c"]["pick"] == "b"
+    path.write_text(json.dumps({"machine": "another CPU", "choices": {"test_op/d": {"pick": "a"}}}))
+    choose.forget()
+    assert choose.pick("test_op", "d", {"a": lambda: time.sleep(0.02), "b": lambda: None}) == "b"
 
 
 def test_linear_is_an_nn_linear_with_the_same_state():

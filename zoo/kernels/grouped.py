@@ -8,8 +8,8 @@ autocast both sides are cast to autocast's dtype first, as autocast casts ``mm``
 on autocast's lists, so without the cast bf16 autocast would leave the experts in fp32). Elsewhere
 (CUDA fp32 or fp16, other devices, torch < 2.10) a loop over the groups that have rows, one ``mm``
 each, after one host sync to read the row counts. Where zoo's fp32 linear layers run on oneDNN
-(:mod:`zoo.kernels.cpu.linear`: AMD CPUs with AVX-512, whose MKL path runs at half oneDNN's speed
-there), fp32 experts take that loop on oneDNN too, forward and backward (on CPU the sync is free).
+(:mod:`zoo.kernels.cpu.linear`: where oneDNN measured faster than MKL, as on AMD Zen 5, where MKL runs
+at half oneDNN's speed), fp32 experts take that loop on oneDNN too, forward and backward (on CPU the sync is free).
 
 Measured on a 2-core Intel Xeon (family 6 model 207: AVX-512, AMX) shared with other work, so on
 one thread (two threads there measured the other work's contention, not the kernels), best of 15
@@ -170,7 +170,7 @@ def row_block(x: Tensor, w: Tensor, rows: int, groups: int) -> int:
     added, and few distinct counts, each compiled once."""
     dtype = compute_dtype(x, w)
     onednn = dtype in (torch.bfloat16, torch.float16) or (
-        dtype == torch.float32 and cpu.linear.cpu_linear_backend() == "onednn" and not torch.is_autocast_enabled("cpu"))
+        dtype == torch.float32 and x.numel() > 0 and cpu.linear.applies(x, w[0], None))
     mean = rows // max(groups, 1)
     if x.device.type != "cpu" or not onednn or mean < 32:
         return 1

@@ -9,9 +9,12 @@ run forward and backward through ``torch.ops.mkldnn._linear_pointwise``, the op 
 CPU fusions emit; everywhere else, and for any case outside the fast path (:func:`applies`),
 :func:`zoo.kernels.linear` is ``F.linear``.
 
-The backend is chosen once per process from the CPU (never from timings, so a run and its resume
-compute the same numbers): ``auto`` picks oneDNN on AMD CPUs with AVX-512 and ATen elsewhere.
-Override with ``ZOO_CPU_LINEAR=onednn|aten|auto`` or :func:`set_cpu_linear`.
+The backend is chosen per shape class by measurement (:mod:`zoo.kernels.cpu.choose`): ``auto``
+times both on the first product of a class (M rounded up to a power of two, at most ~2^30
+multiply-adds a GEMM, N, K, and whether the backward GEMMs run too) and keeps the faster in a per-machine cache, so a run and its resume on one
+machine compute the same numbers and no rule by vendor is needed (MKL is as fast as oneDNN on Zen 4
+and on Intel CPUs, half its speed on Zen 5). Override with ``ZOO_CPU_LINEAR=onednn|aten|auto`` or
+:func:`set_cpu_linear`.
 
 The fast path applies to fp32 CPU tensors with autocast off, outside torch.compile (which makes its
 own choice), to weights of at least ``_MIN_WEIGHT`` elements or products of at least ``_MIN_MACS``
@@ -22,43 +25,21 @@ oneDNN measured 0.2-1.0x MKL between 12k and 1.6M multiply-adds and 1.1-2.3x abo
 
 from __future__ import annotations
 
-import functools
 import os
-import sys
 
 import torch
 from torch import Tensor
 
-__all__ = ["applies", "cpu_linear_backend", "linear", "onednn_available", "onednn_linear", "set_cpu_linear"]
+from zoo.kernels.cpu import choose
+
+__all__ = ["applies", "cpu_linear_backend", "linear", "onednn_available", "onednn_linear", "prefers_onednn",
+           "set_cpu_linear", "shape_class"]
 
 _MIN_MACS, _MIN_WEIGHT = 1 << 21, 1 << 19
+_TIMED_MACS = 1 << 30
 _CHOICES = ("auto", "onednn", "aten")
 _choice: str | None = None  # set_cpu_linear's value; None: the environment's
-
-
-def amd_with_avx512(cpuinfo: str) -> bool:
-    """Whether a ``/proc/cpuinfo`` text describes an AMD CPU with AVX-512 (Zen 4 and later)."""
-    vendor = flags = None
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "vendor_id" and vendor is None:
-            vendor = value.strip()
-        elif key == "flags" and flags is None:
-            flags = value.split()
-    return vendor == "AuthenticAMD" and "avx512f" in (flags or [])
-
-
-@functools.cache
-def _cpu_prefers_onednn() -> bool:
-    """This machine's answer to :func:`amd_with_avx512`; False where /proc/cpuinfo is missing."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return amd_with_avx512(f.read(1 << 16))
-    except OSError:
-        return False
+_decided: dict[str, bool] = {}  # this process's auto choices by shape class (zoo.kernels.cpu.choose keeps them)
 
 
 def onednn_available() -> bool:
@@ -76,13 +57,68 @@ def set_cpu_linear(choice: str | None) -> None:
 
 
 def cpu_linear_backend() -> str:
-    """The backend fp32 CPU linears use now: ``onednn`` or ``aten``."""
+    """The setting fp32 CPU linears follow now: ``onednn``, ``aten``, or ``auto`` (measured per shape
+    class: :func:`prefers_onednn`); ``aten`` wherever this torch has no oneDNN linear."""
     choice = _choice or os.environ.get("ZOO_CPU_LINEAR", "auto").strip().lower() or "auto"
     if choice not in _CHOICES:
         raise ValueError(f"ZOO_CPU_LINEAR={choice!r}: use one of {', '.join(_CHOICES)}")
-    if choice == "aten" or not onednn_available() or not torch.backends.mkldnn.enabled:
+    if not onednn_available() or not torch.backends.mkldnn.enabled:
         return "aten"
-    return "onednn" if choice == "onednn" or _cpu_prefers_onednn() else "aten"
+    return choice
+
+
+def timed_rows(m: int, n: int, k: int) -> int:
+    """The rows of the product that stands for M rows of an (N, K) weight: M rounded up to a power of
+    two, at most what keeps one timed GEMM near 2^30 multiply-adds (~10 ms; at least 256 rows): a
+    class is timed in well under a second, and all longer products share its choice."""
+    cap = max(256, 1 << max(0, (_TIMED_MACS // max(1, n * k)).bit_length() - 1))
+    return min(1 << max(0, (m - 1).bit_length()), cap)
+
+
+def shape_class(m: int, n: int, k: int, grad: bool) -> str:
+    """The class of an (M, K) x (N, K)^T product that shares one choice: :func:`timed_rows`, N and K as
+    they are, and whether the backward GEMMs run too."""
+    return f"{timed_rows(m, n, k)}x{n}x{k}" + ("+grad" if grad else "")
+
+
+def prefers_onednn(m: int, n: int, k: int, grad: bool) -> bool:
+    """Whether an fp32 product of (M, K) rows by an (N, K) weight runs on oneDNN: as set, or under
+    ``auto`` whichever of oneDNN and ATen measured faster on this machine for its :func:`shape_class`
+    (with ``grad``, the forward and both backward GEMMs together)."""
+    setting = cpu_linear_backend()
+    if setting != "auto":
+        return setting == "onednn"
+    cls = shape_class(m, n, k, grad)
+    if _decided.get(cls) is None:
+        _decided[cls] = choose.pick("linear_fp32", cls, _candidates(timed_rows(m, n, k), n, k, grad)) == "onednn"
+    return _decided[cls]
+
+
+def _candidates(m: int, n: int, k: int, grad: bool) -> dict:
+    """ATen's and oneDNN's calls for a product of the class (built on first call: a remembered choice
+    allocates nothing)."""
+    made: dict[str, torch.Tensor] = {}
+
+    def inputs():
+        if not made:
+            g = torch.Generator().manual_seed(0)  # never the global generator: see zoo.kernels.cpu.choose
+            made.update(x=torch.randn(m, k, generator=g), w=torch.randn(n, k, generator=g),
+                        gy=torch.randn(m, n, generator=g))
+        return made["x"], made["w"], made["gy"]
+
+    def aten():
+        x, w, gy = inputs()
+        torch.nn.functional.linear(x, w)
+        if grad:
+            gy.mm(w), gy.t().mm(x)
+
+    def onednn():
+        x, w, gy = inputs()
+        onednn_linear(x, w)
+        if grad:
+            onednn_linear(gy, w.t()), onednn_linear(gy.t(), x.t())
+
+    return {"aten": aten, "onednn": onednn}
 
 
 def onednn_linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
@@ -114,7 +150,7 @@ class _OneDnnLinear(torch.autograd.Function):
 
 def applies(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
     """Whether ``F.linear(x, w, b)`` takes the oneDNN path: fp32 CPU tensors, a large enough product,
-    no autocast, not under torch.compile, and :func:`cpu_linear_backend` says ``onednn``."""
+    no autocast, not under torch.compile, and :func:`prefers_onednn` (as set, or measured)."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
@@ -127,7 +163,8 @@ def applies(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
         and not w.is_sparse
-        and cpu_linear_backend() == "onednn"
+        and prefers_onednn(x.numel() // x.shape[-1], w.shape[0], w.shape[1],
+                           torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
     )
 
 

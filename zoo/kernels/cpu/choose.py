@@ -1,0 +1,140 @@
+"""CPU kernel choices measured on the machine itself, once per shape class, and remembered.
+
+Where two kernels compute the same thing and which one is faster depends on the CPU (MKL's fp32 GEMM
+runs at half oneDNN's speed on AMD Zen 5 and at the same speed on Zen 4; on Intel CPUs it is MKL's own
+home), a rule by vendor is wrong somewhere. :func:`pick` times each candidate the first time a shape
+class is seen (best of a few runs, a few milliseconds to a second for the largest classes) and keeps
+the faster, in memory and in a per-machine cache file, so later processes on the machine (and a
+resumed run) make the same choice without timing anything.
+
+The cache: ``$ZOO_KERNEL_CACHE`` (a file path; ``off`` keeps choices in memory only), by default
+``~/.cache/zoo/kernels-<machine>.json``, where ``<machine>`` hashes the CPU model, its flags, the torch
+version and the thread count (a choice made with 2 threads says nothing about 16). It is JSON,
+``{"machine": ..., "choices": {"op/shape class": {"pick": name, "seconds": {name: s}}}}``, written
+atomically; an unreadable file is set aside and measured afresh. Timing never touches torch's global
+random generator (a resumed run draws what the uninterrupted one drew) and runs outside any
+dispatch mode (a FLOP counter counts the model, not the timing).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["cache_path", "choices", "forget", "machine", "pick"]
+
+_memory: dict[str, dict] = {}
+_loaded_from: Path | None = None
+
+
+@functools.cache
+def machine() -> str:
+    """The CPU model, a digest of its flags, the torch version and the thread count."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f.read(1 << 16).splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:8]
+    except OSError:
+        pass
+    return f"{model} | flags {flags or '?'} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def cache_path() -> Path | None:
+    """Where choices persist (None: ``ZOO_KERNEL_CACHE=off``, memory only)."""
+    env = os.environ.get("ZOO_KERNEL_CACHE", "").strip()
+    if env.lower() == "off":
+        return None
+    if env:
+        return Path(env).expanduser()
+    digest = hashlib.sha256(machine().encode()).hexdigest()[:16]
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo" / f"kernels-{digest}.json"
+
+
+def _load(path: Path) -> dict[str, dict]:
+    try:
+        data = json.loads(path.read_text())
+        if data.get("machine") != machine() or not isinstance(data.get("choices"), dict):
+            return {}
+        return {k: v for k, v in data["choices"].items() if isinstance(v, dict) and isinstance(v.get("pick"), str)}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, AttributeError) as e:
+        warnings.warn(f"zoo kernel cache {path} unreadable ({e}); measuring afresh", stacklevel=3)
+        return {}
+
+
+def choices() -> dict[str, dict]:
+    """Every choice this process knows (loaded from the cache file, or measured)."""
+    global _loaded_from
+    path = cache_path()
+    if path is not None and _loaded_from != path:
+        _memory.update({k: v for k, v in _load(path).items() if k not in _memory})
+        _loaded_from = path
+    return _memory
+
+
+def forget() -> None:
+    """Drop the choices in memory (the cache file stays): the next :func:`pick` reads it again."""
+    global _loaded_from
+    _memory.clear()
+    _loaded_from = None
+
+
+def _save(key: str, entry: dict) -> None:
+    path = cache_path()
+    if path is None:
+        return
+    from zoo.atomic import atomic_write_text
+
+    merged = _load(path)  # another process may have added classes since this one read the file
+    merged[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"machine": machine(), "choices": merged}, indent=1, sort_keys=True) + "\n")
+    except OSError as e:  # a read-only home: the choice still holds for this process
+        warnings.warn(f"zoo kernel cache {path} not written ({e}); choices stay in memory", stacklevel=3)
+
+
+def _time(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm: first-call setup (oneDNN primitives, allocations) is not the kernel's speed
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def pick(op: str, shape_class: str, candidates: dict[str, Callable[[], object]], *, repeats: int = 3) -> str:
+    """The name of the fastest of ``candidates`` (each a call that runs that kernel on inputs of the
+    shape class) for ``op`` at ``shape_class``: remembered, else measured now and remembered. Ties
+    (within 3%) go to the first candidate, the default."""
+    key = f"{op}/{shape_class}"
+    known = _memory.get(key) or choices().get(key)
+    if known is not None and known["pick"] in candidates:
+        return known["pick"]
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with torch.no_grad(), _disable_current_modes():
+        seconds = {name: _time(fn, repeats) for name, fn in candidates.items()}
+    first = next(iter(candidates))
+    best = min(seconds, key=seconds.get)
+    winner = best if seconds[best] < 0.97 * seconds[first] else first
+    entry = {"pick": winner, "seconds": {k: round(v, 7) for k, v in seconds.items()}}
+    _memory[key] = entry
+    _save(key, entry)
+    return winner
