@@ -224,8 +224,10 @@ def mlm_args(wordnet: Path, out: Path, *extra: str) -> list[str]:
 
 def test_mlm_pretrains_finetunes_exports_and_resumes_exactly(wordnet, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert mlm.main(mlm_args(wordnet, straight)) == 0
+    packed = "data.packing=documents"  # packed rows here; the default (pad) in the labelled-TSV test below
+    assert mlm.main(mlm_args(wordnet, straight, packed)) == 0
     out = capsys.readouterr().out
+    assert "packed with document masks" in out
     assert "most-frequent-token baseline" in out and "masked-token accuracy" in out
     assert "WordNet gloss -> part of speech" in out and "fine-tuned valid accuracy" in out
     encoder = zoo.load(straight / "model" / "model.safetensors").eval()
@@ -247,7 +249,7 @@ def test_mlm_pretrains_finetunes_exports_and_resumes_exactly(wordnet, tmp_path, 
     resumed.mkdir()
     for name in ("ckpt-0000003.pt", "tokenizer.json", "metrics.jsonl"):
         shutil.copy(straight / name, resumed / name)
-    assert mlm.main(mlm_args(wordnet, resumed, "--resume")) == 0
+    assert mlm.main(mlm_args(wordnet, resumed, packed, "--resume")) == 0
     for sub in ("model", "finetune/model"):
         a = zoo.load(straight / sub / "model.safetensors").state_dict()
         b = zoo.load(resumed / sub / "model.safetensors").state_dict()
@@ -259,7 +261,7 @@ def test_mlm_pretrains_finetunes_exports_and_resumes_exactly(wordnet, tmp_path, 
     (resumed / "finetune").mkdir(parents=True)
     for name in ("ckpt-0000006.pt", "tokenizer.json", "metrics.jsonl", "finetune/ckpt-0000003.pt", "finetune/metrics.jsonl"):
         shutil.copy(straight / name, resumed / name)
-    assert mlm.main(mlm_args(wordnet, resumed, "--resume")) == 0
+    assert mlm.main(mlm_args(wordnet, resumed, packed, "--resume")) == 0
     a = zoo.load(straight / "finetune/model/model.safetensors").state_dict()
     b = zoo.load(resumed / "finetune/model/model.safetensors").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
