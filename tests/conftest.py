@@ -14,6 +14,9 @@ import zoo
 # measured kernel choices (zoo.kernels.cpu.choose) stay in each test process's memory: the suite
 # writes nothing under the user's home, and every run measures what it uses
 os.environ.setdefault("ZOO_KERNEL_CACHE", "off")
+# the CPU attention kernel by its length rule, not by timing: the tests of each kernel know which ran
+# (tests/test_kernels.py tests the measured choice itself)
+os.environ.setdefault("ZOO_CPU_ATTENTION", "rule")
 
 TINY = ["d_model=32", "n_layers=2", "block.attention.n_heads=4", "block.ffn.hidden=48"]
 TEXT_TINY = TINY + ["vocab_size=61", "max_seq_len=32"]

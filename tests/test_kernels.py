@@ -69,3 +69,50 @@ def test_dispatch_takes_torchs_ops_for_other_devices(cpu_kernels_everywhere, mon
         else:
             inputs = tuple(torch.zeros(2, n, dtype=torch.long, device="meta") for n in (7, 9))
         model(*inputs).sum().backward()
+
+
+def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
+    import time
+
+    from zoo.kernels.cpu import choose
+
+    A = cpu.attention
+    monkeypatch.setenv("ZOO_CPU_ATTENTION", "measure")
+    monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
+    monkeypatch.setattr(A, "_decided", {})
+    choose.forget()
+    timed = []
+
+    def fake(cls, v_dim):  # SDPA "wins" where the keys are 512 or more, zoo's kernel below
+        def kernel(name):
+            return lambda: timed.append((name, cls)) or time.sleep(0.02 if (name == "zoo") == (cls[4] >= 512) else 0)
+        return {"zoo": kernel("zoo"), "sdpa": kernel("sdpa")}
+
+    monkeypatch.setattr(A, "_timing_calls", fake)
+    q = torch.randn(2, 4, 200, 16, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 4, 600, 16, dtype=torch.bfloat16)
+    assert not A.applies(q, k, 0.0, None)  # 600 keys: the rule (512 in bf16) says SDPA, measured SDPA
+    assert A.applies(q, q.detach()[:, :, :100], 0.0, None)  # 100 keys: zoo's, as measured
+    q32 = q.detach().float()
+    assert A.applies(q32, q32[:, :, :100], 0.0, None, True)  # inference at 100 keys in fp32: the rule says SDPA (64)
+    assert len(timed) == 3 * 2 * 4  # three classes, two kernels, warm-up + best of 3
+    assert A.applies(q32, q32[:, :, :120], 0.0, None, True) and len(timed) == 24  # 100 and 120 keys: one class
+    assert A.attention_class(torch.bfloat16, True, 8, 200, 600, 16, "none") == ("bfloat16", "train", 8, 256, 1024, 16, "none")
+    assert A.attention_class(torch.float32, False, 4096, 1024, 1024, 64, "bool")[2] == 2  # timed at ~2^27 multiply-adds
+    assert A.applies(q, k, 0.1, None)  # dropout: zoo's kernel whatever the timing
+    monkeypatch.setenv("ZOO_CPU_ATTENTION", "fastest")
+    with pytest.raises(ValueError, match="ZOO_CPU_ATTENTION='fastest': use measure or rule"):
+        A.applies(q, k, 0.0, None)
+
+
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "bias"])
+def test_cpu_attention_timing_calls_run_both_kernels_without_touching_the_global_rng(kind):
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    for training in (True, False):
+        calls = cpu.attention._timing_calls(("float32", "train" if training else "infer", 2, 8, 8, 4, kind), 4)
+        assert set(calls) == {"zoo", "sdpa"}
+        for call in calls.values():
+            call()
+    assert torch.equal(torch.rand(3), expected)

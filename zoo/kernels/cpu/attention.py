@@ -16,6 +16,13 @@ Measured on a 2-core AVX-512 EPYC (SDPA's faster kernel / zoo):
 Decoding steps (fewer than 8 queries against a cache) keep SDPA's flash kernel: 1.1-5x faster
 than the math path there.
 
+Those thresholds (``_ZOO_KEYS``) were measured on one AMD CPU. By default (``ZOO_CPU_ATTENTION=measure``)
+the choice without dropout is made by timing instead, up to 1,024 keys: the first call of a shape
+class (dtype, training or not, mask kind, head size, and queries, keys and batch x heads rounded up
+to powers of two) times both kernels, forward and backward when training, and the faster is kept
+per machine (:mod:`zoo.kernels.cpu.choose`); the thresholds' answer stands unless the other kernel
+is 10% faster. ``ZOO_CPU_ATTENTION=rule`` keeps the thresholds alone.
+
 Shapes: B batch, H query heads, G key/value heads, T queries, S keys, K query/key size, V value size.
 """
 
@@ -23,11 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
+from zoo.kernels.cpu import choose
 from zoo.kernels.cpu.dropout import applies as dropout_applies
 from zoo.kernels.cpu.dropout import keep_mask, keep_scale
 
@@ -39,6 +48,9 @@ _ZOO_KEYS = {  # (training, inference): the longest key sequence zoo's path take
     torch.float32: (224, 64),
 }
 _MIN_QUERIES = 8
+_MEASURED_KEYS = 1024  # longer key sequences keep the rule (SDPA): zoo's kernel keeps [B, H, T, S] weights
+_TIMED_MACS = 1 << 27
+_decided: dict[tuple, bool] = {}  # this process's measured choices by class (zoo.kernels.cpu.choose keeps them)
 _SDPA_ONLY = contextvars.ContextVar("zoo_sdpa_only", default=False)
 
 
@@ -53,8 +65,10 @@ def sdpa_only() -> Iterator[None]:
         _SDPA_ONLY.reset(token)
 
 
-def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None) -> bool:
-    """Whether :func:`attention` is used: for dropout, or where it beats SDPA's kernels (above)."""
+def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None, is_causal: bool = False) -> bool:
+    """Whether :func:`attention` is used: for dropout, or where it beats SDPA's kernels: by the rule
+    above (``_ZOO_KEYS``), or, under ``ZOO_CPU_ATTENTION=measure`` (the default), as measured on this
+    machine for the shape class (:func:`prefers_zoo`)."""
     if q.device.type != "cpu" or torch.compiler.is_compiling() or not q.is_floating_point() or _SDPA_ONLY.get():
         return False
     if mask is not None and mask.requires_grad:  # a trainable bias: SDPA's autograd covers it
@@ -64,7 +78,75 @@ def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None) -> bool
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if not training and q.shape[-2] < _MIN_QUERIES:
         return False
-    return k.shape[-2] <= _ZOO_KEYS.get(q.dtype, (0, 0))[0 if training else 1]
+    rule = k.shape[-2] <= _ZOO_KEYS.get(q.dtype, (0, 0))[0 if training else 1]
+    if _setting() == "rule" or q.dtype not in _ZOO_KEYS or k.shape[-2] > _MEASURED_KEYS:
+        return rule
+    kind = "causal" if is_causal else "none" if mask is None else "bool" if mask.dtype == torch.bool else "bias"
+    return prefers_zoo(q.dtype, training, q.shape[0] * q.shape[1], q.shape[-2], k.shape[-2], q.shape[-1],
+                       v_dim=q.shape[-1], kind=kind, default=rule)
+
+
+def _setting() -> str:
+    value = os.environ.get("ZOO_CPU_ATTENTION", "measure").strip().lower() or "measure"
+    if value not in ("measure", "rule"):
+        raise ValueError(f"ZOO_CPU_ATTENTION={value!r}: use measure or rule")
+    return value
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def attention_class(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: int, kind: str) -> tuple:
+    """The shape class that shares one choice: the dtype, training or not, the mask's kind, the head
+    size, and queries, keys and batch x heads rounded up to powers of two (batch x heads at most what
+    keeps one timed call near 2^27 multiply-adds)."""
+    t, s = _pow2(t), _pow2(s)
+    bh = min(_pow2(bh), max(1, 1 << max(0, (_TIMED_MACS // max(1, t * s * k)).bit_length() - 1)))
+    return str(dtype).removeprefix("torch."), "train" if training else "infer", bh, t, s, k, kind
+
+
+def prefers_zoo(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: int, *, v_dim: int, kind: str,
+                default: bool) -> bool:
+    """Whether zoo's kernel beats SDPA for this class on this machine (timed once, cached per machine:
+    :mod:`zoo.kernels.cpu.choose`); ``default`` (the rule's answer) stands unless the other is 10% faster."""
+    cls = attention_class(dtype, training, bh, t, s, k, kind)
+    if cls not in _decided:
+        name = "{}/{}/bh{}/t{}/s{}/k{}/{}".format(*cls)
+        order = ("zoo", "sdpa") if default else ("sdpa", "zoo")
+        made = _timing_calls(cls, v_dim)
+        _decided[cls] = choose.pick("attention", name, {n: made[n] for n in order}) == "zoo"
+    return _decided[cls]
+
+
+def _timing_calls(cls: tuple, v_dim: int) -> dict:
+    """zoo's and SDPA's call (forward, and backward when training) on random inputs of the class."""
+    dtype_name, mode, bh, t, s, k, kind = cls
+    dtype, training = getattr(torch, dtype_name), mode == "train"
+    made: dict = {}
+
+    def inputs():
+        if not made:
+            g = torch.Generator().manual_seed(0)  # never the global generator (zoo.kernels.cpu.choose)
+            made["qkv"] = [torch.randn(1, bh, n, d, generator=g).to(dtype) for n, d in ((t, k), (s, k), (s, v_dim))]
+            made["grad"] = torch.randn(1, bh, t, v_dim, generator=g).to(dtype)
+            made["mask"] = (torch.rand(1, 1, t, s, generator=g) < 0.9) | torch.eye(t, s, dtype=torch.bool)[None, None] \
+                if kind == "bool" else torch.randn(1, 1, t, s, generator=g).to(dtype) if kind == "bias" else None
+        return [x.detach().requires_grad_(training) for x in made["qkv"]], made["mask"], made["grad"]
+
+    def run(fn):
+        def call():
+            (q, k_, v), mask, grad = inputs()
+            with torch.enable_grad() if training else contextlib.nullcontext():
+                out = fn(q, k_, v, mask)
+                if training:
+                    out.backward(grad)
+        return call
+
+    causal = kind == "causal"
+    return {"zoo": run(lambda q, k_, v, m: attention(q, k_, v, m, causal, 0.0)),
+            "sdpa": run(lambda q, k_, v, m: torch.nn.functional.scaled_dot_product_attention(
+                q, k_, v, attn_mask=m, is_causal=causal))}
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float, *,

@@ -13,7 +13,11 @@ version and the thread count (a choice made with 2 threads says nothing about 16
 ``{"machine": ..., "choices": {"op/shape class": {"pick": name, "seconds": {name: s}}}}``, written
 atomically; an unreadable file is set aside and measured afresh. Timing never touches torch's global
 random generator (a resumed run draws what the uninterrupted one drew) and runs outside any
-dispatch mode (a FLOP counter counts the model, not the timing).
+dispatch mode (a FLOP counter counts the model, not the timing). Processes of a distributed run
+time nothing (ranks timing at once would disturb each other and could choose apart): they use the
+cached choice where the machine has one, else the default. A resume computes exactly what the
+uninterrupted run did as long as the cache file is not changed in between (delete it, or set
+``ZOO_CPU_LINEAR`` / ``ZOO_CPU_ATTENTION``, to pin the kernels).
 """
 
 from __future__ import annotations
@@ -110,6 +114,12 @@ def _save(key: str, entry: dict) -> None:
         warnings.warn(f"zoo kernel cache {path} not written ({e}); choices stay in memory", stacklevel=3)
 
 
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def _time(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm: first-call setup (oneDNN primitives, allocations) is not the kernel's speed
     best = float("inf")
@@ -129,6 +139,8 @@ def pick(op: str, shape_class: str, candidates: dict[str, Callable[[], object]],
     known = _memory.get(key) or choices().get(key)
     if known is not None and known["pick"] in candidates:
         return known["pick"]
+    if _distributed():  # ranks timing at once would disturb each other and might choose apart: the default
+        return next(iter(candidates))
     from torch.utils._python_dispatch import _disable_current_modes
 
     with torch.no_grad(), _disable_current_modes():
