@@ -77,6 +77,7 @@ def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
     from zoo.kernels.cpu import choose
 
     A = cpu.attention
+    real_timing_calls = A._timing_calls
     monkeypatch.setenv("ZOO_CPU_ATTENTION", "measure")
     monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
     monkeypatch.setattr(A, "_decided", {})
@@ -100,6 +101,12 @@ def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
     assert A.attention_class(torch.bfloat16, True, 8, 200, 600, 16, "none") == ("bfloat16", "train", 8, 256, 1024, 16, "none")
     assert A.attention_class(torch.float32, False, 4096, 1024, 1024, 64, "bool")[2] == 2  # timed at ~2^27 multiply-adds
     assert A.applies(q, k, 0.1, None)  # dropout: zoo's kernel whatever the timing
+    # timed for real inside a model's bf16 autocast region, training: as the kernels run in the model
+    monkeypatch.setattr(A, "_timing_calls", real_timing_calls)
+    with torch.autocast("cpu", torch.bfloat16):
+        qb = torch.randn(1, 2, 24, 8, dtype=torch.bfloat16, requires_grad=True)
+        assert A.applies(qb, qb, 0.0, None, True) in (True, False)
+    assert len(choose.choices()) == 4
     monkeypatch.setenv("ZOO_CPU_ATTENTION", "fastest")
     with pytest.raises(ValueError, match="ZOO_CPU_ATTENTION='fastest': use measure or rule"):
         A.applies(q, k, 0.0, None)

@@ -13,7 +13,7 @@ version and the thread count (a choice made with 2 threads says nothing about 16
 ``{"machine": ..., "choices": {"op/shape class": {"pick": name, "seconds": {name: s}}}}``, written
 atomically; an unreadable file is set aside and measured afresh. Timing never touches torch's global
 random generator (a resumed run draws what the uninterrupted one drew) and runs outside any
-dispatch mode (a FLOP counter counts the model, not the timing). Processes of a distributed run
+dispatch mode (a FLOP counter counts the model, not the timing) and without autocast. Processes of a distributed run
 time nothing (ranks timing at once would disturb each other and could choose apart): they use the
 cached choice where the machine has one, else the default. A resume computes exactly what the
 uninterrupted run did as long as the cache file is not changed in between (delete it, or set
@@ -143,7 +143,9 @@ def pick(op: str, shape_class: str, candidates: dict[str, Callable[[], object]],
         return next(iter(candidates))
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with torch.no_grad(), _disable_current_modes():
+    # as the kernels run in a model (a timed call may come from inside an autocast region, whose casts
+    # would change what is timed and reach the backward pass, which autocast never covers)
+    with torch.no_grad(), _disable_current_modes(), torch.autocast("cpu", enabled=False):
         seconds = {name: _time(fn, repeats) for name, fn in candidates.items()}
     first = next(iter(candidates))
     best = min(seconds, key=seconds.get)
