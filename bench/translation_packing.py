@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections import Counter
@@ -49,11 +48,9 @@ def corpus_lengths(recipe_dir: Path) -> tuple[list[int], list[int]]:
 def settings(src_lens, tgt_lens, max_tokens: int, pack_lens: list[int], seed: int = 1) -> dict[str, list]:
     """Each setting's epoch of batches, as the recipe makes them."""
     out = {"pad": T.token_batches(src_lens, tgt_lens, max_tokens=max_tokens, seed=seed)}
-    ratio = sum(src_lens) / sum(tgt_lens)
     for L in pack_lens:
-        rows = T.pack_pairs(src_lens, tgt_lens, src_len=math.ceil(L * ratio), tgt_len=L, seed=seed)
-        lens = [sum(src_lens[i] for i in r) for r in rows], [sum(tgt_lens[i] for i in r) for r in rows]
-        out[f"packed {L}"] = [[rows[i] for i in b] for b in T.token_batches(*lens, max_tokens=max_tokens, seed=seed)]
+        out[f"packed {L}"] = T.packed_batches(src_lens, tgt_lens, src_len=T.source_row_len(src_lens, tgt_lens, L),
+                                              tgt_len=L, max_tokens=max_tokens, seed=seed)
     return out
 
 

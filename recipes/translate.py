@@ -80,8 +80,7 @@ class TranslationTask(ListTask):
         self.cfg, self.tok, self.domains = cfg, tok, domains
         self.src, self.tgt = ids["train"]
         self.src_lens, self.tgt_lens = [len(x) for x in self.src], [len(x) for x in self.tgt]
-        # packed rows: source rows in proportion to the pairs' source/target tokens
-        self.src_row = math.ceil(cfg.data.pack_len * sum(self.src_lens) / max(1, sum(self.tgt_lens)))
+        self.src_row = T.source_row_len(self.src_lens, self.tgt_lens, cfg.data.pack_len)  # packed rows' source side
         self.valid_src, self.valid_tgt = ids["valid"]
         self.refs, self.labels = splits["valid"].tgt, labels["valid"]
         n_curve, seen, self.curve = cfg.decode.eval_sentences or len(self.refs), Counter(), []
@@ -100,9 +99,8 @@ class TranslationTask(ListTask):
         data, seed = self.cfg.data, self.cfg.run.seed + epoch
         if data.packing == "pad":
             return T.token_batches(self.src_lens, self.tgt_lens, max_tokens=self.cfg.train.max_tokens, seed=seed)
-        rows = T.pack_pairs(self.src_lens, self.tgt_lens, src_len=self.src_row, tgt_len=data.pack_len, seed=seed)
-        lens = [sum(self.src_lens[i] for i in r) for r in rows], [sum(self.tgt_lens[i] for i in r) for r in rows]
-        return [[rows[i] for i in b] for b in T.token_batches(*lens, max_tokens=self.cfg.train.max_tokens, seed=seed)]
+        return T.packed_batches(self.src_lens, self.tgt_lens, src_len=self.src_row, tgt_len=data.pack_len,
+                                max_tokens=self.cfg.train.max_tokens, seed=seed)
 
     def padding(self, batches) -> tuple[float, float]:
         """The padded share of source and target slots in ``batches``."""

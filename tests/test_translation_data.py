@@ -21,10 +21,12 @@ from zoo.data.translation import (
     is_sentence,
     normalise,
     pack_pairs,
+    packed_batches,
     padding_fraction,
     read_ding,
     read_parallel,
     read_tsv,
+    source_row_len,
     split,
     token_batches,
 )
@@ -207,6 +209,14 @@ def test_pack_pairs_fills_rows_and_places_every_pair_once():
     assert pack_pairs(src, tgt, src_len=40, tgt_len=44, seed=4, chunk=300) != rows
     with pytest.raises(DataError, match="packed rows need room"):
         pack_pairs(src, tgt, src_len=0, tgt_len=44)
+    # batched: the same rows in token buckets, each batch within the budget on its longest row
+    assert source_row_len(src, tgt, 44) == -(-44 * sum(src) // sum(tgt))
+    batches = packed_batches(src, tgt, src_len=40, tgt_len=44, max_tokens=200, seed=3)
+    rows = pack_pairs(src, tgt, src_len=40, tgt_len=44, seed=3)
+    assert sorted(map(sorted, (r for b in batches for r in b))) == sorted(map(sorted, rows))
+    for b in batches:
+        longest = max(max(sum(src[i] for i in r), sum(tgt[i] for i in r)) for r in b)
+        assert len(b) * longest <= 200
 
 
 def test_collate_packed_by_hand():

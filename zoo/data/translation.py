@@ -7,6 +7,7 @@ malformed input fails with the file and line.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import unicodedata
@@ -305,6 +306,21 @@ def pack_pairs(
             if room - t > 0 and room_src[row] > 0:
                 by_room[room - t][row] = None
     return rows
+
+
+def source_row_len(src_lens: Sequence[int], tgt_lens: Sequence[int], tgt_len: int) -> int:
+    """The source row that goes with target rows of ``tgt_len``: in proportion to the pairs' source
+    and target tokens, rounded up."""
+    return math.ceil(tgt_len * sum(src_lens) / max(1, sum(tgt_lens)))
+
+
+def packed_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], *, src_len: int, tgt_len: int, max_tokens: int,
+                   seed: int = 0) -> list[list[list[int]]]:
+    """Token buckets (:func:`token_batches`, ``max_tokens``) of the rows :func:`pack_pairs` packs:
+    each batch a list of rows, each row a list of pair indices."""
+    rows = pack_pairs(src_lens, tgt_lens, src_len=src_len, tgt_len=tgt_len, seed=seed)
+    lens = [sum(src_lens[i] for i in r) for r in rows], [sum(tgt_lens[i] for i in r) for r in rows]
+    return [[rows[i] for i in b] for b in token_batches(*lens, max_tokens=max_tokens, seed=seed)]
 
 
 def collate_packed(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], rows: list[list[int]], *,
