@@ -80,7 +80,6 @@ def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
     real_timing_calls = A._timing_calls
     monkeypatch.setenv("ZOO_CPU_ATTENTION", "measure")
     monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
-    monkeypatch.setattr(A, "_decided", {})
     choose.forget()
     timed = []
 

@@ -152,7 +152,6 @@ def test_backend_choice_is_validated_and_measured_per_shape_class(monkeypatch, t
     if L.onednn_available():
         # auto: each shape class is timed once, both backends, and the faster kept (here a stand-in clock)
         monkeypatch.setenv("ZOO_KERNEL_CACHE", str(tmp_path / "kernels.json"))
-        monkeypatch.setattr(L, "_decided", {})
         choose.forget()
         timed = []
 
@@ -169,7 +168,6 @@ def test_backend_choice_is_validated_and_measured_per_shape_class(monkeypatch, t
         assert L.shape_class(9000, 3072, 768, False) == "256x3072x768"  # timed at ~2^30 multiply-adds
         assert L.shape_class(9, 50000, 4096, False) == "16x50000x4096"  # at least 256 rows unless fewer run
         # a new process (memory forgotten) reads the cache file and times nothing
-        monkeypatch.setattr(L, "_decided", {})
         choose.forget()
         assert L.prefers_onednn(257, 2048, 512, True) and len(timed) == 16
         saved = json.loads((tmp_path / "kernels.json").read_text())

@@ -111,12 +111,13 @@ class Stack(nn.Module):
                 if t is not None and tuple(t.shape) != (B, T):
                     raise ValueError(f"{what}: shape {tuple(t.shape)} does not fit {name} {tuple(tokens.shape[:2])}; "
                                      f"give one {'id' if what == 'documents' else 'position'} per token, [B, T]")
-        length = T if positions is None else int(positions.max()) + 1
         if cache is None:
+            # given positions, or a packed row's (which may outrun a position table its documents fit), set
+            # the length the tables must hold; otherwise the row's
+            read_length = positions is not None or documents is not None
             if positions is None:
                 positions = positions_for(padding_mask, T, device, documents)
-                if documents is not None:  # a packed row may outrun a position table its documents fit
-                    length = int(positions.max()) + 1
+            length = int(positions.max()) + 1 if read_length else T
             key_positions = positions
             key_padding = padding_mask
         else:

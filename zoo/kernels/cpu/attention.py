@@ -50,7 +50,6 @@ _ZOO_KEYS = {  # (training, inference): the longest key sequence zoo's path take
 _MIN_QUERIES = 8
 _MEASURED_KEYS = 1024  # longer key sequences keep the rule (SDPA): zoo's kernel keeps [B, H, T, S] weights
 _TIMED_MACS = 1 << 27
-_decided: dict[tuple, bool] = {}  # this process's measured choices by class (zoo.kernels.cpu.choose keeps them)
 _SDPA_ONLY = contextvars.ContextVar("zoo_sdpa_only", default=False)
 
 
@@ -111,12 +110,9 @@ def prefers_zoo(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: 
     """Whether zoo's kernel beats SDPA for this class on this machine (timed once, cached per machine:
     :mod:`zoo.kernels.cpu.choose`); ``default`` (the rule's answer) stands unless the other is 10% faster."""
     cls = attention_class(dtype, training, bh, t, s, k, kind)
-    if cls not in _decided:
-        name = "{}/{}/bh{}/t{}/s{}/k{}/{}".format(*cls)
-        order = ("zoo", "sdpa") if default else ("sdpa", "zoo")
-        made = _timing_calls(cls, v_dim)
-        _decided[cls] = choose.pick("attention", name, {n: made[n] for n in order}) == "zoo"
-    return _decided[cls]
+    made = _timing_calls(cls, v_dim)
+    order = ("zoo", "sdpa") if default else ("sdpa", "zoo")
+    return choose.pick("attention", "{}/{}/bh{}/t{}/s{}/k{}/{}".format(*cls), {n: made[n] for n in order}) == "zoo"
 
 
 def _timing_calls(cls: tuple, v_dim: int) -> dict:

@@ -13,9 +13,10 @@ version and the thread count (a choice made with 2 threads says nothing about 16
 ``{"machine": ..., "choices": {"op/shape class": {"pick": name, "seconds": {name: s}}}}``, written
 atomically; an unreadable file is set aside and measured afresh. Timing never touches torch's global
 random generator (a resumed run draws what the uninterrupted one drew) and runs outside any
-dispatch mode (a FLOP counter counts the model, not the timing) and without autocast. Processes of a distributed run
-time nothing (ranks timing at once would disturb each other and could choose apart): they use the
-cached choice where the machine has one, else the default. A resume computes exactly what the
+dispatch mode (a FLOP counter counts the model, not the timing) and without autocast. Processes of
+a distributed run time nothing (ranks timing at once would disturb each other and could choose
+apart): they use the cached choice where the machine has one, else the default. Callers ask
+:func:`pick` on every call: a known choice is one dictionary lookup. A resume computes exactly what the
 uninterrupted run did as long as the cache file is not changed in between (delete it, or set
 ``ZOO_CPU_LINEAR`` / ``ZOO_CPU_ATTENTION``, to pin the kernels).
 """
@@ -140,7 +141,8 @@ def pick(op: str, shape_class: str, candidates: dict[str, Callable[[], object]],
     if known is not None and known["pick"] in candidates:
         return known["pick"]
     if _distributed():  # ranks timing at once would disturb each other and might choose apart: the default
-        return next(iter(candidates))
+        _memory[key] = {"pick": next(iter(candidates)), "seconds": {}}  # this process only, never saved
+        return _memory[key]["pick"]
     from torch.utils._python_dispatch import _disable_current_modes
 
     # as the kernels run in a model (a timed call may come from inside an autocast region, whose casts

@@ -11,10 +11,10 @@ CPU fusions emit; everywhere else, and for any case outside the fast path (:func
 
 The backend is chosen per shape class by measurement (:mod:`zoo.kernels.cpu.choose`): ``auto``
 times both on the first product of a class (M rounded up to a power of two, at most ~2^30
-multiply-adds a GEMM, N, K, and whether the backward GEMMs run too) and keeps the faster in a per-machine cache, so a run and its resume on one
-machine compute the same numbers and no rule by vendor is needed (MKL is as fast as oneDNN on Zen 4
-and on Intel CPUs, half its speed on Zen 5). Override with ``ZOO_CPU_LINEAR=onednn|aten|auto`` or
-:func:`set_cpu_linear`.
+multiply-adds a GEMM, N, K, and whether the backward GEMMs run too) and keeps the faster in a
+per-machine cache, so a run and its resume on one machine compute the same numbers and no rule by
+vendor is needed (MKL is as fast as oneDNN on Zen 4 and on Intel CPUs, half its speed on Zen 5).
+Override with ``ZOO_CPU_LINEAR=onednn|aten|auto`` or :func:`set_cpu_linear`.
 
 The fast path applies to fp32 CPU tensors with autocast off, outside torch.compile (which makes its
 own choice), to weights of at least ``_MIN_WEIGHT`` elements or products of at least ``_MIN_MACS``
@@ -39,7 +39,6 @@ _MIN_MACS, _MIN_WEIGHT = 1 << 21, 1 << 19
 _TIMED_MACS = 1 << 30
 _CHOICES = ("auto", "onednn", "aten")
 _choice: str | None = None  # set_cpu_linear's value; None: the environment's
-_decided: dict[str, bool] = {}  # this process's auto choices by shape class (zoo.kernels.cpu.choose keeps them)
 
 
 def onednn_available() -> bool:
@@ -88,10 +87,8 @@ def prefers_onednn(m: int, n: int, k: int, grad: bool) -> bool:
     setting = cpu_linear_backend()
     if setting != "auto":
         return setting == "onednn"
-    cls = shape_class(m, n, k, grad)
-    if _decided.get(cls) is None:
-        _decided[cls] = choose.pick("linear_fp32", cls, _candidates(timed_rows(m, n, k), n, k, grad)) == "onednn"
-    return _decided[cls]
+    made = _candidates(timed_rows(m, n, k), n, k, grad)
+    return choose.pick("linear_fp32", shape_class(m, n, k, grad), made) == "onednn"
 
 
 def _candidates(m: int, n: int, k: int, grad: bool) -> dict:
