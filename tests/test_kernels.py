@@ -83,7 +83,7 @@ def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
     choose.forget()
     timed = []
 
-    def fake(cls, v_dim):  # SDPA "wins" where the keys are 512 or more, zoo's kernel below
+    def fake(cls):  # SDPA "wins" where the keys are 512 or more, zoo's kernel below
         def kernel(name):
             return lambda: timed.append((name, cls)) or time.sleep(0.02 if (name == "zoo") == (cls[4] >= 512) else 0)
         return {"zoo": kernel("zoo"), "sdpa": kernel("sdpa")}
@@ -97,7 +97,9 @@ def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
     assert A.applies(q32, q32[:, :, :100], 0.0, None, True)  # inference at 100 keys in fp32: the rule says SDPA (64)
     assert len(timed) == 3 * 2 * 4  # three classes, two kernels, warm-up + best of 3
     assert A.applies(q32, q32[:, :, :120], 0.0, None, True) and len(timed) == 24  # 100 and 120 keys: one class
-    assert A.attention_class(torch.bfloat16, True, 8, 200, 600, 16, "none") == ("bfloat16", "train", 8, 256, 1024, 16, "none")
+    assert A.applies(q32, q32[:, :, :120], 0.0, None, True, v_dim=8) and len(timed) == 32  # values' head size: a class
+    assert A.attention_class(torch.bfloat16, True, 8, 200, 600, 16, "none") == ("bfloat16", "train", 8, 256, 1024, 16,
+                                                                                 "none", 16)
     assert A.attention_class(torch.float32, False, 4096, 1024, 1024, 64, "bool")[2] == 2  # timed at ~2^27 multiply-adds
     assert A.applies(q, k, 0.1, None)  # dropout: zoo's kernel whatever the timing
     # timed for real inside a model's bf16 autocast region, training: as the kernels run in the model
@@ -105,7 +107,7 @@ def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
     with torch.autocast("cpu", torch.bfloat16):
         qb = torch.randn(1, 2, 24, 8, dtype=torch.bfloat16, requires_grad=True)
         assert A.applies(qb, qb, 0.0, None, True) in (True, False)
-    assert len(choose.choices()) == 4
+    assert len(choose.choices()) == 5
     monkeypatch.setenv("ZOO_CPU_ATTENTION", "fastest")
     with pytest.raises(ValueError, match="ZOO_CPU_ATTENTION='fastest': use measure or rule"):
         A.applies(q, k, 0.0, None)
@@ -117,7 +119,7 @@ def test_cpu_attention_timing_calls_run_both_kernels_without_touching_the_global
     expected = torch.rand(3)
     torch.manual_seed(5)
     for training in (True, False):
-        calls = cpu.attention._timing_calls(("float32", "train" if training else "infer", 2, 8, 8, 4, kind), 4)
+        calls = cpu.attention._timing_calls(("float32", "train" if training else "infer", 2, 8, 8, 4, kind, 6))
         assert set(calls) == {"zoo", "sdpa"}
         for call in calls.values():
             call()

@@ -101,6 +101,43 @@ def test_resume_continues_exactly(tmp_path):
     assert losses(tmp_path / "part") == losses(tmp_path / "full") and len(losses(tmp_path / "full")) == 7
 
 
+def test_resume_takes_back_the_kernel_choices_its_run_used(tmp_path, monkeypatch, capsys):
+    import time
+
+    from zoo.kernels.cpu import choose
+
+    monkeypatch.setenv("ZOO_KERNEL_CACHE", str(tmp_path / "kernels.json"))
+    slow = {"a": 0.0, "b": 0.02}  # a stand-in clock: kernel "a" measures faster
+
+    class Choosing(Regression):  # the two "kernels" compute different things, so the choice shows
+        def loss(self, model, batch, step):
+            name = choose.pick("test_op", "loop", {n: (lambda n=n: time.sleep(slow[n])) for n in "ab"})
+            err, stats = super().loss(model, batch, step)
+            return (err if name == "a" else err + model.weight.pow(2).sum()), stats
+
+    def run(out, seed=0, resume=None):
+        c = cfg(tmp_path / out, log_every=1, checkpoint_every=3, keep_checkpoints=5)
+        return fit(model(seed), Choosing(accum=2, batch=5), **c, total_steps=7, resume=resume).model.weight
+
+    choose.forget()
+    full = run("full")
+    ckpt = tmp_path / "full" / "ckpt-0000003.pt"
+    # between the run and its resume the machine re-measured: "b" is faster now, and the cache says so
+    slow.update(a=0.02, b=0.0)
+    choose.forget()
+    (tmp_path / "kernels.json").unlink()
+    assert torch.equal(run("resumed", seed=1, resume=ckpt), full)  # the run's own choice, from its checkpoint
+    choose.forget()
+    assert not torch.equal(run("fresh"), full)  # a new run measures afresh and picks "b": the choice matters
+    # a checkpoint written on another machine: this machine's choices, said so
+    monkeypatch.setattr(choose, "machine", lambda: "another CPU")
+    choose.forget()
+    capsys.readouterr()
+    assert not torch.equal(run("moved", seed=1, resume=ckpt), full)
+    assert "written on another machine: CPU kernel choices are this machine's own" in capsys.readouterr().out
+    choose.forget()
+
+
 def test_time_budget_stops_early_and_is_saved(tmp_path):
     class Slow(Regression):
         def loss(self, model, batch, step):

@@ -110,7 +110,7 @@ def _dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_ca
     """SDPA, or zoo's CPU kernel where it applies, on a dense mask."""
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
-    if cpu.attention.applies(q, k, dropout_p, mask, is_causal):
+    if cpu.attention.applies(q, k, dropout_p, mask, is_causal, v.shape[-1]):
         return cpu.attention.attention(q, k, v, mask, is_causal, dropout_p, scale=scale)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa, scale=scale

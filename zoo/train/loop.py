@@ -50,6 +50,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from zoo.kernels.cpu import choose
 from zoo.train.checkpoint import (checkpoint_name, model_spec, prune_checkpoints, restore_checkpoint, restore_rng,
                                   rng_state, save_checkpoint, save_sharded_checkpoint, unwrap)
 from zoo.train.config import OptimConfig, RunConfig, ScheduleConfig
@@ -264,6 +265,8 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
             router.load_state_dict(st.get("router", {}))
         ranks = st.get("rng_ranks")  # every process's generators: their draws differ with their batches
         restore_rng(ranks[dist.rank] if ranks is not None and len(ranks) == world else ckpt)
+        if "kernels" in st and not choose.adopt(st["kernels"]):  # the CPU kernels the run used, on its machine
+            dist.print("the checkpoint was written on another machine: CPU kernel choices are this machine's own")
         dist.print(f"resumed from {resume} at step {step} (epoch {epoch}, step {pos} of it)")
     log = MetricsLog(out_dir / "metrics.jsonl", enabled=dist.is_main, resume_step=step if resume else None)
     if info and resume is None:
@@ -303,7 +306,8 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
     def checkpoint(at_end: bool) -> None:
         dist.sync_buffers(*synced)
         state = {"epoch": epoch + 1 if at_end else epoch, "pos": 0 if at_end else pos, "elapsed": clock["elapsed"],
-                 "window": window, "valid": valid, "task": task.state_dict(), "world": world}
+                 "window": window, "valid": valid, "task": task.state_dict(), "world": world,
+                 "kernels": choose.record()}
         if router is not None:
             state["router"] = router.state_dict()
         if dist.enabled:

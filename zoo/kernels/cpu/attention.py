@@ -64,10 +64,11 @@ def sdpa_only() -> Iterator[None]:
         _SDPA_ONLY.reset(token)
 
 
-def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None, is_causal: bool = False) -> bool:
+def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None, is_causal: bool = False,
+            v_dim: int | None = None) -> bool:
     """Whether :func:`attention` is used: for dropout, or where it beats SDPA's kernels: by the rule
     above (``_ZOO_KEYS``), or, under ``ZOO_CPU_ATTENTION=measure`` (the default), as measured on this
-    machine for the shape class (:func:`prefers_zoo`)."""
+    machine for the shape class (:func:`prefers_zoo`). ``v_dim``: the values' head size (default q's)."""
     if q.device.type != "cpu" or torch.compiler.is_compiling() or not q.is_floating_point() or _SDPA_ONLY.get():
         return False
     if mask is not None and mask.requires_grad:  # a trainable bias: SDPA's autograd covers it
@@ -82,7 +83,7 @@ def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None, is_caus
         return rule
     kind = "causal" if is_causal else "none" if mask is None else "bool" if mask.dtype == torch.bool else "bias"
     return prefers_zoo(q.dtype, training, q.shape[0] * q.shape[1], q.shape[-2], k.shape[-2], q.shape[-1],
-                       v_dim=q.shape[-1], kind=kind, default=rule)
+                       v_dim=q.shape[-1] if v_dim is None else v_dim, kind=kind, default=rule)
 
 
 def _setting() -> str:
@@ -96,28 +97,30 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def attention_class(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: int, kind: str) -> tuple:
+def attention_class(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: int, kind: str,
+                    v: int | None = None) -> tuple:
     """The shape class that shares one choice: the dtype, training or not, the mask's kind, the head
-    size, and queries, keys and batch x heads rounded up to powers of two (batch x heads at most what
-    keeps one timed call near 2^27 multiply-adds)."""
-    t, s = _pow2(t), _pow2(s)
-    bh = min(_pow2(bh), max(1, 1 << max(0, (_TIMED_MACS // max(1, t * s * k)).bit_length() - 1)))
-    return str(dtype).removeprefix("torch."), "train" if training else "infer", bh, t, s, k, kind
+    sizes of queries/keys and of values (``v``, default ``k``), and queries, keys and batch x heads
+    rounded up to powers of two (batch x heads at most what keeps one timed call near 2^27 multiply-adds)."""
+    t, s, v = _pow2(t), _pow2(s), k if v is None else v
+    bh = min(_pow2(bh), max(1, 1 << max(0, (_TIMED_MACS // max(1, t * s * (k + v) // 2)).bit_length() - 1)))
+    return str(dtype).removeprefix("torch."), "train" if training else "infer", bh, t, s, k, kind, v
 
 
 def prefers_zoo(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: int, *, v_dim: int, kind: str,
                 default: bool) -> bool:
     """Whether zoo's kernel beats SDPA for this class on this machine (timed once, cached per machine:
     :mod:`zoo.kernels.cpu.choose`); ``default`` (the rule's answer) stands unless the other is 10% faster."""
-    cls = attention_class(dtype, training, bh, t, s, k, kind)
-    made = _timing_calls(cls, v_dim)
+    cls = attention_class(dtype, training, bh, t, s, k, kind, v_dim)
+    made = _timing_calls(cls)
     order = ("zoo", "sdpa") if default else ("sdpa", "zoo")
-    return choose.pick("attention", "{}/{}/bh{}/t{}/s{}/k{}/{}".format(*cls), {n: made[n] for n in order}) == "zoo"
+    name = "{}/{}/bh{}/t{}/s{}/k{}/{}".format(*cls[:7]) + (f"/v{v_dim}" if v_dim != k else "")
+    return choose.pick("attention", name, {n: made[n] for n in order}) == "zoo"
 
 
-def _timing_calls(cls: tuple, v_dim: int) -> dict:
+def _timing_calls(cls: tuple) -> dict:
     """zoo's and SDPA's call (forward, and backward when training) on random inputs of the class."""
-    dtype_name, mode, bh, t, s, k, kind = cls
+    dtype_name, mode, bh, t, s, k, kind, v_dim = cls
     dtype, training = getattr(torch, dtype_name), mode == "train"
     made: dict = {}
 

@@ -16,9 +16,13 @@ random generator (a resumed run draws what the uninterrupted one drew) and runs 
 dispatch mode (a FLOP counter counts the model, not the timing) and without autocast. Processes of
 a distributed run time nothing (ranks timing at once would disturb each other and could choose
 apart): they use the cached choice where the machine has one, else the default. Callers ask
-:func:`pick` on every call: a known choice is one dictionary lookup. A resume computes exactly what the
-uninterrupted run did as long as the cache file is not changed in between (delete it, or set
-``ZOO_CPU_LINEAR`` / ``ZOO_CPU_ATTENTION``, to pin the kernels).
+:func:`pick` on every call: a known choice is one dictionary lookup.
+
+A training checkpoint records the choices its run used (:func:`record`) and a resume on the same
+machine takes them back (:func:`adopt`) before its first step, so it computes exactly what the
+uninterrupted run did even where the cache file changed in between (deleted, or re-measured by
+another run). On another machine the choices are this machine's own: its kernels differ anyway.
+``ZOO_CPU_LINEAR`` / ``ZOO_CPU_ATTENTION`` pin the kernels outright.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cache_path", "choices", "forget", "machine", "pick"]
+__all__ = ["adopt", "cache_path", "choices", "forget", "machine", "pick", "record"]
 
 _MARGIN = 0.1
-_memory: dict[str, dict] = {}
+_memory: dict[str, dict] = {}  # the choices this process has made or used (what a checkpoint records)
+_disk: dict[str, dict] = {}  # the cache file's, as last read
 _loaded_from: Path | None = None
 
 
@@ -83,21 +88,44 @@ def _load(path: Path) -> dict[str, dict]:
         return {}
 
 
-def choices() -> dict[str, dict]:
-    """Every choice this process knows (loaded from the cache file, or measured)."""
+def _on_disk() -> dict[str, dict]:
     global _loaded_from
     path = cache_path()
     if path is not None and _loaded_from != path:
-        _memory.update({k: v for k, v in _load(path).items() if k not in _memory})
+        _disk.clear()
+        _disk.update(_load(path))
         _loaded_from = path
-    return _memory
+    return _disk
+
+
+def choices() -> dict[str, dict]:
+    """Every choice this process knows: the cache file's and those it made or took (these win)."""
+    return {**_on_disk(), **_memory}
 
 
 def forget() -> None:
     """Drop the choices in memory (the cache file stays): the next :func:`pick` reads it again."""
     global _loaded_from
     _memory.clear()
+    _disk.clear()
     _loaded_from = None
+
+
+def record() -> dict:
+    """The choices this process has used, for a checkpoint: ``{"machine": ..., "picks": {key: name}}``."""
+    return {"machine": machine(), "picks": {k: v["pick"] for k, v in sorted(_memory.items())}}
+
+
+def adopt(saved: dict | None) -> bool:
+    """Take back the choices a checkpoint recorded (:func:`record`) where it was written on this
+    machine (True); elsewhere, or without a record (an older checkpoint), nothing changes (False).
+    A recorded kernel that is not a candidate any more is measured afresh when its class comes up."""
+    if not isinstance(saved, dict) or saved.get("machine") != machine() or not isinstance(saved.get("picks"), dict):
+        return False
+    for key, name in saved["picks"].items():
+        if isinstance(name, str):
+            _memory[key] = {"pick": name, "seconds": {}, "from": "checkpoint"}
+    return True
 
 
 def _save(key: str, entry: dict) -> None:
@@ -137,7 +165,9 @@ def pick(op: str, shape_class: str, candidates: dict[str, Callable[[], object]],
     candidate is the default: another replaces it only when at least ``_MARGIN`` faster (best-of-3
     timings on a 2-core machine swing by ~10%; the choices this exists for differ by 2x)."""
     key = f"{op}/{shape_class}"
-    known = _memory.get(key) or choices().get(key)
+    known = _memory.get(key)
+    if known is None and (known := _on_disk().get(key)) is not None and known["pick"] in candidates:
+        _memory[key] = known
     if known is not None and known["pick"] in candidates:
         return known["pick"]
     if _distributed():  # ranks timing at once would disturb each other and might choose apart: the default
