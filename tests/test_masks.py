@@ -124,6 +124,27 @@ def test_blocked_attention_equals_the_dense_mask_forward_and_backward(seed, monk
     _compare(q, k, v, m, "blocked", 1e-5)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_blocked_attention_with_a_bias_equals_the_dense_mask_and_trains_the_bias(seed, monkeypatch):
+    monkeypatch.setattr(blocked, "_MIN_BLOCK", 4)
+    rng = random.Random(200 + seed)
+    T, B, H = rng.randint(9, 41), 2, 4
+    g = torch.Generator().manual_seed(seed)
+    bias = torch.randn(rng.choice([1, B]), rng.choice([1, H]), T, T, generator=g).requires_grad_()  # ALiBi, T5-like
+    window = rng.choice([3, 7]) if seed % 2 else None
+    m = Mask(T, T, causal=seed % 3 != 0, window=window, documents=random_documents(B, T, rng), bias=bias)
+    q, k, v = _qkv(B, H, H, T, 8, seed)
+    ref = _reference(q, k, v, m)
+    want = torch.autograd.grad(ref.square().sum(), (q, k, v, bias))
+    with attention_backend("blocked"):
+        assert kernels.backend_for(m, q) == "blocked"
+        got = kernels.attention(q, k, v, mask=m)
+    mine = torch.autograd.grad(got.square().sum(), (q, k, v, bias))
+    for a, b in zip((got, *mine), (ref, *want)):
+        assert (a - b).abs().max() < 1e-5 * max(1.0, float(b.abs().max()))
+    assert float(mine[3].abs().sum()) > 0  # the bias is trained through its bands
+
+
 def test_blocked_attention_at_a_long_window_is_chosen_and_exact():
     T, W = 640, 64
     m = Mask(T, T, causal=True, window=W)
@@ -132,6 +153,21 @@ def test_blocked_attention_at_a_long_window_is_chosen_and_exact():
     C, back, ahead = blocked.band(m)
     assert ahead == 0 and back * C >= W - 1 and (back + 1) * C < T
     _compare(q, k, v, m, "blocked", 1e-5)
+
+
+def test_a_bias_needs_a_narrower_band_to_go_blocked():
+    T = 2048
+    docs = (torch.arange(T) // 240)[None]  # documents of 240: a band of 384 keys (19% of them)
+    bias = torch.zeros(1, 1, 1, 1).expand(1, 8, T, T)  # ALiBi's shape; values do not matter here
+    q32, q16 = torch.zeros(1, 8, T, 64), torch.zeros(1, 8, T, 64, dtype=torch.bfloat16)
+    assert blocked.band(Mask(T, T, causal=True, documents=docs)) == (128, 2, 0)
+    for q in (q32, q16):  # without a bias half the keys is enough
+        assert kernels.backend_for(Mask(T, T, causal=True, documents=docs), q) == "blocked"
+    # the bias is gathered into the bands: a quarter of the keys in fp32, an eighth in bf16 (measured)
+    assert kernels.backend_for(Mask(T, T, causal=True, documents=docs, bias=bias), q32) == "blocked"
+    assert kernels.backend_for(Mask(T, T, causal=True, documents=docs, bias=bias), q16) == "dense"
+    long = torch.zeros(1, 1, 1, 1).expand(1, 8, 2 * T, 2 * T)
+    assert kernels.backend_for(Mask(2 * T, 2 * T, causal=True, window=256, bias=long), q16) == "blocked"
 
 
 def test_a_mask_that_bounds_nothing_stays_dense():
