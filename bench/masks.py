@@ -4,7 +4,7 @@ made dense for SDPA, and packed training against padded.
 
 * ``window``: one attention layer (8 heads of 64, d_model 512) at T = 4,096 with a causal sliding
   window of 256, forward + backward: ``zoo`` (auto: blocked / flex) vs ``dense mask`` (SDPA on the
-  [T, T] mask, what every layer with a window cost before).
+  [T, T] mask, what every layer with a window cost before); and the same with ALiBi's bias.
 * ``packing``: a decoder training step (llama-small-like, 4 layers of 512) on the same documents,
   packed into rows of 1,024 with document masks vs one document a row padded to the longest;
   throughput counts the documents' own tokens (useful tokens/s).
@@ -20,18 +20,24 @@ from bench.common import Row, Side, compare, here
 from bench.workloads import _train_step, _zoo_opt
 from zoo import kernels
 from zoo.components.attention import Attention
+from zoo.components.position import alibi_slopes
 from zoo.kernels import Mask
 
 Timing = dict
 
 
-def window(precision: str, timing: Timing, tiny: bool = False) -> Row:
+def window(precision: str, timing: Timing, tiny: bool = False, alibi: bool = False) -> Row:
     T, W, D, H = (256, 32, 64, 4) if tiny else (4096, 256, 512, 8)
     B = 8 if here().type == "cuda" and not tiny else 1  # a GPU needs more than one row to be busy
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     layer = Attention(D, n_heads=H, n_kv_heads=H, head_dim=D // H, v_head_dim=D // H, bias=False).to(dtype)
     x = torch.randn(B, T, D, dtype=dtype, requires_grad=True)
-    mask = Mask(T, T, causal=True, window=W, device=here())
+    bias = None
+    if alibi:  # ALiBi's [1, H, T, T] bias, as zoo's alibi position builds it
+        pos = torch.arange(T, device=here())
+        slopes = torch.tensor(alibi_slopes(H), device=here())
+        bias = (-slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs()[None].float())[None].to(dtype)
+    mask = Mask(T, T, causal=True, window=W, bias=bias, device=here())
 
     def step(backend: str):
         def run() -> None:
@@ -40,7 +46,8 @@ def window(precision: str, timing: Timing, tiny: bool = False) -> Row:
         return run
 
     picked = kernels.backend_for(mask, torch.empty(B, H, T, D // H, dtype=dtype))
-    row = Row(workload=f"causal window {W} at T={T}, attention fwd+bwd ({picked})", precision=precision,
+    row = Row(workload=f"causal window {W}{' with ALiBi' if alibi else ''} at T={T}, attention fwd+bwd ({picked})",
+              precision=precision,
               unit="tokens", work=B * T)
     row.seconds, row.spread = compare([Side("zoo", step("auto")), Side("dense mask", step("dense"))], **timing)
     row.extra["backend"] = picked

@@ -31,14 +31,15 @@ from pathlib import Path
 
 import torch
 
-from bench import masks, moe
+from bench import dropout, masks, moe
 from bench import workloads as W
 from bench.common import MALLOC, Row, machine, matmul_peak
 from zoo.cli import positive_int
 from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOADS = ["peak", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "compile", "window", "packing"]
+WORKLOADS = ["peak", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "compile", "window", "packing",
+             "dropout"]
 QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
 QUALITY_MD = ROOT / "bench" / "QUALITY.md"
 MEMORY = "memory"  # run only when named: torchrun jobs of GPT-2 small at sequence 1024
@@ -73,8 +74,11 @@ def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Ro
             out.append(W.compiled(p, timing, tiny))
         elif name == "window":
             out.append(masks.window(p, timing, tiny))
+            out.append(masks.window(p, timing, tiny, alibi=True))
         elif name == "packing":
             out.append(masks.packing(p, timing, tiny))
+        elif name == "dropout":
+            out.extend(dropout.rows(p, timing, tiny))
     return out
 
 
