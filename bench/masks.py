@@ -20,7 +20,7 @@ from bench.common import Row, Side, compare, here
 from bench.workloads import _train_step, _zoo_opt
 from zoo import kernels
 from zoo.components.attention import Attention
-from zoo.components.position import alibi_slopes
+from zoo.components.position import AlibiPosition
 from zoo.kernels import Mask
 
 Timing = dict
@@ -33,10 +33,8 @@ def window(precision: str, timing: Timing, tiny: bool = False, alibi: bool = Fal
     layer = Attention(D, n_heads=H, n_kv_heads=H, head_dim=D // H, v_head_dim=D // H, bias=False).to(dtype)
     x = torch.randn(B, T, D, dtype=dtype, requires_grad=True)
     bias = None
-    if alibi:  # ALiBi's [1, H, T, T] bias, as zoo's alibi position builds it
-        pos = torch.arange(T, device=here())
-        slopes = torch.tensor(alibi_slopes(H), device=here())
-        bias = (-slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs()[None].float())[None].to(dtype)
+    if alibi:  # ALiBi's bias as zoo's alibi position gives it: slopes and positions (the dense side makes the tensor)
+        bias = AlibiPosition().bias(H, torch.arange(T, device=here()), torch.arange(T, device=here()))
     mask = Mask(T, T, causal=True, window=W, bias=bias, device=here())
 
     def step(backend: str):

@@ -78,7 +78,13 @@ def test_alibi_slopes_and_bias():
     assert alibi_slopes(12) == pytest.approx([2 ** -(i + 1) for i in range(8)] + [2 ** -(0.5 + i) for i in range(4)])
     bias = AlibiPosition().bias(2, torch.arange(3), torch.arange(3))
     expected = -torch.tensor([2**-4, 2**-8])[:, None, None] * torch.tensor([[0, 1, 2], [1, 0, 1], [2, 1, 0]])
-    torch.testing.assert_close(bias, expected[None])
+    assert bias.shape == (1, 2, 3, 3)
+    torch.testing.assert_close(bias.dense(), expected[None])
+    t, s = torch.tensor([[2], [0]]), torch.tensor([[0, 1]])  # any pairs, without the dense tensor
+    torch.testing.assert_close(bias.at(0, 1, t, s), expected[1][t, s])
+    # per row positions (a packed row: positions restart at each document)
+    rows = AlibiPosition().bias(2, torch.tensor([[0, 1, 0], [0, 1, 2]]), torch.tensor([[0, 1, 0], [0, 1, 2]]))
+    assert rows.shape == (2, 2, 3, 3) and rows.dense()[0, 0, 2, 0] == 0 and rows.dense()[1, 0, 2, 0] == -2 * 2**-4
     none = NoPosition()
     assert none.bias(2, torch.arange(3), torch.arange(3)) is None
 

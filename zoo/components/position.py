@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from zoo.kernels.mask import AlibiBias
 from zoo.registry import register
 
 
@@ -209,11 +210,11 @@ def alibi_slopes(n_heads: int) -> list[float]:
 class AlibiPosition(Position):
     """Linear distance penalty on attention scores: score(i, j) -= slope_h * |i - j|."""
 
-    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> AlibiBias:
+        """The bias as structure (slopes and positions, :class:`zoo.kernels.AlibiBias`): the blocked and
+        flex backends compute the pairs they visit; only the dense one makes the [B|1, H, Tq, Tk] tensor."""
         slopes = torch.tensor(alibi_slopes(n_heads), device=q_positions.device)  # (H,)
-        distance = (q_positions[..., :, None] - k_positions[..., None, :]).abs()  # ([B,] Tq, Tk)
-        bias = -slopes[:, None, None] * distance[..., None, :, :].float()  # ([B,] H, Tq, Tk)
-        return bias if bias.dim() == 4 else bias[None]
+        return AlibiBias(slopes, q_positions, k_positions)
 
 
 def relative_buckets(relative: Tensor, *, num_buckets: int, max_distance: int, bidirectional: bool) -> Tensor:

@@ -47,19 +47,21 @@ def band(mask: Mask) -> tuple[int, int, int] | None:
 def worth_it(mask: Mask, min_keys: int = _MIN_KEYS, *, gathered_bias: bool = True,
              dtype: torch.dtype = torch.float32) -> bool:
     """Whether the band is a small enough share of the keys (at least ``min_keys``) to beat one dense
-    call: at most half of them; where a bias is gathered into the bands (this kernel;
-    ``gathered_bias=False`` for one that reads the bias in place) a quarter in fp32 and an eighth in
-    16-bit ``dtype``s, whose dense call is fast. Measured on a 2-core Intel Xeon (family 6 model 207),
-    one layer of 8 heads of 64, forward + backward, with ALiBi: a causal window of 256 at T = 4,096
-    (the band 9% of the keys) 2.1x (fp32) / 1.8x (bf16) the dense mask; documents of ~120 tokens at
-    T = 2,048 (the band 23%) 1.5x / 0.8x."""
+    call: at most half of them; with a bias, whose bands this kernel reads or computes
+    (``gathered_bias=False``: a kernel that reads it in place), a quarter in fp32 and a fifth in
+    16-bit ``dtype``s, whose dense call is fast. Measured on a 2-core Intel Xeon (family 6, model
+    207), one layer of 8 heads of 64, forward + backward, causal, ALiBi as structure
+    (:class:`~zoo.kernels.mask.AlibiBias`) / as a tensor: a band of a fifth of the keys or less ran
+    1.3-3.3x / 1.2-2.8x the dense mask in both
+    precisions; a quarter to a third 1.2-1.5x / 0.9-1.2x in fp32 but 0.5-1.05x / 0.6-0.7x in bf16.
+    Without a bias a third of the keys gained 1.2-2.0x."""
     if mask.k_len < min_keys:
         return False
     shape = band(mask)
     if shape is None:
         return False
     C, back, ahead = shape
-    share = 2 if mask.bias is None or not gathered_bias else 4 if dtype.itemsize > 2 else 8
+    share = 2 if mask.bias is None or not gathered_bias else 4 if dtype.itemsize > 2 else 5
     return (back + ahead + 1) * C * share <= mask.k_len
 
 
@@ -95,10 +97,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, dropout_p: float =
     if mask.bias is None:
         ok = ok.reshape(B * n, 1, C, M)
     else:  # the bias on each block's band, -inf where not allowed: (B*n, H|1, C, M)
-        bias = mask.bias.to(q.dtype)
-        Bb, Hb = bias.shape[:2]
-        # read only the bands (indices outside the bias are clamped; those pairs are not allowed anyway)
-        bands_ = bias[:, :, qi.clamp(max=T - 1), kj.clamp(0, T - 1)].permute(0, 2, 1, 3, 4)  # (Bb, n, Hb, C, M)
+        Bb, Hb = mask.bias.shape[:2]
+        # only the bands (indices outside the bias are clamped; those pairs are not allowed anyway)
+        rows = torch.arange(Bb, device=q.device).view(Bb, 1, 1, 1, 1)
+        heads = torch.arange(Hb, device=q.device).view(1, 1, Hb, 1, 1)
+        bands_ = mask.bias_at(rows, heads, qi.clamp(max=T - 1)[None, :, None], kj.clamp(0, T - 1)[None, :, None])
+        bands_ = bands_.to(q.dtype)  # (Bb, n, Hb, C, M)
         ok = torch.where(ok[:, :, None], bands_, float("-inf")).expand(B, n, Hb, C, M).reshape(B * n, Hb, C, M)
     if inner is None:
         y = F.scaled_dot_product_attention(qb, bands(k), bands(v), attn_mask=ok, dropout_p=dropout_p, scale=scale,

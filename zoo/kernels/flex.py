@@ -64,13 +64,11 @@ def block_mask(mask: Mask, batch: int, device) -> object:
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, scale: float | None = None,
               enable_gqa: bool = False) -> Tensor:
     """``flex_attention`` over ``mask``: q (B, H, T, K), k (B, G, S, K), v (B, G, S, V) -> (B, H, T, V)."""
-    bias = mask.bias
     score_mod = None
-    if bias is not None:
-        row = bias.shape[0] > 1
+    if mask.bias is not None:  # read in place, or computed (ALiBi): never gathered into a [T, S] tensor
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score + bias[b if row else 0, h if bias.shape[1] > 1 else 0, q_idx, kv_idx].to(score.dtype)
+            return score + mask.bias_at(b, h, q_idx, kv_idx).to(score.dtype)
 
     if torch.compiler.is_compiling():  # inside a compiled model: the compiler fuses it there
         from torch.nn.attention.flex_attention import flex_attention as kernel

@@ -4,7 +4,9 @@ models build and every attention backend reads.
 A :class:`Mask` says which (query, key) pairs are allowed: causality, a sliding window (causal, or
 bidirectional as ModernBERT's local layers), key padding, documents (packed rows: a token sees only
 its own document), a bidirectional prefix (prefix-LM), and an additive score bias (ALiBi, relative
-positions) on the allowed pairs. The backends turn it into what they need:
+positions) on the allowed pairs: a [B|1, H, T, S] tensor, or ALiBi's as structure
+(:class:`AlibiBias`: slopes and positions, so no backend but the dense one ever makes the [T, S]
+scores' worth of bias). The backends turn it into what they need:
 
 * :meth:`Mask.dense` -- SDPA's ``attn_mask`` ([B|1, 1|H, T, S], boolean or additive) and ``is_causal``;
 * :meth:`Mask.allowed` -- the rule itself on any broadcastable index tensors: the blocked CPU kernel
@@ -31,11 +33,59 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Mask", "MaskError", "document_positions"]
+__all__ = ["AlibiBias", "Mask", "MaskError", "document_positions"]
 
 
 class MaskError(ValueError):
     """A mask whose parts do not fit the batch or each other (the message names both shapes)."""
+
+
+@dataclass(frozen=True, eq=False)
+class AlibiBias:
+    """ALiBi's score bias (Press et al. 2022) as structure: ``-slopes[h] * |q_positions[b, t] -
+    k_positions[b, s]|`` for query t and key s of row b. Reads like the [B|1, H, T, S] tensor it
+    stands for (``shape``, ``dim()``, ``dense()``), and :meth:`at` computes any pairs' values
+    without it: the blocked kernel on each block's band, FlexAttention in its ``score_mod``."""
+
+    slopes: Tensor  # [H]
+    q_positions: Tensor  # [B|1, T] (or [T])
+    k_positions: Tensor  # [B|1, S] (or [S])
+    requires_grad = False  # nothing in it is trained
+
+    def __post_init__(self) -> None:
+        for name in ("q_positions", "k_positions"):
+            t = getattr(self, name)
+            if t.dim() == 1:
+                object.__setattr__(self, name, t[None])
+        if self.q_positions.shape[0] != self.k_positions.shape[0] and 1 not in (self.q_positions.shape[0],
+                                                                                 self.k_positions.shape[0]):
+            raise MaskError(f"AlibiBias: q_positions {tuple(self.q_positions.shape)} and k_positions "
+                            f"{tuple(self.k_positions.shape)} have different batches")
+
+    @property
+    def shape(self) -> torch.Size:
+        rows = max(self.q_positions.shape[0], self.k_positions.shape[0])
+        return torch.Size((rows, self.slopes.shape[0], self.q_positions.shape[1], self.k_positions.shape[1]))
+
+    def dim(self) -> int:
+        return 4
+
+    @property
+    def device(self) -> torch.device:
+        return self.slopes.device
+
+    def at(self, b: Tensor | int, h: Tensor | int, t: Tensor, s: Tensor) -> Tensor:
+        """The bias of query ``t`` (0..T-1) and key ``s`` (0..S-1) of row ``b``, head ``h``: any
+        broadcastable index tensors, in fp32."""
+        qb = b if self.q_positions.shape[0] > 1 else 0
+        kb = b if self.k_positions.shape[0] > 1 else 0
+        distance = (self.q_positions[qb, t] - self.k_positions[kb, s]).abs()
+        return -self.slopes[h] * distance.float()
+
+    def dense(self) -> Tensor:
+        """The [B|1, H, T, S] tensor, fp32."""
+        distance = (self.q_positions[:, :, None] - self.k_positions[:, None, :]).abs().float()  # (B|1, T, S)
+        return -self.slopes[None, :, None, None] * distance[:, None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,7 +101,7 @@ class Mask:
     documents: Tensor | None = None  # [B, S] document id of each key (and of the queries: its last T)
     q_documents: Tensor | None = None  # [B, T] the queries' own document ids (cross-attention)
     prefix: Tensor | None = None  # [B]: keys before prefix[b] are visible to every query of row b (causal only)
-    bias: Tensor | None = None  # additive [B|1, H, T, S] on the allowed pairs
+    bias: Tensor | AlibiBias | None = None  # additive [B|1, H, T, S] on the allowed pairs
     device: torch.device | None = None  # where the dense form is made when no tensor above says
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -122,6 +172,14 @@ class Mask:
                 ok = ok | (qi == kj)
         return ok
 
+    def bias_at(self, b: Tensor | int, h: Tensor | int, t: Tensor, s: Tensor) -> Tensor:
+        """The bias of query ``t`` (0..T-1, query coordinates) and key ``s`` of row ``b``, head ``h``
+        (broadcastable index tensors), read from the tensor or computed (:class:`AlibiBias`)."""
+        bias = self.bias
+        if isinstance(bias, AlibiBias):
+            return bias.at(b, h, t, s)
+        return bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0, t, s]
+
     def reach(self) -> tuple[int | None, int | None]:
         """(back, ahead): the farthest any allowed key lies before / after its query's slot, or None
         where nothing bounds it. Documents bound both by the longest document (one host sync)."""
@@ -176,7 +234,8 @@ class Mask:
             allowed = self.allowed(0, qi, kj)[None, None]  # (1, 1, T, S)
         if self.bias is None:
             return allowed, False
-        return self.bias.masked_fill(~allowed, float("-inf")), False
+        bias = self.bias.dense() if isinstance(self.bias, AlibiBias) else self.bias
+        return bias.masked_fill(~allowed, float("-inf")), False
 
 
 def document_positions(documents: Tensor, padding: Tensor | None = None) -> Tensor:
