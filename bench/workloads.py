@@ -111,10 +111,13 @@ def _causal_lm_row(name: str, peer: nn.Module, precision: str, timing: Timing, *
     peer.train()
     ours = from_hf(peer).train()
     tokens = torch.randint(0, peer.config.vocab_size, (batch, seq))
+    # next-token targets, the last position ignored: as zoo's LM recipe and HF's loss shift the labels,
+    # not the [B, T, V] logits (slicing them copies the largest activation of the step)
+    targets = F.pad(tokens[:, 1:], (0, 1), value=-100)
 
     def ours_loss():
         logits = ours(tokens)
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
     def peer_loss():
         return peer(input_ids=tokens, labels=tokens).loss
