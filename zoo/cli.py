@@ -22,6 +22,10 @@
                              separated by spaces), or their cosine similarity matrix
     zoo ablate GRID [-o OUT] [--jobs N] [--only ROW ...]
                              run an ablation grid (rows of overrides over one recipe); table + plot
+    zoo kernels [--measure SPEC [--set k=v ...] [--batch B] [--seq T] [--precision P] [--infer]]
+                [--clear] [--json]
+                             the CPU kernels this machine chose by timing (oneDNN or MKL linears, zoo's
+                             or SDPA's attention); --measure makes a run's choices before a torchrun
 
 SPEC is a preset name, a YAML file, or a .safetensors file written by zoo (its stored spec).
 Every failure prints one line, ``zoo: error: ...``, and exits with status 2.
@@ -38,6 +42,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from zoo import cli_kernels
 from zoo.build import build, count_parameters
 from zoo.cli_tables import human_bytes, inspect_lines, layer_lines, memory_table, presets_table, summary_table
 from zoo.io import LoadError, SaveError, one_line, read_header, read_spec, save
@@ -354,6 +359,7 @@ def _parser() -> argparse.ArgumentParser:
     _embed_parser(sub)
     _average_parser(sub)
     _ablate_parser(sub)
+    cli_kernels.add_parser(sub, positive_int)
     return parser
 
 
@@ -400,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             _average(args)
         elif args.command == "ablate":
             _ablate(args)
+        elif args.command == "kernels":
+            cli_kernels.run(args, console, _spec)
     except KeyboardInterrupt:
         print("zoo: error: interrupted", file=sys.stderr)
         return 130

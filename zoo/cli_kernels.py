@@ -1,0 +1,103 @@
+"""``zoo kernels``: the CPU kernel choices this machine measured (:mod:`zoo.kernels.cpu.choose`), and
+a way to make them before a run.
+
+A process of a distributed run times nothing (its ranks would disturb each other's timings and could
+choose apart): it takes the machine's cached choices, else the defaults. ``zoo kernels --measure SPEC
+--batch B --seq T`` runs one training step of the model on random inputs in this one process, so
+every shape class the run will meet is measured and cached first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from zoo.kernels.cpu import choose
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub, positive_int) -> argparse.ArgumentParser:
+    text = "the CPU kernels this machine chose by measurement: list them, measure a model's first, or clear them"
+    p = sub.add_parser("kernels", help=text, description=text + (
+        ". Each fp32 linear and each attention up to 1,024 keys picks the faster kernel the first time its shape "
+        "class is seen, and the machine remembers it (ZOO_KERNEL_CACHE: a file, or off). --measure SPEC makes a "
+        "run's choices in advance: the processes of a torchrun time nothing and use what is cached."))
+    p.add_argument("--measure", metavar="SPEC", default=None,
+                   help="run one training step of SPEC (a preset, a YAML file or a .safetensors file) on random inputs")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of SPEC (repeatable)")
+    p.add_argument("--batch", type=positive_int, default=8, metavar="B", help="rows per step (default 8)")
+    p.add_argument("--seq", type=positive_int, default=None, metavar="T",
+                   help="tokens per row (default: max_seq_len, at most 512; a ViT's is its image)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="autocast of the step (default fp32)")
+    p.add_argument("--infer", action="store_true", help="an inference pass instead of a training step")
+    p.add_argument("--clear", action="store_true", help="delete this machine's cache file first")
+    p.add_argument("--json", action="store_true", help="print the choices as JSON")
+    return p
+
+
+def _inputs(spec, batch: int, seq: int | None) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    if spec.family == "vit":
+        return (torch.randn(batch, spec.in_channels, spec.image_size, spec.image_size, generator=g),)
+    T = seq or min(spec.max_seq_len, 512)
+    tokens = torch.randint(0, spec.vocab_size, (batch, T), generator=g)
+    if spec.family == "encoder_decoder":
+        return torch.randint(0, spec.src_vocab_size or spec.vocab_size, (batch, T), generator=g), tokens
+    return (tokens,)
+
+
+def _first_tensor(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    values = out.values() if isinstance(out, dict) else out
+    return next(v for v in values if isinstance(v, torch.Tensor))
+
+
+def measure(spec, *, batch: int, seq: int | None, precision: str, infer: bool) -> int:
+    """One step of ``spec``'s model in this process (choices made as they come); the new choices' count."""
+    from zoo.build import build
+    from zoo.train.optim import autocast
+
+    before = set(choose.choices())
+    model = build(spec, seed=0).train(not infer)
+    inputs = _inputs(spec, batch, seq)
+    with torch.inference_mode(infer), autocast(torch.device("cpu"), precision):
+        out = _first_tensor(model(*inputs))
+    if not infer:
+        out.float().mean().backward()
+    return len(set(choose.choices()) - before)
+
+
+def run(args, console, load_spec) -> None:
+    path = choose.cache_path()
+    if path is None and (args.measure or args.clear):
+        raise ValueError("ZOO_KERNEL_CACHE=off: choices would not be kept; unset it (or give a file) to measure or clear")
+    if args.clear and path is not None and path.exists():
+        path.unlink()
+        choose.forget()
+        console.print(f"deleted {path}")
+    if args.measure:
+        spec = load_spec(args.measure, args.overrides)
+        new = measure(spec, batch=args.batch, seq=args.seq, precision=args.precision, infer=args.infer)
+        console.print(f"measured {new} new shape class(es) in a {'forward pass' if args.infer else 'training step'} "
+                      f"of {args.measure} (batch {args.batch}, {args.precision}); kept in {path}")
+    made = choose.choices()
+    if args.json:
+        print(json.dumps({"machine": choose.machine(), "cache": str(path) if path else None, "choices": made},
+                         indent=1, sort_keys=True))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{choose.machine()}\n{path or 'ZOO_KERNEL_CACHE=off: this process only'}")
+    for column in ("op", "shape class", "pick", "ms per candidate (best of 3)"):
+        table.add_column(column)
+    for key in sorted(made):
+        op, _, cls = key.partition("/")
+        seconds = made[key].get("seconds") or {}
+        times = ", ".join(f"{name} {1e3 * s:.2f}" for name, s in seconds.items()) or "-"
+        table.add_row(op, cls, made[key]["pick"], times)
+    console.print(table if made else "no kernel choices measured on this machine yet")
