@@ -166,6 +166,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: b
         # = einops.repeat(k, "b g s k -> b (g r) s k", r=rep), which cost 12-24 us more a call at the
         # short lengths this kernel takes (Python overhead): plain torch in this hot path
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    # q, k and v arrive as head views of the projections ([B, T, H, K] in memory): each batched matmul
+    # would copy them to merge B and H, the backward's three times more; one copy each, kept for backward
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     with torch.autocast(q.device.type, enabled=False):
         return _CpuAttention.apply(q, k, v, mask, is_causal, p, scale)
 
@@ -199,7 +202,7 @@ class _CpuAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         q, k, v, weights, keep = ctx.saved_tensors
-        grad = grad.to(v.dtype)
+        grad = grad.to(v.dtype).contiguous()  # a head view too: copied once, not by each matmul
         grad_v = (weights if keep is None else weights * keep).to(v.dtype).transpose(-2, -1) @ grad  # (B, H, S, V)
         grad_w = grad.float() @ v.float().transpose(-2, -1)  # (B, H, T, S), fp32
         if keep is not None:
