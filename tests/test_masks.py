@@ -256,6 +256,24 @@ def test_flex_attention_equals_the_dense_mask_on_the_gpu(seed):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (FlexAttention trains on CUDA only)")
+@pytest.mark.parametrize("kind", ["alibi", "tensor"])
+def test_flex_attention_with_a_bias_equals_the_dense_mask_on_the_gpu(kind):
+    T, H = 257, 4
+    rng = random.Random(7)
+    documents = random_documents(2, T, rng).cuda()
+    positions = document_positions(documents)
+    if kind == "alibi":  # computed in the score_mod from slopes and positions
+        bias = AlibiBias(torch.tensor(alibi_slopes(H), device="cuda"), positions, positions)
+    else:  # read in place
+        bias = torch.randn(1, H, T, T, generator=torch.Generator().manual_seed(7)).cuda()
+    m = Mask(T, T, causal=True, window=48, documents=documents, bias=bias)
+    q, k, v = _qkv(2, H, H, T, 16, 7, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _compare(q, k, v, m, "flex", 1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (FlexAttention trains on CUDA only)")
 def test_a_packed_row_on_flex_equals_each_document_alone_and_trains_as_dense():
     model = tiny_model("decoder", ["dropout.embedding=0", "dropout.residual=0", "dropout.attention=0",
                                    "dropout.ffn=0", "block.attention.window=5", "max_seq_len=512", "d_model=64",
