@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["adopt", "cache_path", "choices", "forget", "machine", "pick", "record"]
+__all__ = ["adopt", "cache_path", "choices", "forget", "known", "machine", "pick", "record"]
 
 _MARGIN = 0.1
 _memory: dict[str, dict] = {}  # the choices this process has made or used (what a checkpoint records)
@@ -157,6 +157,12 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def known(op: str, shape_class: str) -> str | None:
+    """The kernel this process already uses for ``op`` at ``shape_class``, or None (then :func:`pick`)."""
+    entry = _memory.get(f"{op}/{shape_class}")
+    return None if entry is None else entry["pick"]
 
 
 def pick(op: str, shape_class: str, candidates: dict[str, Callable[[], object]], *, repeats: int = 3) -> str:

@@ -25,6 +25,7 @@ oneDNN measured 0.2-1.0x MKL between 12k and 1.6M multiply-adds and 1.1-2.3x abo
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -41,6 +42,7 @@ _CHOICES = ("auto", "onednn", "aten")
 _choice: str | None = None  # set_cpu_linear's value; None: the environment's
 
 
+@functools.cache
 def onednn_available() -> bool:
     """Whether this torch build has oneDNN and its linear op."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -87,8 +89,12 @@ def prefers_onednn(m: int, n: int, k: int, grad: bool) -> bool:
     setting = cpu_linear_backend()
     if setting != "auto":
         return setting == "onednn"
-    made = _candidates(timed_rows(m, n, k), n, k, grad)
-    return choose.pick("linear_fp32", shape_class(m, n, k, grad), made) == "onednn"
+    rows = timed_rows(m, n, k)
+    cls = f"{rows}x{n}x{k}" + ("+grad" if grad else "")  # shape_class(m, n, k, grad)
+    known = choose.known("linear_fp32", cls)  # the hot path: one lookup (a decoding step makes ~50 calls)
+    if known in ("onednn", "aten"):
+        return known == "onednn"
+    return choose.pick("linear_fp32", cls, _candidates(rows, n, k, grad)) == "onednn"
 
 
 def _candidates(m: int, n: int, k: int, grad: bool) -> dict:
