@@ -6,9 +6,10 @@ Where a mask bounds how far keys lie from their query (:meth:`zoo.kernels.mask.M
 [T, S] scores shrink to [T, band]: a causal window of W at T tokens costs T x 2W instead of T x T.
 The pairs inside the band are :meth:`~zoo.kernels.mask.Mask.allowed` evaluated on the band's
 indices, so the result is the dense reference's (forward and gradients, to rounding), and any
-mask kind combines (windows, documents, padding, an additive bias such as ALiBi's or T5's: each
-block takes its band of the bias, a view, and a trainable bias gets its gradient there). Keys and
-values are gathered per block (``(back + ahead) / C + 1`` copies), the price of one batched call.
+mask kind combines (windows, documents, padding, an additive bias: each block reads its band of a
+bias tensor such as T5's, which trains through it, or computes ALiBi's from its slopes and
+positions). Keys and values are gathered per block (``(back + ahead) / C + 1`` copies), the price
+of one batched call.
 
 Shapes: B batch, H query heads, G key/value heads, T queries = S keys, K/V head sizes, n blocks of C.
 """
@@ -52,9 +53,8 @@ def worth_it(mask: Mask, min_keys: int = _MIN_KEYS, *, gathered_bias: bool = Tru
     16-bit ``dtype``s, whose dense call is fast. Measured on a 2-core Intel Xeon (family 6, model
     207), one layer of 8 heads of 64, forward + backward, causal, ALiBi as structure
     (:class:`~zoo.kernels.mask.AlibiBias`) / as a tensor: a band of a fifth of the keys or less ran
-    1.3-3.3x / 1.2-2.8x the dense mask in both
-    precisions; a quarter to a third 1.2-1.5x / 0.9-1.2x in fp32 but 0.5-1.05x / 0.6-0.7x in bf16.
-    Without a bias a third of the keys gained 1.2-2.0x."""
+    1.3-3.3x / 1.2-2.8x the dense mask in both precisions; a quarter to a third 1.2-1.5x / 0.9-1.2x
+    in fp32 but 0.5-1.05x / 0.6-0.7x in bf16. Without a bias a third of the keys gained 1.2-2.0x."""
     if mask.k_len < min_keys:
         return False
     shape = band(mask)
