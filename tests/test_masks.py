@@ -177,6 +177,60 @@ def test_a_bias_needs_a_narrower_band_to_go_blocked():
     assert kernels.backend_for(Mask(2 * T, 2 * T, causal=True, window=256, bias=long), q16) == "blocked"
 
 
+def test_blocked_or_dense_is_measured_per_class_on_a_cpu(monkeypatch):
+    import time
+
+    from zoo.kernels.cpu import banded, choose
+
+    monkeypatch.setenv("ZOO_CPU_ATTENTION", "measure")
+    monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
+    choose.forget()
+    timed = []
+
+    def fake(cls, dense):  # the blocked kernel "wins" at 2,048 keys and loses at 4,096
+        def kernel(name):
+            return lambda: timed.append((name, cls)) or time.sleep(0.02 if (name == "blocked") == (cls[3] == 4096) else 0)
+        return {"blocked": kernel("blocked"), "dense": kernel("dense")}
+
+    monkeypatch.setattr(banded, "_timing_calls", fake)
+    try:
+        T = 2048
+        docs = (torch.arange(T) // 300)[None]  # a band of 480 keys: the rule says dense with a bf16 bias
+        alibi = AlibiBias(torch.ones(8), torch.arange(T), torch.arange(T))
+        q16 = torch.zeros(1, 8, T, 64, dtype=torch.bfloat16)
+        m = Mask(T, T, causal=True, documents=docs, bias=alibi)
+        assert kernels.backend_for(m, q16) == "blocked" and len(timed) == 2 * 4  # measured: blocked
+        assert timed[0][1] == ("bfloat16", "infer", 1, 2048, 512, 64, "alibi")
+        assert kernels.backend_for(Mask(T, T, causal=True, documents=(torch.arange(T) // 290)[None], bias=alibi),
+                                   q16) == "blocked" and len(timed) == 8  # band 480 again: the same class
+        long = Mask(2 * T, 2 * T, causal=True, window=256)  # the rule says blocked, measured dense
+        assert kernels.backend_for(long, torch.zeros(1, 8, 2 * T, 64)) == "dense" and len(timed) == 16
+        # outside the region where blocking can pay (a band over half the keys): the rule, nothing timed
+        assert kernels.backend_for(Mask(T, T, causal=True, documents=(torch.arange(T) // 1000)[None]), q16) == "dense"
+        monkeypatch.setenv("ZOO_CPU_ATTENTION", "rule")
+        assert kernels.backend_for(m, q16) == "dense" and len(timed) == 16
+        assert banded.band_class(torch.float32, True, 64, 3000, 700, 64, "none") == ("float32", "train", 1, 4096,
+                                                                                     1024, 64, "none")
+    finally:
+        choose.forget()
+
+
+@pytest.mark.parametrize("bias", ["none", "alibi", "tensor"])
+def test_blocked_or_dense_timing_calls_run_both_without_the_global_rng(bias):
+    from zoo.kernels.cpu import banded
+    from zoo.kernels.dispatch import _dense_attention
+
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    for mode in ("train", "infer"):
+        calls = banded._timing_calls(("float32", mode, 2, 512, 128, 8, bias), _dense_attention)
+        assert set(calls) == {"blocked", "dense"}
+        for call in calls.values():
+            call()
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_a_mask_that_bounds_nothing_stays_dense():
     m = Mask(600, 600, causal=True)
     assert kernels.backend_for(m, torch.zeros(1, 1, 600, 8)) == "dense"

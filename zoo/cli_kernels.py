@@ -22,9 +22,10 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub, positive_int) -> argparse.ArgumentParser:
     text = "the CPU kernels this machine chose by measurement: list them, measure a model's first, or clear them"
     p = sub.add_parser("kernels", help=text, description=text + (
-        ". Each fp32 linear and each attention up to 1,024 keys picks the faster kernel the first time its shape "
-        "class is seen, and the machine remembers it (ZOO_KERNEL_CACHE: a file, or off). --measure SPEC makes a "
-        "run's choices in advance: the processes of a torchrun time nothing and use what is cached."))
+        ". Each fp32 linear, each attention up to 1,024 keys and each windowed or packed mask (blocked or dense) "
+        "picks the faster kernel the first time its shape class is seen, and the machine remembers it "
+        "(ZOO_KERNEL_CACHE: a file, or off). --measure SPEC makes a run's choices in advance: the processes of a "
+        "torchrun time nothing and use what is cached."))
     p.add_argument("--measure", metavar="SPEC", default=None,
                    help="run one training step of SPEC (a preset, a YAML file or a .safetensors file) on random inputs")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from zoo.kernels import blocked, cpu, flex
+from zoo.kernels.cpu import banded
 from zoo.kernels.mask import Mask
 
 __all__ = ["BACKENDS", "attention", "attention_backend", "backend_for", "dropout", "linear", "scores_attention"]
@@ -30,7 +31,7 @@ _BACKEND = contextvars.ContextVar("zoo_attention_backend", default="auto")
 def attention_backend(name: str) -> Iterator[None]:
     """Within this context a structured :class:`~zoo.kernels.mask.Mask` is computed by backend
     ``name``: ``auto`` (default: ``flex`` on CUDA and ``blocked`` on CPU where the mask bounds its keys
-    enough to gain, else ``dense``), ``dense`` (SDPA, or zoo's CPU kernel, on the dense mask),
+    enough to gain, by rule or as measured on the CPU: :mod:`zoo.kernels.cpu.banded`; else ``dense``), ``dense`` (SDPA, or zoo's CPU kernel, on the dense mask),
     ``blocked`` (:mod:`zoo.kernels.blocked`; masks that bound nothing stay dense) or ``flex``
     (:mod:`zoo.kernels.flex`, CUDA only)."""
     if name not in BACKENDS:
@@ -59,7 +60,7 @@ def backend_for(mask: Mask, q: Tensor, dropout_p: float = 0.0) -> str:
         grad_bias = mask.bias is not None and mask.bias.requires_grad
         sparse = blocked.worth_it(mask, min_keys=256, gathered_bias=False)  # flex reads the bias in place
         return "flex" if sparse and not grad_bias and flex.refusal(q, dropout_p) is None else "dense"
-    return "blocked" if blocked.worth_it(mask, dtype=q.dtype) else "dense"
+    return "blocked" if banded.prefers_blocked(mask, q, _dense_attention) else "dense"  # the rule, or measured
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
