@@ -7,7 +7,7 @@ GEMMs on AMD), the crossing moves. So within the region where blocking can pay a
 most half the keys, at least 512 keys), the first mask of a shape class times both on random inputs
 of the class, a causal window with the same band (the rule's answer stands unless the other is 10%
 faster, :mod:`zoo.kernels.cpu.choose`), and the machine remembers it. ``ZOO_CPU_ATTENTION=rule``
-keeps the rule.
+keeps the rule, and so does a model under torch.compile.
 """
 
 from __future__ import annotations
