@@ -7,6 +7,7 @@ each document run alone."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -15,8 +16,9 @@ import torch.nn.functional as F
 from conftest import tiny_model
 
 from zoo import kernels
-from zoo.components.position import alibi_slopes
-from zoo.kernels import AlibiBias, Mask, MaskError, attention_backend, blocked, document_positions
+from zoo.components.position import alibi_slopes, relative_buckets
+from zoo.kernels import (AlibiBias, Mask, MaskError, RelativeBias, attention_backend, blocked,
+                         document_positions)
 
 
 def reference_allowed(m: Mask, b: int, t: int, s: int) -> bool:
@@ -125,22 +127,28 @@ def test_blocked_attention_equals_the_dense_mask_forward_and_backward(seed, monk
     _compare(q, k, v, m, "blocked", 1e-5)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(9))
 def test_blocked_attention_with_a_bias_equals_the_dense_mask_and_trains_the_bias(seed, monkeypatch):
     monkeypatch.setattr(blocked, "_MIN_BLOCK", 4)
     rng = random.Random(200 + seed)
     T, B, H = rng.randint(9, 41), 2, 4
     g = torch.Generator().manual_seed(seed)
     documents = random_documents(B, T, rng)
-    if seed % 2:  # a tensor (T5-like, trainable)
-        bias = torch.randn(rng.choice([1, B]), rng.choice([1, H]), T, T, generator=g).requires_grad_()
-    else:  # ALiBi as structure, at positions restarting in each document
-        bias = AlibiBias(torch.tensor(alibi_slopes(H)), *[document_positions(documents)] * 2)
-    window = rng.choice([3, 7]) if seed % 3 else None
-    m = Mask(T, T, causal=seed % 3 != 1, window=window, documents=documents, bias=bias)
+    positions = document_positions(documents)  # restarting in each document
+    trained = None
+    if seed % 3 == 0:  # a tensor, trainable
+        bias = trained = torch.randn(rng.choice([1, B]), rng.choice([1, H]), T, T, generator=g).requires_grad_()
+    elif seed % 3 == 1:  # ALiBi as structure
+        bias = AlibiBias(torch.tensor(alibi_slopes(H)), positions, positions)
+    else:  # T5's as structure: its table trains
+        trained = torch.randn(32, H, generator=g).requires_grad_()
+        bias = RelativeBias(trained, positions, positions, functools.partial(
+            relative_buckets, num_buckets=32, max_distance=20, bidirectional=seed % 2 == 0))
+    window = rng.choice([3, 7]) if seed % 4 else None
+    m = Mask(T, T, causal=seed % 2 == 1, window=window, documents=documents, bias=bias)
     q, k, v = _qkv(B, H, H, T, 8, seed)
     ref = _reference(q, k, v, m)
-    inputs = (q, k, v) + ((bias,) if seed % 2 else ())
+    inputs = (q, k, v) + ((trained,) if trained is not None else ())
     want = torch.autograd.grad(ref.square().sum(), inputs)
     with attention_backend("blocked"):
         assert kernels.backend_for(m, q) == "blocked"
@@ -148,7 +156,7 @@ def test_blocked_attention_with_a_bias_equals_the_dense_mask_and_trains_the_bias
     mine = torch.autograd.grad(got.square().sum(), inputs)
     for a, b in zip((got, *mine), (ref, *want)):
         assert (a - b).abs().max() < 1e-5 * max(1.0, float(b.abs().max()))
-    if seed % 2:
+    if trained is not None:
         assert float(mine[3].abs().sum()) > 0  # the bias is trained through its bands
 
 
@@ -215,7 +223,7 @@ def test_blocked_or_dense_is_measured_per_class_on_a_cpu(monkeypatch):
         choose.forget()
 
 
-@pytest.mark.parametrize("bias", ["none", "alibi", "tensor"])
+@pytest.mark.parametrize("bias", ["none", "alibi", "relative", "tensor"])
 def test_blocked_or_dense_timing_calls_run_both_without_the_global_rng(bias):
     from zoo.kernels.cpu import banded
     from zoo.kernels.dispatch import _dense_attention
@@ -310,7 +318,7 @@ def test_flex_attention_equals_the_dense_mask_on_the_gpu(seed):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (FlexAttention trains on CUDA only)")
-@pytest.mark.parametrize("kind", ["alibi", "tensor"])
+@pytest.mark.parametrize("kind", ["alibi", "relative", "tensor"])
 def test_flex_attention_with_a_bias_equals_the_dense_mask_on_the_gpu(kind):
     T, H = 257, 4
     rng = random.Random(7)
@@ -318,6 +326,9 @@ def test_flex_attention_with_a_bias_equals_the_dense_mask_on_the_gpu(kind):
     positions = document_positions(documents)
     if kind == "alibi":  # computed in the score_mod from slopes and positions
         bias = AlibiBias(torch.tensor(alibi_slopes(H), device="cuda"), positions, positions)
+    elif kind == "relative":  # T5's table of buckets (not trained here: a trainable bias takes dense)
+        bias = RelativeBias(torch.randn(32, H, device="cuda"), positions, positions, functools.partial(
+            relative_buckets, num_buckets=32, max_distance=64, bidirectional=False))
     else:  # read in place
         bias = torch.randn(1, H, T, T, generator=torch.Generator().manual_seed(7)).cuda()
     m = Mask(T, T, causal=True, window=48, documents=documents, bias=bias)

@@ -14,12 +14,13 @@ Shapes: B batch, T sequence, D model width, H heads, K head size.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import Tensor, nn
 
-from zoo.kernels.mask import AlibiBias
+from zoo.kernels.mask import AlibiBias, RelativeBias
 from zoo.registry import register
 
 
@@ -250,14 +251,15 @@ class RelativeBiasPosition(Position):
         self.weight = nn.Parameter(torch.empty(num_buckets, n_heads))  # (buckets, H)
         nn.init.normal_(self.weight, std=0.02)
 
-    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> RelativeBias:
+        """The bias as structure (the table, the bucketing and the positions,
+        :class:`zoo.kernels.RelativeBias`): the blocked and flex backends compute the pairs they visit,
+        only the dense one makes the [B|1, H, Tq, Tk] tensor; the table trains through either."""
         if n_heads != self.weight.shape[1]:
             raise ValueError(f"relative_bias: a table of {self.weight.shape[1]} heads cannot bias {n_heads} heads")
-        relative = k_positions[..., None, :] - q_positions[..., :, None]  # ([B,] Tq, Tk)
-        buckets = relative_buckets(relative, num_buckets=self.num_buckets, max_distance=self.max_distance,
-                                   bidirectional=self.bidirectional)
-        bias = nn.functional.embedding(buckets, self.weight).movedim(-1, -3)  # ([B,] H, Tq, Tk)
-        return bias if bias.dim() == 4 else bias[None]
+        buckets = functools.partial(relative_buckets, num_buckets=self.num_buckets, max_distance=self.max_distance,
+                                    bidirectional=self.bidirectional)
+        return RelativeBias(self.weight, q_positions, k_positions, buckets)
 
     def extra_repr(self) -> str:
         return (f"buckets={self.num_buckets}, heads={self.weight.shape[1]}, max_distance={self.max_distance}, "

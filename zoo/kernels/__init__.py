@@ -18,7 +18,8 @@ from zoo.kernels import blocked, cpu, flex, grouped
 from zoo.kernels.cpu.attention import sdpa_only
 from zoo.kernels.dispatch import BACKENDS, attention, attention_backend, backend_for, dropout, linear, scores_attention
 from zoo.kernels.grouped import grouped_mm
-from zoo.kernels.mask import AlibiBias, Mask, MaskError, document_positions
+from zoo.kernels.mask import AlibiBias, Mask, MaskError, PairBias, RelativeBias, document_positions
 
 __all__ = ["BACKENDS", "AlibiBias", "Mask", "MaskError", "attention", "attention_backend", "backend_for", "blocked", "cpu",
-           "document_positions", "dropout", "flex", "grouped", "grouped_mm", "linear", "scores_attention", "sdpa_only"]
+           "document_positions", "dropout", "flex", "grouped", "grouped_mm", "linear", "PairBias", "RelativeBias",
+           "scores_attention", "sdpa_only"]

@@ -4,9 +4,9 @@ models build and every attention backend reads.
 A :class:`Mask` says which (query, key) pairs are allowed: causality, a sliding window (causal, or
 bidirectional as ModernBERT's local layers), key padding, documents (packed rows: a token sees only
 its own document), a bidirectional prefix (prefix-LM), and an additive score bias (ALiBi, relative
-positions) on the allowed pairs: a [B|1, H, T, S] tensor, or ALiBi's as structure
-(:class:`AlibiBias`: slopes and positions, so no backend but the dense one ever makes the [T, S]
-scores' worth of bias). The backends turn it into what they need:
+positions) on the allowed pairs: a [B|1, H, T, S] tensor, or computed from positions
+(:class:`PairBias`: ALiBi's slopes, T5's table of buckets), so that no backend but the dense one
+ever makes the [T, S] scores' worth of bias. The backends turn it into what they need:
 
 * :meth:`Mask.dense` -- SDPA's ``attn_mask`` ([B|1, 1|H, T, S], boolean or additive) and ``is_causal``;
 * :meth:`Mask.allowed` -- the rule itself on any broadcastable index tensors: the blocked CPU kernel
@@ -27,65 +27,112 @@ Shapes: B batch, H heads, T queries, S keys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["AlibiBias", "Mask", "MaskError", "document_positions"]
+__all__ = ["AlibiBias", "Mask", "MaskError", "PairBias", "RelativeBias", "document_positions"]
 
 
 class MaskError(ValueError):
     """A mask whose parts do not fit the batch or each other (the message names both shapes)."""
 
 
-@dataclass(frozen=True, eq=False)
-class AlibiBias:
-    """ALiBi's score bias (Press et al. 2022) as structure: ``-slopes[h] * |q_positions[b, t] -
-    k_positions[b, s]|`` for query t and key s of row b. Reads like the [B|1, H, T, S] tensor it
-    stands for (``shape``, ``dim()``, ``dense()``), and :meth:`at` computes any pairs' values
-    without it: the blocked kernel on each block's band, FlexAttention in its ``score_mod``."""
+class PairBias:
+    """A score bias computed from each pair's positions rather than stored: reads like the
+    [B|1, H, T, S] tensor it stands for (``shape``, ``dim()``, ``dense()``, ``requires_grad``), and
+    :meth:`at` computes any pairs' values without it: the blocked kernel on each block's band,
+    FlexAttention in its ``score_mod``. Subclasses (dataclasses with ``q_positions`` [B|1, T] and
+    ``k_positions`` [B|1, S], 1-D for one row) say the value of head ``h`` for positions ``qp``, ``kp``
+    (:meth:`values`) and their head count."""
 
-    slopes: Tensor  # [H]
-    q_positions: Tensor  # [B|1, T] (or [T])
-    k_positions: Tensor  # [B|1, S] (or [S])
-    requires_grad = False  # nothing in it is trained
+    q_positions: Tensor
+    k_positions: Tensor
 
     def __post_init__(self) -> None:
         for name in ("q_positions", "k_positions"):
             t = getattr(self, name)
             if t.dim() == 1:
                 object.__setattr__(self, name, t[None])
-        if self.q_positions.shape[0] != self.k_positions.shape[0] and 1 not in (self.q_positions.shape[0],
-                                                                                 self.k_positions.shape[0]):
-            raise MaskError(f"AlibiBias: q_positions {tuple(self.q_positions.shape)} and k_positions "
+        rows = (self.q_positions.shape[0], self.k_positions.shape[0])
+        if rows[0] != rows[1] and 1 not in rows:
+            raise MaskError(f"{type(self).__name__}: q_positions {tuple(self.q_positions.shape)} and k_positions "
                             f"{tuple(self.k_positions.shape)} have different batches")
+
+    heads: int
+
+    def values(self, h: Tensor | int, qp: Tensor, kp: Tensor) -> Tensor:
+        raise NotImplementedError
 
     @property
     def shape(self) -> torch.Size:
         rows = max(self.q_positions.shape[0], self.k_positions.shape[0])
-        return torch.Size((rows, self.slopes.shape[0], self.q_positions.shape[1], self.k_positions.shape[1]))
+        return torch.Size((rows, self.heads, self.q_positions.shape[1], self.k_positions.shape[1]))
 
     def dim(self) -> int:
         return 4
 
     @property
     def device(self) -> torch.device:
-        return self.slopes.device
+        return self.q_positions.device
 
     def at(self, b: Tensor | int, h: Tensor | int, t: Tensor, s: Tensor) -> Tensor:
         """The bias of query ``t`` (0..T-1) and key ``s`` (0..S-1) of row ``b``, head ``h``: any
-        broadcastable index tensors, in fp32."""
+        broadcastable index tensors."""
         qb = b if self.q_positions.shape[0] > 1 else 0
         kb = b if self.k_positions.shape[0] > 1 else 0
-        distance = (self.q_positions[qb, t] - self.k_positions[kb, s]).abs()
-        return -self.slopes[h] * distance.float()
+        return self.values(h, self.q_positions[qb, t], self.k_positions[kb, s])
 
     def dense(self) -> Tensor:
-        """The [B|1, H, T, S] tensor, fp32."""
-        distance = (self.q_positions[:, :, None] - self.k_positions[:, None, :]).abs().float()  # (B|1, T, S)
-        return -self.slopes[None, :, None, None] * distance[:, None]
+        """The [B|1, H, T, S] tensor."""
+        rows, heads, T, S = self.shape
+        b, h, t, s = (torch.arange(n, device=self.device) for n in (rows, heads, T, S))
+        return self.at(b.view(rows, 1, 1, 1), h.view(1, heads, 1, 1), t.view(T, 1), s.view(1, S))
+
+
+@dataclass(frozen=True, eq=False)
+class AlibiBias(PairBias):
+    """ALiBi's score bias (Press et al. 2022): ``-slopes[h] * |q_positions[b, t] - k_positions[b, s]|``
+    for query t and key s of row b, in fp32."""
+
+    slopes: Tensor  # [H]
+    q_positions: Tensor  # [B|1, T] (or [T])
+    k_positions: Tensor  # [B|1, S] (or [S])
+    requires_grad = False  # nothing in it is trained
+
+    @property
+    def heads(self) -> int:
+        return self.slopes.shape[0]
+
+    def values(self, h: Tensor | int, qp: Tensor, kp: Tensor) -> Tensor:
+        return -self.slopes[h] * (qp - kp).abs().float()
+
+
+@dataclass(frozen=True, eq=False)
+class RelativeBias(PairBias):
+    """T5's relative position bias: ``table[buckets(k_positions[b, s] - q_positions[b, t]), h]``, a
+    learned scalar per bucket of relative position and head; ``buckets`` maps relative positions to
+    bucket ids (zoo.components.position.relative_buckets). A trainable table gets its gradient
+    through whichever pairs a backend computes."""
+
+    table: Tensor  # [buckets, H]
+    q_positions: Tensor  # [B|1, T] (or [T])
+    k_positions: Tensor  # [B|1, S] (or [S])
+    buckets: Callable[[Tensor], Tensor]
+
+    @property
+    def heads(self) -> int:
+        return self.table.shape[1]
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.table.requires_grad
+
+    def values(self, h: Tensor | int, qp: Tensor, kp: Tensor) -> Tensor:
+        return self.table[self.buckets(kp - qp), h]
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,7 +148,7 @@ class Mask:
     documents: Tensor | None = None  # [B, S] document id of each key (and of the queries: its last T)
     q_documents: Tensor | None = None  # [B, T] the queries' own document ids (cross-attention)
     prefix: Tensor | None = None  # [B]: keys before prefix[b] are visible to every query of row b (causal only)
-    bias: Tensor | AlibiBias | None = None  # additive [B|1, H, T, S] on the allowed pairs
+    bias: Tensor | PairBias | None = None  # additive [B|1, H, T, S] on the allowed pairs
     device: torch.device | None = None  # where the dense form is made when no tensor above says
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -174,9 +221,9 @@ class Mask:
 
     def bias_at(self, b: Tensor | int, h: Tensor | int, t: Tensor, s: Tensor) -> Tensor:
         """The bias of query ``t`` (0..T-1, query coordinates) and key ``s`` of row ``b``, head ``h``
-        (broadcastable index tensors), read from the tensor or computed (:class:`AlibiBias`)."""
+        (broadcastable index tensors), read from the tensor or computed (:class:`PairBias`)."""
         bias = self.bias
-        if isinstance(bias, AlibiBias):
+        if isinstance(bias, PairBias):
             return bias.at(b, h, t, s)
         return bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0, t, s]
 
@@ -234,7 +281,7 @@ class Mask:
             allowed = self.allowed(0, qi, kj)[None, None]  # (1, 1, T, S)
         if self.bias is None:
             return allowed, False
-        bias = self.bias.dense() if isinstance(self.bias, AlibiBias) else self.bias
+        bias = self.bias.dense() if isinstance(self.bias, PairBias) else self.bias
         return bias.masked_fill(~allowed, float("-inf")), False
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 from zoo.kernels import blocked
 from zoo.kernels.cpu import choose
 from zoo.kernels.cpu.attention import _pow2, _setting
-from zoo.kernels.mask import AlibiBias, Mask
+from zoo.kernels.mask import AlibiBias, Mask, RelativeBias
 
 __all__ = ["band_class", "prefers_blocked"]
 
@@ -28,7 +28,9 @@ _TIMED_MACS = 1 << 28  # the dense call of a class: about a second forward + bac
 
 
 def _bias_kind(mask: Mask) -> str:
-    return "none" if mask.bias is None else "alibi" if isinstance(mask.bias, AlibiBias) else "tensor"
+    if mask.bias is None:
+        return "none"
+    return "alibi" if isinstance(mask.bias, AlibiBias) else "relative" if isinstance(mask.bias, RelativeBias) else "tensor"
 
 
 def band_class(dtype: torch.dtype, training: bool, bh: int, t: int, band: int, k: int, bias: str) -> tuple:
@@ -75,8 +77,10 @@ def _timing_calls(cls: tuple, dense: Callable[..., Tensor]) -> dict:
             made["qkv"] = [torch.randn(1, bh, t, k, generator=g).to(dtype) for _ in range(3)]
             made["grad"] = torch.randn(1, bh, t, k, generator=g).to(dtype)
             pos = torch.arange(t)
-            extra = None if bias == "none" else AlibiBias(torch.linspace(0.5, 0.01, bh), pos, pos) \
-                if bias == "alibi" else torch.randn(1, bh, t, t, generator=g).to(dtype)
+            extra = {"none": None, "alibi": AlibiBias(torch.linspace(0.5, 0.01, bh), pos, pos),
+                     "relative": RelativeBias(torch.randn(32, bh, generator=g).requires_grad_(training), pos, pos,
+                                              lambda r: (r.clamp(-16, 15) + 16)),  # T5's table of buckets
+                     "tensor": torch.randn(1, bh, t, t, generator=g).to(dtype)}[bias]
             made["mask"] = Mask(t, t, causal=True, window=2 * C + 1, bias=extra)
         return [x.detach().requires_grad_(training) for x in made["qkv"]], made["mask"], made["grad"]
 
