@@ -40,7 +40,7 @@ from zoo.kernels.cpu import choose
 from zoo.kernels.cpu.dropout import applies as dropout_applies
 from zoo.kernels.cpu.dropout import keep_mask, keep_scale
 
-__all__ = ["applies", "attention", "sdpa_only"]
+__all__ = ["applies", "attention", "sdpa_only", "setting"]
 
 _ZOO_KEYS = {  # (training, inference): the longest key sequence zoo's path takes without dropout
     torch.bfloat16: (512, 512),
@@ -79,22 +79,19 @@ def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None, is_caus
     if not training and q.shape[-2] < _MIN_QUERIES:
         return False
     rule = k.shape[-2] <= _ZOO_KEYS.get(q.dtype, (0, 0))[0 if training else 1]
-    if _setting() == "rule" or q.dtype not in _ZOO_KEYS or k.shape[-2] > _MEASURED_KEYS:
+    if setting() == "rule" or q.dtype not in _ZOO_KEYS or k.shape[-2] > _MEASURED_KEYS:
         return rule
     kind = "causal" if is_causal else "none" if mask is None else "bool" if mask.dtype == torch.bool else "bias"
     return prefers_zoo(q.dtype, training, q.shape[0] * q.shape[1], q.shape[-2], k.shape[-2], q.shape[-1],
                        v_dim=q.shape[-1] if v_dim is None else v_dim, kind=kind, default=rule)
 
 
-def _setting() -> str:
+def setting() -> str:
+    """``ZOO_CPU_ATTENTION``: ``measure`` (the default: kernels chosen by timing) or ``rule``."""
     value = os.environ.get("ZOO_CPU_ATTENTION", "measure").strip().lower() or "measure"
     if value not in ("measure", "rule"):
         raise ValueError(f"ZOO_CPU_ATTENTION={value!r}: use measure or rule")
     return value
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def attention_class(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: int, kind: str,
@@ -102,8 +99,8 @@ def attention_class(dtype: torch.dtype, training: bool, bh: int, t: int, s: int,
     """The shape class that shares one choice: the dtype, training or not, the mask's kind, the head
     sizes of queries/keys and of values (``v``, default ``k``), and queries, keys and batch x heads
     rounded up to powers of two (batch x heads at most what keeps one timed call near 2^27 multiply-adds)."""
-    t, s, v = _pow2(t), _pow2(s), k if v is None else v
-    bh = min(_pow2(bh), max(1, 1 << max(0, (_TIMED_MACS // max(1, t * s * (k + v) // 2)).bit_length() - 1)))
+    t, s, v = choose.pow2(t), choose.pow2(s), k if v is None else v
+    bh = min(choose.pow2(bh), max(1, 1 << max(0, (_TIMED_MACS // max(1, t * s * (k + v) // 2)).bit_length() - 1)))
     return str(dtype).removeprefix("torch."), "train" if training else "infer", bh, t, s, k, kind, v
 
 

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from zoo.kernels import blocked
 from zoo.kernels.cpu import choose
-from zoo.kernels.cpu.attention import _pow2, _setting
+from zoo.kernels.cpu.attention import setting
 from zoo.kernels.mask import AlibiBias, Mask, RelativeBias
 
 __all__ = ["band_class", "prefers_blocked"]
@@ -37,8 +37,8 @@ def band_class(dtype: torch.dtype, training: bool, bh: int, t: int, band: int, k
     """The shape class sharing one choice: dtype, training or not, the bias's kind, the head size, and
     the keys, the band's keys and batch x heads rounded up to powers of two (batch x heads at most
     what keeps the timed dense call near 2^28 multiply-adds)."""
-    t, band = _pow2(t), _pow2(band)
-    bh = min(_pow2(bh), max(1, 1 << max(0, (_TIMED_MACS // max(1, t * t * k)).bit_length() - 1)))
+    t, band = choose.pow2(t), choose.pow2(band)
+    bh = min(choose.pow2(bh), max(1, 1 << max(0, (_TIMED_MACS // max(1, t * t * k)).bit_length() - 1)))
     return str(dtype).removeprefix("torch."), "train" if training else "infer", bh, t, band, k, bias
 
 
@@ -53,7 +53,7 @@ def prefers_blocked(mask: Mask, q: Tensor, dense: Callable[..., Tensor]) -> bool
         return rule
     C, back, ahead = shape
     keys = (back + ahead + 1) * C
-    if keys * 2 > mask.k_len or _setting() == "rule":
+    if keys * 2 > mask.k_len or setting() == "rule":
         return rule
     training = torch.is_grad_enabled() and q.requires_grad
     cls = band_class(q.dtype, training, q.shape[0] * q.shape[1], mask.k_len, keys, q.shape[-1], _bias_kind(mask))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["adopt", "cache_path", "choices", "forget", "known", "machine", "pick", "record"]
+__all__ = ["adopt", "cache_path", "choices", "forget", "known", "machine", "pick", "pow2", "record"]
 
 _MARGIN = 0.1
 _memory: dict[str, dict] = {}  # the choices this process has made or used (what a checkpoint records)
@@ -157,6 +157,11 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def pow2(n: int) -> int:
+    """``n`` rounded up to a power of two: how shape classes round their sizes."""
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def known(op: str, shape_class: str) -> str | None:
