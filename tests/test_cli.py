@@ -50,10 +50,12 @@ def test_python_m_zoo_list_is_zoo_list(capsys):
     assert "ffn: geglu, gelu, moe, quick_gelu, relu, silu, swiglu" in run.stdout and "presets: " in run.stdout
 
 
-def test_python_m_zoo_without_a_command_and_with_help():
-    run = _python_m_zoo()  # as `zoo`: the presets table
+def test_python_m_zoo_without_a_command_and_with_help(capsys):
+    run = _python_m_zoo()  # as `zoo`: the presets table (the module entry point, in a new interpreter)
     assert run.returncode == 0 and "zoo presets" in run.stdout and "gpt2-small" in run.stdout
-    run = _python_m_zoo("--help")
-    assert run.returncode == 0 and run.stdout.startswith("usage: zoo ") and "list" in run.stdout
-    run = _python_m_zoo("frobnicate")
-    assert run.returncode == 2 and run.stdout == "" and run.stderr.startswith("zoo: error: argument COMMAND: invalid choice")
+    assert main(["--help"]) == 0  # the same main, in this process
+    out = capsys.readouterr().out
+    assert out.startswith("usage: zoo ") and "list" in out and "kernels" in out
+    assert main(["frobnicate"]) == 2
+    run = capsys.readouterr()
+    assert run.out == "" and run.err.startswith("zoo: error: argument COMMAND: invalid choice")
