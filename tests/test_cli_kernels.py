@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+
+import zoo
 
 from zoo.cli import main
-from zoo.cli_kernels import _inputs
 from zoo.kernels.cpu import choose, linear
 from zoo.spec import load_spec
 
@@ -49,12 +51,15 @@ def test_kernels_measures_a_training_step_lists_and_clears(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("preset,shapes", [("vit-tiny-16", [(3, 3, 224, 224)]),
                                            ("t5-tiny", [(3, 16), (3, 16)]), ("bert-mini", [(3, 16)])])
-def test_kernels_makes_each_familys_inputs(preset, shapes):
-    spec = load_spec(preset)
-    got = _inputs(spec, 3, 16)
+def test_each_family_declares_its_example_inputs(preset, shapes):
+    spec = load_spec(preset, ["n_layers=1"])
+    model = zoo.build(spec, seed=0)
+    got = model.example_inputs(3, 16, torch.Generator().manual_seed(0))
     assert [tuple(x.shape) for x in got] == shapes
     if spec.family != "vit":
         assert all(int(x.max()) < spec.vocab_size and int(x.min()) >= 0 for x in got)
+    with torch.no_grad():
+        model.eval()(*got)  # forward takes them as they come
 
 
 def test_kernels_measures_an_inference_pass_of_a_vit(tmp_path, monkeypatch, capsys):

@@ -40,17 +40,6 @@ def add_parser(sub, positive_int) -> argparse.ArgumentParser:
     return p
 
 
-def _inputs(spec, batch: int, seq: int | None) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
-    if spec.family == "vit":
-        return (torch.randn(batch, spec.in_channels, spec.image_size, spec.image_size, generator=g),)
-    T = seq or min(spec.max_seq_len, 512)
-    tokens = torch.randint(0, spec.vocab_size, (batch, T), generator=g)
-    if spec.family == "encoder_decoder":
-        return torch.randint(0, spec.src_vocab_size or spec.vocab_size, (batch, T), generator=g), tokens
-    return (tokens,)
-
-
 def _first_tensor(out) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
@@ -65,7 +54,8 @@ def measure(spec, *, batch: int, seq: int | None, precision: str, infer: bool) -
 
     before = set(choose.choices())
     model = build(spec, seed=0).train(not infer)
-    inputs = _inputs(spec, batch, seq)
+    seq = seq or min(getattr(spec, "max_seq_len", 512), 512)  # a ViT has none: its image sets its tokens
+    inputs = model.example_inputs(batch, seq, torch.Generator().manual_seed(0))
     with torch.inference_mode(infer), autocast(torch.device("cpu"), precision):
         out = _first_tensor(model(*inputs))
     if not infer:

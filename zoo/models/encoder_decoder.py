@@ -10,6 +10,7 @@ projection (sec. 3.4), and multiplies embeddings by sqrt(d_model).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from zoo.components import parts
@@ -98,6 +99,12 @@ class EncoderDecoder(Family):
     def new_cache(self, capacity: int) -> KVCache:
         """An empty KV cache for up to ``capacity`` target positions."""
         return self.decoder.new_cache(capacity)
+
+    def example_inputs(self, batch: int, seq: int, generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
+        """Source and target token ids."""
+        src_vocab = self.spec.src_vocab_size or self.spec.vocab_size
+        return (torch.randint(0, src_vocab, (batch, seq), generator=generator),
+                torch.randint(0, self.spec.vocab_size, (batch, seq), generator=generator))
 
     def forward(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from zoo.components import parts
@@ -29,6 +30,11 @@ class Family(nn.Module):
     def sequence(self, seq: int) -> int:
         """The tokens one sample has when a sequence is ``seq`` long (a ViT: fixed by its image)."""
         return seq
+
+    def example_inputs(self, batch: int, seq: int, generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
+        """Random inputs of a ``batch`` of ``seq``-token samples, in the order ``forward`` takes them
+        (what ``zoo kernels --measure`` runs a step on): token ids by default."""
+        return (torch.randint(0, self.spec.vocab_size, (batch, seq), generator=generator),)
 
     def stacks(self, seq: int) -> list[tuple[Stack, int, int | None]]:
         """(stack, its tokens, its memory tokens or None) for one sample of ``seq`` tokens."""

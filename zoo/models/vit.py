@@ -177,6 +177,10 @@ class VisionTransformer(Family):
     def sequence(self, seq: int) -> int:
         return self.spec.n_tokens
 
+    def example_inputs(self, batch: int, seq: int, generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
+        size = self.spec.image_size
+        return (torch.randn(batch, self.spec.in_channels, size, size, generator=generator),)
+
     def stacks(self, seq: int) -> list[tuple[Stack, int, int | None]]:
         return [(self.stack, self.spec.n_tokens, None)]
 

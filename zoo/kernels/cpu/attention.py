@@ -128,21 +128,12 @@ def _timing_calls(cls: tuple) -> dict:
             made["grad"] = torch.randn(1, bh, t, v_dim, generator=g).to(dtype)
             made["mask"] = (torch.rand(1, 1, t, s, generator=g) < 0.9) | torch.eye(t, s, dtype=torch.bool)[None, None] \
                 if kind == "bool" else torch.randn(1, 1, t, s, generator=g).to(dtype) if kind == "bias" else None
-        return [x.detach().requires_grad_(training) for x in made["qkv"]], made["mask"], made["grad"]
-
-    def run(fn):
-        def call():
-            (q, k_, v), mask, grad = inputs()
-            with torch.enable_grad() if training else contextlib.nullcontext():
-                out = fn(q, k_, v, mask)
-                if training:
-                    out.backward(grad)
-        return call
+        return (*[x.detach().requires_grad_(training) for x in made["qkv"]], made["mask"]), made["grad"]
 
     causal = kind == "causal"
-    return {"zoo": run(lambda q, k_, v, m: attention(q, k_, v, m, causal, 0.0)),
-            "sdpa": run(lambda q, k_, v, m: torch.nn.functional.scaled_dot_product_attention(
-                q, k_, v, attn_mask=m, is_causal=causal))}
+    return {"zoo": choose.step(lambda q, k_, v, m: attention(q, k_, v, m, causal, 0.0), inputs, training),
+            "sdpa": choose.step(lambda q, k_, v, m: torch.nn.functional.scaled_dot_product_attention(
+                q, k_, v, attn_mask=m, is_causal=causal), inputs, training)}
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float, *,

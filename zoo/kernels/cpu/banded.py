@@ -82,20 +82,11 @@ def _timing_calls(cls: tuple, dense: Callable[..., Tensor]) -> dict:
                                               lambda r: (r.clamp(-16, 15) + 16)),  # T5's table of buckets
                      "tensor": torch.randn(1, bh, t, t, generator=g).to(dtype)}[bias]
             made["mask"] = Mask(t, t, causal=True, window=2 * C + 1, bias=extra)
-        return [x.detach().requires_grad_(training) for x in made["qkv"]], made["mask"], made["grad"]
-
-    def run(fn):
-        def call():
-            (q, k_, v), mask, grad = inputs()
-            with torch.enable_grad() if training else torch.no_grad():
-                out = fn(q, k_, v, mask)
-                if training:
-                    out.backward(grad)
-        return call
+        return (*[x.detach().requires_grad_(training) for x in made["qkv"]], made["mask"]), made["grad"]
 
     def dense_call(q, k_, v, mask):
         attn_mask, is_causal = mask.dense()
         return dense(q, k_, v, attn_mask, is_causal, 0.0, False, None)
 
-    return {"blocked": run(lambda q, k_, v, m: blocked.attention(q, k_, v, m, inner=dense)),
-            "dense": run(dense_call)}
+    return {"blocked": choose.step(lambda q, k_, v, m: blocked.attention(q, k_, v, m, inner=dense), inputs, training),
+            "dense": choose.step(dense_call, inputs, training)}

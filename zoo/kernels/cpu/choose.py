@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["adopt", "cache_path", "choices", "forget", "known", "machine", "pick", "pow2", "record"]
+__all__ = ["adopt", "cache_path", "choices", "forget", "known", "machine", "pick", "pow2", "record", "step"]
 
 _MARGIN = 0.1
 _memory: dict[str, dict] = {}  # the choices this process has made or used (what a checkpoint records)
@@ -157,6 +157,20 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def step(fn: Callable[..., object], inputs: Callable[[], tuple[tuple, torch.Tensor]], training: bool) -> Callable[[], None]:
+    """A candidate for :func:`pick`: ``fn(*args)`` on the ``(args, grad)`` that ``inputs()`` gives, and
+    with ``training`` the backward pass of its output with ``grad`` (pick times under no_grad)."""
+
+    def call() -> None:
+        args, grad = inputs()
+        with torch.enable_grad() if training else torch.no_grad():
+            out = fn(*args)
+            if training:
+                out.backward(grad)
+
+    return call
 
 
 def pow2(n: int) -> int:
