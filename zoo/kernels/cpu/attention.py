@@ -109,9 +109,12 @@ def prefers_zoo(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: 
     """Whether zoo's kernel beats SDPA for this class on this machine (timed once, cached per machine:
     :mod:`zoo.kernels.cpu.choose`); ``default`` (the rule's answer) stands unless the other is 10% faster."""
     cls = attention_class(dtype, training, bh, t, s, k, kind, v_dim)
+    name = "{}/{}/bh{}/t{}/s{}/k{}/{}".format(*cls[:7]) + (f"/v{v_dim}" if v_dim != k else "")
+    known = choose.known("attention", name)  # the hot path (every attention call): one lookup
+    if known in ("zoo", "sdpa"):
+        return known == "zoo"
     made = _timing_calls(cls)
     order = ("zoo", "sdpa") if default else ("sdpa", "zoo")
-    name = "{}/{}/bh{}/t{}/s{}/k{}/{}".format(*cls[:7]) + (f"/v{v_dim}" if v_dim != k else "")
     return choose.pick("attention", name, {n: made[n] for n in order}) == "zoo"
 
 

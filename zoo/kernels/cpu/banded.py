@@ -57,10 +57,13 @@ def prefers_blocked(mask: Mask, q: Tensor, dense: Callable[..., Tensor]) -> bool
         return rule
     training = torch.is_grad_enabled() and q.requires_grad
     cls = band_class(q.dtype, training, q.shape[0] * q.shape[1], mask.k_len, keys, q.shape[-1], _bias_kind(mask))
+    name = "{}/{}/bh{}/t{}/band{}/k{}/{}".format(*cls)
+    known = choose.known("banded_attention", name)  # the hot path (every attention call): one lookup
+    if known in ("blocked", "dense"):
+        return known == "blocked"
     made = _timing_calls(cls, dense)
     order = ("blocked", "dense") if rule else ("dense", "blocked")
-    return choose.pick("banded_attention", "{}/{}/bh{}/t{}/band{}/k{}/{}".format(*cls),
-                       {n: made[n] for n in order}) == "blocked"
+    return choose.pick("banded_attention", name, {n: made[n] for n in order}) == "blocked"
 
 
 def _timing_calls(cls: tuple, dense: Callable[..., Tensor]) -> dict:
