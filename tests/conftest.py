@@ -54,14 +54,20 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _kernel_policy():
+    """Each test's ``zoo.kernels.use(...)`` changes end with the test."""
+    before = zoo.kernels.use()
+    yield
+    before.restore()
+
+
 # ------------------------------------------------------------------- against reference models
 @pytest.fixture
 def aten_linears(monkeypatch):
     """fp32 linears on ATen, as the reference models' are, so a comparison is not off by oneDNN's
     summation order (``pytestmark = pytest.mark.usefixtures("aten_linears")``)."""
-    from zoo.kernels.cpu import linear
-
-    monkeypatch.setattr(linear, "_choice", "aten")
+    zoo.kernels.use(cpu_linear="aten")  # the autouse _kernel_policy puts it back
 
 
 def randomize(model: torch.nn.Module, seed: int = 0, *, buffers: tuple[str, ...] = ()) -> torch.nn.Module:

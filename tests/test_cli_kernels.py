@@ -20,8 +20,8 @@ LLAMA = ["kernels", "--measure", "llama-3.2-tiny", "--set", "n_layers=1", "--set
 
 def test_kernels_measures_a_training_step_lists_and_clears(tmp_path, monkeypatch, capsys):
     cache = tmp_path / "kernels.json"
-    monkeypatch.setenv("ZOO_KERNEL_CACHE", str(cache))
-    monkeypatch.setenv("ZOO_CPU_ATTENTION", "measure")
+    zoo.kernels.use(cache=str(cache))
+    zoo.kernels.use(cpu_attention="measure")
     choose.forget()
     try:
         assert main(["kernels"]) == 0 and "no kernel choices measured on this machine yet" in capsys.readouterr().out
@@ -42,7 +42,7 @@ def test_kernels_measures_a_training_step_lists_and_clears(tmp_path, monkeypatch
         assert shown["choices"] == saved and shown["cache"] == str(cache) and shown["machine"] == choose.machine()
         assert main(["kernels", "--clear"]) == 0
         assert f"deleted {cache}" in capsys.readouterr().out and not cache.exists() and not choose.choices()
-        monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
+        zoo.kernels.use(cache="off")
         assert main(LLAMA) == 2
         assert "zoo: error: ZOO_KERNEL_CACHE=off: choices would not be kept" in capsys.readouterr().err
     finally:
@@ -63,8 +63,8 @@ def test_each_family_declares_its_example_inputs(preset, shapes):
 
 
 def test_kernels_measures_an_inference_pass_of_a_vit(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("ZOO_KERNEL_CACHE", str(tmp_path / "kernels.json"))
-    monkeypatch.setenv("ZOO_CPU_ATTENTION", "measure")
+    zoo.kernels.use(cache=str(tmp_path / "kernels.json"))
+    zoo.kernels.use(cpu_attention="measure")
     choose.forget()
     try:
         assert main(["kernels", "--measure", "vit-tiny-16", "--set", "n_layers=1", "--batch", "2", "--infer"]) == 0

@@ -14,7 +14,7 @@ from zoo.kernels import cpu
 @pytest.fixture
 def cpu_kernels_everywhere(monkeypatch):
     """Every CPU kernel's thresholds at their most permissive: only the device can rule them out."""
-    monkeypatch.setattr(cpu.linear, "_choice", "onednn")
+    zoo.kernels.use(cpu_linear="onednn")
     monkeypatch.setattr(cpu.linear, "_MIN_MACS", 0)
     monkeypatch.setattr(cpu.linear, "_MIN_WEIGHT", 0)
     monkeypatch.setattr(cpu.attention, "_ZOO_KEYS", {t: (1 << 30, 1 << 30) for t in (torch.float32, torch.bfloat16)})
@@ -78,8 +78,8 @@ def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
 
     A = cpu.attention
     real_timing_calls = A._timing_calls
-    monkeypatch.setenv("ZOO_CPU_ATTENTION", "measure")
-    monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
+    zoo.kernels.use(cpu_attention="measure")
+    zoo.kernels.use(cache="off")
     choose.forget()
     timed = []
 
@@ -109,8 +109,8 @@ def test_cpu_attention_choice_is_measured_per_shape_class(monkeypatch):
         assert A.applies(qb, qb, 0.0, None, True) in (True, False)
     assert len(choose.choices()) == 5
     monkeypatch.setenv("ZOO_CPU_ATTENTION", "fastest")
-    with pytest.raises(ValueError, match="ZOO_CPU_ATTENTION='fastest': use measure or rule"):
-        A.applies(q, k, 0.0, None)
+    with pytest.raises(ValueError, match="ZOO_CPU_ATTENTION='fastest': use one of measure, rule, sdpa"):
+        zoo.kernels.use(from_env=True)
 
 
 @pytest.mark.parametrize("kind", ["none", "causal", "bool", "bias"])

@@ -23,7 +23,7 @@ needs_onednn = pytest.mark.skipif(not L.onednn_available(), reason="this torch b
 @pytest.fixture
 def onednn_everywhere(monkeypatch):
     """Force the oneDNN path for every fp32 CPU linear, however small, and count its calls."""
-    monkeypatch.setattr(L, "_choice", "onednn")
+    zoo.kernels.use(cpu_linear="onednn")
     monkeypatch.setattr(L, "_MIN_MACS", 0)
     monkeypatch.setattr(L, "_MIN_WEIGHT", 0)
     calls = []
@@ -97,7 +97,7 @@ def test_models_train_the_same_on_either_backend(family, monkeypatch):
     monkeypatch.setattr(L, "_MIN_WEIGHT", 0)
     finals = {}
     for backend in ["aten", "onednn"]:
-        monkeypatch.setattr(L, "_choice", backend)
+        zoo.kernels.use(cpu_linear=backend)
         model = tiny_model(family, ["dropout.residual=0", "dropout.attention=0", "dropout.embedding=0"]).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         inputs = example_inputs(model)
@@ -117,7 +117,7 @@ def test_models_train_the_same_on_either_backend(family, monkeypatch):
 
 
 def test_fast_path_leaves_autocast_small_products_and_other_dtypes_to_torch(monkeypatch):
-    monkeypatch.setattr(L, "_choice", "onednn")
+    zoo.kernels.use(cpu_linear="onednn")
     calls = []
     monkeypatch.setattr(L._OneDnnLinear, "apply", lambda *a: calls.append(1))
     big_x, big_w = torch.randn(64, 256), torch.randn(512, 256)  # 8M multiply-adds
@@ -128,30 +128,30 @@ def test_fast_path_leaves_autocast_small_products_and_other_dtypes_to_torch(monk
     assert kernels.linear(big_x.double(), big_w.double()).dtype == torch.float64
     assert kernels.linear(torch.randn(0, 256), big_w).shape == (0, 512)
     assert calls == []
-    monkeypatch.setattr(L, "_choice", "aten")
+    zoo.kernels.use(cpu_linear="aten")
     kernels.linear(big_x, big_w)
     assert calls == []
     if L.onednn_available():
-        monkeypatch.setattr(L, "_choice", "onednn")
+        zoo.kernels.use(cpu_linear="onednn")
         kernels.linear(big_x, big_w)
         kernels.linear(torch.randn(1, 1024), torch.randn(1024, 1024))  # a decoding step over a 1M weight
         assert len(calls) == 2
 
 
 def test_backend_choice_is_validated_and_measured_per_shape_class(monkeypatch, tmp_path):
-    with pytest.raises(ValueError, match="auto, onednn, aten"):
-        L.set_cpu_linear("mkl")
-    monkeypatch.setattr(L, "_choice", None)
+    with pytest.raises(ValueError, match=r"use\(cpu_linear=...\)='mkl': use one of auto, onednn, aten"):
+        zoo.kernels.use(cpu_linear="mkl")
     monkeypatch.setenv("ZOO_CPU_LINEAR", "fast")
     with pytest.raises(ValueError, match="ZOO_CPU_LINEAR='fast'"):
-        L.cpu_linear_backend()
+        zoo.kernels.use(from_env=True)
     monkeypatch.setenv("ZOO_CPU_LINEAR", "aten")
+    zoo.kernels.use(from_env=True)  # the environment is read once: a process that changes it reads it again
     assert L.cpu_linear_backend() == "aten" and not L.prefers_onednn(4096, 1024, 1024, True)
-    monkeypatch.setenv("ZOO_CPU_LINEAR", "auto")
+    zoo.kernels.use(cpu_linear="auto")
     assert L.cpu_linear_backend() == ("auto" if L.onednn_available() else "aten")
     if L.onednn_available():
         # auto: each shape class is timed once, both backends, and the faster kept (here a stand-in clock)
-        monkeypatch.setenv("ZOO_KERNEL_CACHE", str(tmp_path / "kernels.json"))
+        zoo.kernels.use(cache=str(tmp_path / "kernels.json"))
         choose.forget()
         timed = []
 
@@ -174,17 +174,15 @@ def test_backend_choice_is_validated_and_measured_per_shape_class(monkeypatch, t
         assert saved["machine"] == choose.machine()
         assert saved["choices"]["linear_fp32/512x2048x512+grad"]["pick"] == "onednn"
         assert saved["choices"]["linear_fp32/512x1024x512+grad"]["pick"] == "aten"
-    L.set_cpu_linear("onednn")
-    try:
+    with zoo.kernels.use(cpu_linear="onednn"):
         assert L.cpu_linear_backend() == ("onednn" if L.onednn_available() else "aten")
-    finally:
-        L.set_cpu_linear(None)
+    assert L.cpu_linear_backend() == ("auto" if L.onednn_available() else "aten")
 
 
 def test_measured_choice_keeps_the_global_rng_and_the_flop_count(monkeypatch):
     from torch.utils.flop_counter import FlopCounterMode
 
-    monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
+    zoo.kernels.use(cache="off")
     choose.forget()
     torch.manual_seed(3)
     expected = torch.rand(4)
@@ -200,7 +198,7 @@ def test_measured_choice_keeps_the_global_rng_and_the_flop_count(monkeypatch):
 
 def test_unreadable_or_foreign_cache_is_measured_afresh(monkeypatch, tmp_path):
     path = tmp_path / "kernels.json"
-    monkeypatch.setenv("ZOO_KERNEL_CACHE", str(path))
+    zoo.kernels.use(cache=str(path))
     path.write_text("{not json")
     choose.forget()
     with pytest.warns(UserWarning, match="unreadable"):

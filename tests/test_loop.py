@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+import zoo
 from torch import nn
 
 import zoo.train.loop
@@ -106,7 +108,7 @@ def test_resume_takes_back_the_kernel_choices_its_run_used(tmp_path, monkeypatch
 
     from zoo.kernels.cpu import choose
 
-    monkeypatch.setenv("ZOO_KERNEL_CACHE", str(tmp_path / "kernels.json"))
+    zoo.kernels.use(cache=str(tmp_path / "kernels.json"))
     slow = {"a": 0.0, "b": 0.02}  # a stand-in clock: kernel "a" measures faster
 
     class Choosing(Regression):  # the two "kernels" compute different things, so the choice shows

@@ -12,6 +12,8 @@ import random
 
 import pytest
 import torch
+
+import zoo
 import torch.nn.functional as F
 from conftest import tiny_model
 
@@ -190,8 +192,8 @@ def test_blocked_or_dense_is_measured_per_class_on_a_cpu(monkeypatch):
 
     from zoo.kernels.cpu import banded, choose
 
-    monkeypatch.setenv("ZOO_CPU_ATTENTION", "measure")
-    monkeypatch.setenv("ZOO_KERNEL_CACHE", "off")
+    zoo.kernels.use(cpu_attention="measure")
+    zoo.kernels.use(cache="off")
     choose.forget()
     timed = []
 
@@ -215,7 +217,7 @@ def test_blocked_or_dense_is_measured_per_class_on_a_cpu(monkeypatch):
         assert kernels.backend_for(long, torch.zeros(1, 8, 2 * T, 64)) == "dense" and len(timed) == 16
         # outside the region where blocking can pay (a band over half the keys): the rule, nothing timed
         assert kernels.backend_for(Mask(T, T, causal=True, documents=(torch.arange(T) // 1000)[None]), q16) == "dense"
-        monkeypatch.setenv("ZOO_CPU_ATTENTION", "rule")
+        zoo.kernels.use(cpu_attention="rule")
         assert kernels.backend_for(m, q16) == "dense" and len(timed) == 16
         assert banded.band_class(torch.float32, True, 64, 3000, 700, 64, "none") == ("float32", "train", 1, 4096,
                                                                                      1024, 64, "none")

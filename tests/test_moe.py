@@ -129,13 +129,10 @@ def test_fp32_experts_take_onednn_where_zoos_linears_do(backend, takes, monkeypa
     for name in ("_loop", "_grouped"):
         real = getattr(grouped, name)
         monkeypatch.setattr(grouped, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
-    cpu_linear.set_cpu_linear(backend)
-    try:
+    with zoo.kernels.use(cpu_linear=backend):
         counts = torch.tensor([40, 24])
         x, w = torch.randn(64, 256), torch.randn(2, 512, 256)  # large enough for oneDNN (cpu_linear.applies)
         y = grouped.grouped_mm(x, w, counts, counts.cumsum(0, dtype=torch.int32))
-    finally:
-        cpu_linear.set_cpu_linear(None)
     assert taken == [takes] and (y - _per_row(x, w, counts)).abs().max() < 1e-3
 
 

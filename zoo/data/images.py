@@ -25,6 +25,7 @@ from einops import rearrange
 from torch import Tensor
 
 from zoo.atomic import atomic_write
+from zoo.dirs import cache_dir as zoo_cache_dir
 
 __all__ = [
     "DatasetMissing", "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "FASHION_MNIST_MEAN", "FASHION_MNIST_STD",
@@ -69,11 +70,8 @@ def read_idx(path: str | os.PathLike) -> Tensor:
 
 
 def default_cache_dir() -> Path:
-    """``$ZOO_CACHE_DIR``, else ``$XDG_CACHE_HOME/zoo``, else ``~/.cache/zoo``."""
-    if os.environ.get("ZOO_CACHE_DIR"):
-        return Path(os.environ["ZOO_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "zoo"
+    """``$ZOO_CACHE_DIR``, else ``$XDG_CACHE_HOME/zoo``, else ``~/.cache/zoo`` (:func:`zoo.dirs.cache_dir`)."""
+    return zoo_cache_dir()
 
 
 def load_fashion_mnist(root: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None) -> dict[str, Tensor]:

@@ -10,16 +10,19 @@ the models build and the attention backends read: dense SDPA, :mod:`zoo.kernels.
 blocks of SDPA over each block's band of keys) and :mod:`zoo.kernels.flex` (FlexAttention on CUDA),
 chosen per call by :func:`backend_for` under :func:`attention_backend`.
 :func:`sdpa_only` turns zoo's own attention off within a context (so a forced SDPA kernel applies).
+Which kernel runs is one policy (:mod:`zoo.kernels.policy`): :func:`use` sets it, ``policy.policy()``
+reads it, ``zoo kernels --explain SPEC`` prints it.
 :func:`grouped_mm` multiplies rows sorted by group by one matrix per group (mixture-of-experts
 layers, :mod:`zoo.kernels.grouped`).
 """
 
-from zoo.kernels import blocked, cpu, flex, grouped
+from zoo.kernels import blocked, cpu, flex, grouped, policy
 from zoo.kernels.cpu.attention import sdpa_only
 from zoo.kernels.dispatch import BACKENDS, attention, attention_backend, backend_for, dropout, linear, scores_attention
 from zoo.kernels.grouped import grouped_mm
 from zoo.kernels.mask import AlibiBias, Mask, MaskError, PairBias, RelativeBias, document_positions
+from zoo.kernels.policy import Policy, explaining, use
 
-__all__ = ["BACKENDS", "AlibiBias", "Mask", "MaskError", "attention", "attention_backend", "backend_for", "blocked", "cpu",
+__all__ = ["BACKENDS", "AlibiBias", "Mask", "MaskError", "Policy", "explaining", "policy", "use", "attention", "attention_backend", "backend_for", "blocked", "cpu",
            "document_positions", "dropout", "flex", "grouped", "grouped_mm", "linear", "PairBias", "RelativeBias",
            "scores_attention", "sdpa_only"]

@@ -9,44 +9,36 @@ no fused kernel computes (soft-capped scores). Which one an attention takes is i
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.kernels import blocked, cpu, flex
+from zoo.kernels import blocked, cpu, flex, policy
 from zoo.kernels.cpu import banded
 from zoo.kernels.mask import Mask
 
 __all__ = ["BACKENDS", "attention", "attention_backend", "backend_for", "dropout", "linear", "scores_attention"]
 
-BACKENDS = ("auto", "dense", "blocked", "flex")
-_BACKEND = contextvars.ContextVar("zoo_attention_backend", default="auto")
+BACKENDS = policy.FIELDS["attention"]
 
 
-@contextlib.contextmanager
-def attention_backend(name: str) -> Iterator[None]:
-    """Within this context a structured :class:`~zoo.kernels.mask.Mask` is computed by backend
-    ``name``: ``auto`` (default: ``flex`` on CUDA and ``blocked`` on CPU where the mask bounds its keys
-    enough to gain, by rule or as measured on the CPU: :mod:`zoo.kernels.cpu.banded`; else ``dense``), ``dense`` (SDPA, or zoo's CPU kernel, on the dense mask),
-    ``blocked`` (:mod:`zoo.kernels.blocked`; masks that bound nothing stay dense) or ``flex``
-    (:mod:`zoo.kernels.flex`, CUDA only)."""
+def attention_backend(name: str) -> policy.use:
+    """Within this context (``with``) a structured :class:`~zoo.kernels.mask.Mask` is computed by
+    backend ``name``: ``auto`` (default: ``flex`` on CUDA and ``blocked`` on CPU where the mask bounds
+    its keys enough to gain, by rule or as measured on the CPU: :mod:`zoo.kernels.cpu.banded`; else
+    ``dense``), ``dense`` (SDPA, or zoo's CPU kernel, on the dense mask), ``blocked``
+    (:mod:`zoo.kernels.blocked`; masks that bound nothing stay dense) or ``flex``
+    (:mod:`zoo.kernels.flex`, CUDA only). The kernel policy's ``attention`` field:
+    ``zoo.kernels.use(attention=name)``."""
     if name not in BACKENDS:
         raise ValueError(f"attention backend {name!r}: use one of {', '.join(BACKENDS)}")
-    token = _BACKEND.set(name)
-    try:
-        yield
-    finally:
-        _BACKEND.reset(token)
+    return policy.use(attention=name)
 
 
 def backend_for(mask: Mask, q: Tensor, dropout_p: float = 0.0) -> str:
     """Which backend computes ``mask`` for queries ``q`` under the current :func:`attention_backend`:
     dense, blocked or flex. An explicit flex where it cannot run is refused naming the one that would."""
-    name = _BACKEND.get()
+    name = policy.policy().attention
     if name == "flex":
         why = flex.refusal(q, dropout_p)
         if why is not None:
@@ -66,8 +58,14 @@ def backend_for(mask: Mask, q: Tensor, dropout_p: float = 0.0) -> str:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; fp32 products on CPU may run on oneDNN (:mod:`zoo.kernels.cpu.linear`)."""
     if cpu.linear.applies(x, weight, bias):
+        policy.note("linear", _shape(x, weight), "onednn")
         return cpu.linear.linear(x, weight, bias)
+    policy.note("linear", _shape(x, weight), "aten")
     return F.linear(x, weight, bias)
+
+
+def _shape(x: Tensor, w: Tensor) -> str:
+    return f"{x.numel() // max(1, x.shape[-1])}x{w.shape[1]} @ {w.shape[1]}x{w.shape[0]} {str(x.dtype)[6:]}"
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -97,6 +95,7 @@ def attention(
     (None: 1/sqrt(K)). On CPU, short sequences and attention dropout run :mod:`zoo.kernels.cpu.attention`."""
     if isinstance(mask, Mask):
         backend = backend_for(mask, q, dropout_p)
+        policy.note("mask", f"{tuple(q.shape)} keys {k.shape[-2]}", backend)
         if backend == "flex":
             return flex.attention(q, k, v, mask, scale=scale, enable_gqa=enable_gqa)
         if backend == "blocked":
@@ -112,7 +111,9 @@ def _dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_ca
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
     if cpu.attention.applies(q, k, dropout_p, mask, is_causal, v.shape[-1]):
+        policy.note("attention", f"{tuple(q.shape)} keys {k.shape[-2]} {str(q.dtype)[6:]}", "zoo")
         return cpu.attention.attention(q, k, v, mask, is_causal, dropout_p, scale=scale)
+    policy.note("attention", f"{tuple(q.shape)} keys {k.shape[-2]} {str(q.dtype)[6:]}", "sdpa")
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa, scale=scale
     )

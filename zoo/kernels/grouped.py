@@ -101,13 +101,18 @@ def applies(x: Tensor, w: Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device) >= (8, 0))
 
 
-def grouped_mm(x: Tensor, w: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
+def grouped_mm(x: Tensor, w: Tensor, counts: Tensor, offsets: Tensor, *, traceable: bool = True) -> Tensor:
     """``cat([x[rows of group e] @ w[e].T for e in range(E)])`` for x [N, K] sorted by group and
     w [E, M, K] (a linear's weight per group) -> [N, M]. ``counts`` [E]: rows per group;
     ``offsets`` [E] int32: their cumulative sum (where each group ends). Computes in
-    :func:`compute_dtype`."""
+    :func:`compute_dtype`. Inside a compiled region, where torch's grouped_mm cannot be traced
+    (fp32, the loop), it runs as one opaque operator (:mod:`zoo.kernels.grouped_op`)."""
     dtype = compute_dtype(x, w)
     x, w = x.to(dtype), cast_weight(w, dtype)
+    if traceable and torch.compiler.is_compiling() and not (applies(x, w) and dtype != torch.float32):
+        from zoo.kernels.grouped_op import expert_mm
+
+        return expert_mm(x, w, counts, offsets)
     if x.numel() and cpu.linear.applies(x, w[0], None):  # fp32 where zoo's linears take oneDNN
         return _loop(x, w, counts, cpu.linear.linear)
     if applies(x, w):
@@ -125,14 +130,19 @@ def _grouped(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
         x, w = F.pad(x, (0, pad_k)), F.pad(w, (0, pad_k))
     if pad_m:
         w = F.pad(w, (0, 0, 0, pad_m))
-    if not x.is_contiguous() or x.data_ptr() % 16:  # a fresh allocation is aligned
-        x = x.clone(memory_format=torch.contiguous_format)
-    if not w.is_contiguous() or w.data_ptr() % 16:
-        w = w.clone(memory_format=torch.contiguous_format)
+    x, w = _aligned(x), _aligned(w)
     y = F.grouped_mm(x, w.transpose(-2, -1), offs=offsets)
-    if y.requires_grad:  # its backward takes only dense gradients (not a broadcast one)
-        y.register_hook(lambda g: g.contiguous())
+    if y.requires_grad and not torch.compiler.is_compiling():  # its backward takes only dense gradients
+        y.register_hook(lambda g: g.contiguous())  # (compiled: the traced backward's are)
     return y[:, :m] if pad_m else y
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """``t`` contiguous in a 16-byte aligned storage (a fresh allocation is; so is every buffer a
+    compiled graph allocates, which cannot read a data pointer)."""
+    if torch.compiler.is_compiling():
+        return t.contiguous()
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
 def _loop(x: Tensor, w: Tensor, counts: Tensor, linear=F.linear) -> Tensor:
@@ -274,9 +284,9 @@ class _Gated(torch.autograd.Function):
 
 def gated(gu: Tensor, act: torch.nn.Module) -> Tensor:
     """``act(gate) * up`` of [gate | up] [R, 2F] -> [R, F]; for SiLU and GELU one autograd step
-    that keeps only [gate | up] for its backward (recomputing act(gate))."""
+    that keeps only [gate | up] for its backward (recomputing act(gate)); compiled, the plain form."""
     fns = _act(act)
-    if fns is None or gu.dim() != 2:
+    if fns is None or gu.dim() != 2 or torch.compiler.is_compiling():  # a compiler fuses the plain form
         gate, up = gu.chunk(2, dim=-1)
         return act(gate) * up
     return _Gated.apply(gu, fns)

@@ -229,7 +229,8 @@ class Mask:
 
     def reach(self) -> tuple[int | None, int | None]:
         """(back, ahead): the farthest any allowed key lies before / after its query's slot, or None
-        where nothing bounds it. Documents bound both by the longest document (one host sync)."""
+        where nothing bounds it. Documents bound both by the longest document (one host sync; not inside a
+        compiled region, where only the causal flag and the window bound it)."""
         if self.prefix is not None or self.q_documents is not None:
             return None, None
         back = ahead = None
@@ -238,7 +239,7 @@ class Mask:
         if self.window is not None:
             back = self.window_bound()
             ahead = 0 if self.causal else self.window // 2
-        if self.documents is not None:
+        if self.documents is not None and not torch.compiler.is_compiling():  # compiled: no host sync
             longest = self._longest_document() - 1
             back = longest if back is None else min(back, longest)
             ahead = longest if ahead is None else min(ahead, longest)

@@ -35,27 +35,25 @@ def tune_malloc(trim_threshold: int = 64 << 30) -> bool:
 
 
 def attention_kernels(choice: str = "default") -> contextlib.AbstractContextManager:
-    """A context choosing how attention is computed: ``default`` leaves it to zoo and torch (the
-    structured masks' ``auto``: blocked on CPU and FlexAttention on CUDA where a window or packed
-    documents bound the keys enough, else SDPA); ``dense``, ``blocked``, ``flex`` force that backend
-    for the structured masks (:func:`zoo.kernels.attention_backend`); ``math``, ``flash``,
-    ``efficient`` force one SDPA kernel on dense masks, zoo's own CPU attention included (see
-    zoo.kernels.cpu.attention)."""
-    from zoo.kernels import attention_backend
+    """A context choosing how attention is computed (``run.attention``), through the kernel policy
+    (:mod:`zoo.kernels.policy`): ``default`` leaves it as the policy has it (the structured masks'
+    ``auto``: blocked on CPU and FlexAttention on CUDA where a window or packed documents bound the
+    keys enough, else SDPA); ``dense``, ``blocked``, ``flex`` force that backend for the structured
+    masks (``zoo.kernels.use(attention=...)``); ``math``, ``flash``, ``efficient`` force one SDPA
+    kernel on dense masks, zoo's own CPU attention included (``attention=dense`` and
+    ``cpu_attention=sdpa``, with torch's ``sdpa_kernel``)."""
+    from zoo.kernels import use
 
     if choice == "default":
         return contextlib.nullcontext()
     if choice in ("dense", "blocked", "flex"):
-        return attention_backend(choice)
+        return use(attention=choice)
     from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from zoo.kernels import sdpa_only
 
     backends = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
     if choice not in backends:
         raise ValueError(f"attention kernel {choice!r}: use default, dense, blocked, flex, {', '.join(backends)}")
     stack = contextlib.ExitStack()
-    stack.enter_context(attention_backend("dense"))
+    stack.enter_context(use(attention="dense", cpu_attention="sdpa"))
     stack.enter_context(sdpa_kernel(backends[choice]))
-    stack.enter_context(sdpa_only())
     return stack

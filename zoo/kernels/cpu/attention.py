@@ -28,14 +28,10 @@ Shapes: B batch, H query heads, G key/value heads, T queries, S keys, K query/ke
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import os
-from collections.abc import Iterator
-
 import torch
 from torch import Tensor
 
+from zoo.kernels import policy
 from zoo.kernels.cpu import choose
 from zoo.kernels.cpu.dropout import applies as dropout_applies
 from zoo.kernels.cpu.dropout import keep_mask, keep_scale
@@ -50,18 +46,11 @@ _ZOO_KEYS = {  # (training, inference): the longest key sequence zoo's path take
 _MIN_QUERIES = 8
 _MEASURED_KEYS = 1024  # longer key sequences keep the rule (SDPA): zoo's kernel keeps [B, H, T, S] weights
 _TIMED_MACS = 1 << 27
-_SDPA_ONLY = contextvars.ContextVar("zoo_sdpa_only", default=False)
-
-
-@contextlib.contextmanager
-def sdpa_only() -> Iterator[None]:
-    """Within this context every attention goes through ``F.scaled_dot_product_attention`` (so a
-    forced SDPA kernel, ``torch.nn.attention.sdpa_kernel``, applies everywhere)."""
-    token = _SDPA_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _SDPA_ONLY.reset(token)
+def sdpa_only() -> policy.use:
+    """Within this context (``with``) every attention goes through ``F.scaled_dot_product_attention``
+    (so a forced SDPA kernel, ``torch.nn.attention.sdpa_kernel``, applies everywhere): the kernel
+    policy's ``zoo.kernels.use(cpu_attention="sdpa")``."""
+    return policy.use(cpu_attention="sdpa")
 
 
 def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None, is_causal: bool = False,
@@ -69,7 +58,7 @@ def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None, is_caus
     """Whether :func:`attention` is used: for dropout, or where it beats SDPA's kernels: by the rule
     above (``_ZOO_KEYS``), or, under ``ZOO_CPU_ATTENTION=measure`` (the default), as measured on this
     machine for the shape class (:func:`prefers_zoo`). ``v_dim``: the values' head size (default q's)."""
-    if q.device.type != "cpu" or torch.compiler.is_compiling() or not q.is_floating_point() or _SDPA_ONLY.get():
+    if q.device.type != "cpu" or torch.compiler.is_compiling() or not q.is_floating_point() or setting() == "sdpa":
         return False
     if mask is not None and mask.requires_grad:  # a trainable bias: SDPA's autograd covers it
         return False
@@ -87,11 +76,9 @@ def applies(q: Tensor, k: Tensor, dropout_p: float, mask: Tensor | None, is_caus
 
 
 def setting() -> str:
-    """``ZOO_CPU_ATTENTION``: ``measure`` (the default: kernels chosen by timing) or ``rule``."""
-    value = os.environ.get("ZOO_CPU_ATTENTION", "measure").strip().lower() or "measure"
-    if value not in ("measure", "rule"):
-        raise ValueError(f"ZOO_CPU_ATTENTION={value!r}: use measure or rule")
-    return value
+    """The kernel policy's ``cpu_attention``: ``measure`` (the default: kernels chosen by timing),
+    ``rule``, or ``sdpa`` (never zoo's kernel)."""
+    return policy.policy().cpu_attention
 
 
 def attention_class(dtype: torch.dtype, training: bool, bh: int, t: int, s: int, k: int, kind: str,

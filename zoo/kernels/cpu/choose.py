@@ -7,9 +7,10 @@ class is seen (best of a few runs, a few milliseconds to a second for the larges
 the faster, in memory and in a per-machine cache file, so later processes on the machine (and a
 resumed run) make the same choice without timing anything.
 
-The cache: ``$ZOO_KERNEL_CACHE`` (a file path; ``off`` keeps choices in memory only), by default
-``~/.cache/zoo/kernels-<machine>.json``, where ``<machine>`` hashes the CPU model, its flags, the torch
-version and the thread count (a choice made with 2 threads says nothing about 16). It is JSON,
+The cache: the kernel policy's ``cache`` (``ZOO_KERNEL_CACHE``: a file path; ``off`` keeps choices in
+memory only), by default ``<cache dir>/kernels-<machine>.json`` (``$ZOO_CACHE_DIR``, else
+``~/.cache/zoo``), where ``<machine>`` hashes the CPU model, its flags, the torch version and the
+thread count at the time (a choice made with 2 threads says nothing about 16). It is JSON,
 ``{"machine": ..., "choices": {"op/shape class": {"pick": name, "seconds": {name: s}}}}``, written
 atomically; an unreadable file is set aside and measured afresh. Timing never touches torch's global
 random generator (a resumed run draws what the uninterrupted one drew) and runs outside any
@@ -22,7 +23,7 @@ A training checkpoint records the choices its run used (:func:`record`) and a re
 machine takes them back (:func:`adopt`) before its first step, so it computes exactly what the
 uninterrupted run did even where the cache file changed in between (deleted, or re-measured by
 another run). On another machine the choices are this machine's own: its kernels differ anyway.
-``ZOO_CPU_LINEAR`` / ``ZOO_CPU_ATTENTION`` pin the kernels outright.
+The kernel policy (:mod:`zoo.kernels.policy`: ``ZOO_CPU_LINEAR`` / ``ZOO_CPU_ATTENTION``) pins the kernels outright.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import platform
 import time
 import warnings
@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from zoo.dirs import cache_dir
 
 __all__ = ["adopt", "cache_path", "choices", "forget", "known", "machine", "pick", "pow2", "record", "step"]
 
@@ -48,8 +50,8 @@ _loaded_from: Path | None = None
 
 
 @functools.cache
-def machine() -> str:
-    """The CPU model, a digest of its flags, the torch version and the thread count."""
+def _cpu() -> str:
+    """The CPU model and a digest of its flags (read once)."""
     model, flags = platform.processor() or platform.machine(), ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -61,18 +63,28 @@ def machine() -> str:
                     flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:8]
     except OSError:
         pass
-    return f"{model} | flags {flags or '?'} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    return f"{model} | flags {flags or '?'}"
+
+
+def machine(threads: int | None = None) -> str:
+    """The CPU model, a digest of its flags, the torch version and the thread count (now, or
+    ``threads``): a choice made with 2 threads says nothing about 1, so a torchrun rank with fewer
+    threads than its parent shell reads the file that ``zoo kernels --measure --threads N`` wrote."""
+    return f"{_cpu()} | torch {torch.__version__} | {threads or torch.get_num_threads()} threads"
 
 
 def cache_path() -> Path | None:
-    """Where choices persist (None: ``ZOO_KERNEL_CACHE=off``, memory only)."""
-    env = os.environ.get("ZOO_KERNEL_CACHE", "").strip()
-    if env.lower() == "off":
+    """Where choices persist (None: the kernel policy's ``cache`` is ``off``, memory only): the
+    policy's file (``ZOO_KERNEL_CACHE``), else ``kernels-<machine>.json`` in :func:`zoo.dirs.cache_dir`."""
+    from zoo.kernels.policy import policy
+
+    setting = policy().cache
+    if setting.lower() == "off":
         return None
-    if env:
-        return Path(env).expanduser()
+    if setting:
+        return Path(setting).expanduser()
     digest = hashlib.sha256(machine().encode()).hexdigest()[:16]
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo" / f"kernels-{digest}.json"
+    return cache_dir() / f"kernels-{digest}.json"
 
 
 def _load(path: Path) -> dict[str, dict]:

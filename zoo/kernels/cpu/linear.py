@@ -14,7 +14,7 @@ times both on the first product of a class (M rounded up to a power of two, at m
 multiply-adds a GEMM, N, K, and whether the backward GEMMs run too) and keeps the faster in a
 per-machine cache, so a run and its resume on one machine compute the same numbers and no rule by
 vendor is needed (MKL is as fast as oneDNN on Zen 4 and on Intel CPUs, half its speed on Zen 5).
-Override with ``ZOO_CPU_LINEAR=onednn|aten|auto`` or :func:`set_cpu_linear`.
+Override with ``ZOO_CPU_LINEAR=onednn|aten|auto`` or ``zoo.kernels.use(cpu_linear=...)``.
 
 The fast path applies to fp32 CPU tensors with autocast off, outside torch.compile (which makes its
 own choice), to weights of at least ``_MIN_WEIGHT`` elements or products of at least ``_MIN_MACS``
@@ -26,20 +26,18 @@ oneDNN measured 0.2-1.0x MKL between 12k and 1.6M multiply-adds and 1.1-2.3x abo
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import Tensor
 
+from zoo.kernels import policy
 from zoo.kernels.cpu import choose
 
 __all__ = ["applies", "cpu_linear_backend", "linear", "onednn_available", "onednn_linear", "prefers_onednn",
-           "set_cpu_linear", "shape_class"]
+           "shape_class"]
 
 _MIN_MACS, _MIN_WEIGHT = 1 << 21, 1 << 19
 _TIMED_MACS = 1 << 30
-_CHOICES = ("auto", "onednn", "aten")
-_choice: str | None = None  # set_cpu_linear's value; None: the environment's
 
 
 @functools.cache
@@ -48,21 +46,11 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def set_cpu_linear(choice: str | None) -> None:
-    """Choose the fp32 CPU linear backend for this process: ``auto``, ``onednn``, ``aten``, or None to
-    go back to ``ZOO_CPU_LINEAR`` (default ``auto``)."""
-    global _choice
-    if choice is not None and choice not in _CHOICES:
-        raise ValueError(f"cpu linear backend {choice!r}: use one of {', '.join(_CHOICES)}")
-    _choice = choice
-
-
 def cpu_linear_backend() -> str:
-    """The setting fp32 CPU linears follow now: ``onednn``, ``aten``, or ``auto`` (measured per shape
-    class: :func:`prefers_onednn`); ``aten`` wherever this torch has no oneDNN linear."""
-    choice = _choice or os.environ.get("ZOO_CPU_LINEAR", "auto").strip().lower() or "auto"
-    if choice not in _CHOICES:
-        raise ValueError(f"ZOO_CPU_LINEAR={choice!r}: use one of {', '.join(_CHOICES)}")
+    """The setting fp32 CPU linears follow now (the kernel policy's ``cpu_linear``:
+    ``zoo.kernels.use(cpu_linear=...)``, ``ZOO_CPU_LINEAR``): ``onednn``, ``aten``, or ``auto``
+    (measured per shape class: :func:`prefers_onednn`); ``aten`` wherever this torch has no oneDNN linear."""
+    choice = policy.policy().cpu_linear
     if not onednn_available() or not torch.backends.mkldnn.enabled:
         return "aten"
     return choice
