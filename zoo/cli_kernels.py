@@ -28,6 +28,14 @@ def add_parser(sub, positive_int) -> argparse.ArgumentParser:
         "torchrun time nothing and use what is cached."))
     p.add_argument("--measure", metavar="SPEC", default=None,
                    help="run one training step of SPEC (a preset, a YAML file or a .safetensors file) on random inputs")
+    p.add_argument("--explain", metavar="SPEC", default=None,
+                   help="print the kernel policy and where each field comes from, then run one step of SPEC and list "
+                        "the kernel each call took")
+    p.add_argument("--nproc", type=positive_int, default=None, metavar="N",
+                   help="measure with the threads each of torchrun's N processes gets (OMP_NUM_THREADS, else 1 for N > 1), "
+                        "so its ranks read these choices")
+    p.add_argument("--threads", type=positive_int, default=None, metavar="T",
+                   help="measure with T threads (a run's run.threads); overrides --nproc")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of SPEC (repeatable)")
     p.add_argument("--batch", type=positive_int, default=8, metavar="B", help="rows per step (default 8)")
@@ -63,7 +71,58 @@ def measure(spec, *, batch: int, seq: int | None, precision: str, infer: bool) -
     return len(set(choose.choices()) - before)
 
 
+def rank_threads(nproc: int | None, threads: int | None) -> int | None:
+    """The intra-op threads a process of the run will have: ``threads`` (``run.threads``), else what
+    torchrun gives each of ``nproc`` processes (``OMP_NUM_THREADS``, else 1 where it starts several),
+    else None (this process's own)."""
+    import os
+
+    if threads:
+        return threads
+    if nproc is None:
+        return None
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else (1 if nproc > 1 else None)
+
+
+def explain(spec, name: str, console, *, batch: int, seq: int | None, precision: str, infer: bool) -> None:
+    """The policy with each field's source, then one step of ``spec`` with the kernel of each call."""
+    from collections import Counter
+
+    from rich.table import Table
+
+    from zoo.kernels import policy
+
+    table = Table(title="kernel policy (zoo.kernels.use, ZOO_* variables, run.attention)")
+    for column in ("field", "value", "from", "choices"):
+        table.add_column(column)
+    now, origin = policy.policy(), policy.sources()
+    for field, allowed in policy.FIELDS.items():
+        value = getattr(now, field)
+        if field == "cache":
+            value = value or str(choose.cache_path())
+        table.add_row(field, value, origin[field], ", ".join(allowed) if allowed else "a file, or off")
+    console.print(table)
+    with policy.explaining() as seen:
+        measure(spec, batch=batch, seq=seq, precision=precision, infer=infer)
+    calls = Counter(seen.calls)
+    table = Table(title=f"the kernels of one {'forward pass' if infer else 'training step (forward)'} of {name} "
+                        f"(batch {batch}, {precision}, {choose.machine()})")
+    for column in ("op", "inputs", "kernel", "calls"):
+        table.add_column(column)
+    for (op, shapes, kernel), n in sorted(calls.items()):
+        table.add_row(op, shapes, kernel, str(n))
+    console.print(table)
+
+
 def run(args, console, load_spec) -> None:
+    threads = rank_threads(args.nproc, args.threads)
+    if threads:
+        torch.set_num_threads(threads)  # the machine key names the thread count: a rank's, not this shell's
+    if args.explain:
+        spec = load_spec(args.explain, args.overrides)
+        explain(spec, args.explain, console, batch=args.batch, seq=args.seq, precision=args.precision, infer=args.infer)
+        return
     path = choose.cache_path()
     if path is None and (args.measure or args.clear):
         raise ValueError("ZOO_KERNEL_CACHE=off: choices would not be kept; unset it (or give a file) to measure or clear")
@@ -75,7 +134,8 @@ def run(args, console, load_spec) -> None:
         spec = load_spec(args.measure, args.overrides)
         new = measure(spec, batch=args.batch, seq=args.seq, precision=args.precision, infer=args.infer)
         console.print(f"measured {new} new shape class(es) in a {'forward pass' if args.infer else 'training step'} "
-                      f"of {args.measure} (batch {args.batch}, {args.precision}); kept in {path}")
+                      f"of {args.measure} (batch {args.batch}, {args.precision}, {torch.get_num_threads()} threads); "
+                      f"kept in {path}")
     made = choose.choices()
     if args.json:
         print(json.dumps({"machine": choose.machine(), "cache": str(path) if path else None, "choices": made},

@@ -51,6 +51,7 @@ class BlockContext:
 
     pos: Position | None = None
     positions: Tensor | None = None
+    rotation: object = None  # pos.rotation(positions), made once a pass for the layers sharing pos
     mask: Tensor | Mask | None = None
     is_causal: bool = False
     memory: Tensor | None = None
@@ -112,7 +113,8 @@ class Block(nn.Module):
 
     def attend(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
         """Self-attention over ``x`` [B, T, D] with the layer's mask and positions (and cache)."""
-        return self.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos, positions=ctx.positions, cache=cache)
+        return self.attn(x, mask=ctx.mask, is_causal=ctx.is_causal, pos=ctx.pos,
+                         positions=ctx.positions if ctx.rotation is None else ctx.rotation, cache=cache)
 
     def attend_memory(self, x: Tensor, ctx: BlockContext, cache: LayerCache | None = None) -> Tensor:
         """Cross-attention from ``x`` to the encoder's memory (``ctx.memory``)."""

@@ -51,8 +51,13 @@ class Position(nn.Module):
         for a learned table with a ``padding_idx`` (an encoder's, which calls this)."""
         return positions
 
-    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """q [B, H, T, K], k [B, G, T, K] at ``positions`` -> rotated q, k."""
+    def rotation(self, positions: Tensor):
+        """What :meth:`rotate` reads for tokens at ``positions``, made once per forward pass and
+        shared by the layers that use this module (RoPE: the cos and sin; by default the positions)."""
+        return positions
+
+    def rotate(self, q: Tensor, k: Tensor, positions) -> tuple[Tensor, Tensor]:
+        """q [B, H, T, K], k [B, G, T, K] at ``positions`` (or their :meth:`rotation`) -> rotated q, k."""
         return q, k
 
     def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:

@@ -205,7 +205,9 @@ class RotaryPosition(Position):
                 self.seen_len = self.original_len
         return self.inv_freq
 
-    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def rotation(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(cos, sin) [T, R] or [B, 1, T, R] in fp32 for ``positions`` ([T] or [B, T]): once per forward
+        pass for all the layers this module serves (the dynamic state updated once)."""
         inv_freq = self.frequencies(positions)
         angles = positions.to(inv_freq.dtype)[..., None] * inv_freq  # ([B,] T, R/2)
         angles = torch.cat([angles, angles], dim=-1)
@@ -214,6 +216,11 @@ class RotaryPosition(Position):
         cos, sin = angles.cos(), angles.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """q, k rotated at ``positions``, or by their :meth:`rotation` (cos, sin) made once a pass."""
+        cos, sin = self.rotation(positions) if isinstance(positions, Tensor) else positions
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
 
         def turn(x: Tensor) -> Tensor:

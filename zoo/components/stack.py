@@ -140,7 +140,8 @@ class Stack(nn.Module):
             bias = pos.bias(heads, positions, keys)
             mask = Mask(T, keys.shape[-1], causal=causal, window=window, padding=padding, documents=documents,
                         bias=bias, device=device)
-            made.append(BlockContext(pos=pos, positions=positions, mask=mask, is_causal=False))
+            rotation = pos.rotation(positions) if pos.rotates else None  # RoPE's cos/sin: once a pass
+            made.append(BlockContext(pos=pos, positions=positions, rotation=rotation, mask=mask, is_causal=False))
         return StackContext(positions=positions, layers=tuple(made[v] for v in self.variant_of), padding_mask=padding_mask)
 
     def forward(self, x: Tensor, ctx: StackContext, cache: KVCache | None = None) -> Tensor:

@@ -51,6 +51,8 @@ def backend_for(mask: Mask, q: Tensor, dropout_p: float = 0.0) -> str:
     if q.device.type == "cuda":  # measured on an H100: flex 1.6-2x dense at T 4096 / W 256, 0.86x at T 256 / W 128
         grad_bias = mask.bias is not None and mask.bias.requires_grad
         sparse = blocked.worth_it(mask, min_keys=256, gathered_bias=False)  # flex reads the bias in place
+        if torch.compiler.is_compiling() and mask.documents is not None and mask.k_len >= 256:
+            sparse = True  # packed documents: their longest is a host sync away, flex skips the empty blocks
         return "flex" if sparse and not grad_bias and flex.refusal(q, dropout_p) is None else "dense"
     return "blocked" if banded.prefers_blocked(mask, q, _dense_attention) else "dense"  # the rule, or measured
 
@@ -58,14 +60,10 @@ def backend_for(mask: Mask, q: Tensor, dropout_p: float = 0.0) -> str:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; fp32 products on CPU may run on oneDNN (:mod:`zoo.kernels.cpu.linear`)."""
     if cpu.linear.applies(x, weight, bias):
-        policy.note("linear", _shape(x, weight), "onednn")
+        policy.note("linear", "onednn", x, weight)
         return cpu.linear.linear(x, weight, bias)
-    policy.note("linear", _shape(x, weight), "aten")
+    policy.note("linear", "aten", x, weight)
     return F.linear(x, weight, bias)
-
-
-def _shape(x: Tensor, w: Tensor) -> str:
-    return f"{x.numel() // max(1, x.shape[-1])}x{w.shape[1]} @ {w.shape[1]}x{w.shape[0]} {str(x.dtype)[6:]}"
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -95,7 +93,7 @@ def attention(
     (None: 1/sqrt(K)). On CPU, short sequences and attention dropout run :mod:`zoo.kernels.cpu.attention`."""
     if isinstance(mask, Mask):
         backend = backend_for(mask, q, dropout_p)
-        policy.note("mask", f"{tuple(q.shape)} keys {k.shape[-2]}", backend)
+        policy.note("mask", backend, q, k)
         if backend == "flex":
             return flex.attention(q, k, v, mask, scale=scale, enable_gqa=enable_gqa)
         if backend == "blocked":
@@ -111,9 +109,9 @@ def _dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_ca
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # an additive bias (ALiBi) in the compute dtype, as SDPA requires
     if cpu.attention.applies(q, k, dropout_p, mask, is_causal, v.shape[-1]):
-        policy.note("attention", f"{tuple(q.shape)} keys {k.shape[-2]} {str(q.dtype)[6:]}", "zoo")
+        policy.note("attention", "zoo", q, k)
         return cpu.attention.attention(q, k, v, mask, is_causal, dropout_p, scale=scale)
-    policy.note("attention", f"{tuple(q.shape)} keys {k.shape[-2]} {str(q.dtype)[6:]}", "sdpa")
+    policy.note("attention", "sdpa", q, k)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa, scale=scale
     )

@@ -268,7 +268,7 @@ class Mask:
     def _dense(self) -> tuple[Tensor | None, bool]:
         T, S = self.q_len, self.k_len
         if self.trivial:
-            return None, self.causal and T > 1
+            return None, self.causal and (True if T > 1 else False)  # a bool, not a symbolic one (compiled)
         device = next((t.device for t in (self.padding, self.documents, self.bias, self.prefix) if t is not None),
                       self.device)
         qi = torch.arange(T, device=device)[:, None] + self.offset

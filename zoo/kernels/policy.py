@@ -134,7 +134,7 @@ _notes: list[tuple[str, str, str]] | None = None
 
 
 class explaining:
-    """Within this block each dispatch records ``(op, what, kernel)`` in ``.calls`` (``zoo kernels
+    """Within this block each dispatch records ``(op, shapes, kernel)`` in ``.calls`` (``zoo kernels
     --explain``); outside it recording costs one ``is None`` test."""
 
     def __enter__(self) -> "explaining":
@@ -148,7 +148,9 @@ class explaining:
         _notes = self._outer
 
 
-def note(op: str, what: str, kernel: str) -> None:
-    """Record one dispatch decision where :class:`explaining` is on."""
+def note(op: str, kernel: str, *inputs) -> None:
+    """Record one dispatch decision, ``kernel`` for ``op`` on ``inputs`` (tensors: their shapes and
+    the first one's dtype), where :class:`explaining` is on; elsewhere nothing is read."""
     if _notes is not None:
-        _notes.append((op, what, kernel))
+        shapes = " x ".join("[" + ", ".join(str(n) for n in t.shape) + "]" for t in inputs)
+        _notes.append((op, f"{shapes} {str(inputs[0].dtype).removeprefix('torch.')}" if inputs else "", kernel))

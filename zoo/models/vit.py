@@ -120,7 +120,8 @@ class VisionTransformer(Family):
         """The stack's context, each layer's attention given the tokens' grid positions [T, 2]."""
         ctx = self.stack.context(self.position, x, None, causal=False, check_length=False)  # added by embed()
         places = grid_positions(grid, self.spec.n_prefix, x.device)
-        made = {id(c): replace(c, positions=places) for c in ctx.layers}
+        made = {id(c): replace(c, positions=places, rotation=c.pos.rotation(places) if c.rotation is not None else None)
+                for c in ctx.layers}  # one rotation a layer variant, as the stack makes them
         return replace(ctx, layers=tuple(made[id(c)] for c in ctx.layers))
 
     # ------------------------------------------------------------------------------- outputs
