@@ -54,7 +54,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from zoo.kernels import cpu
 
-__all__ = ["ExpertRows", "applies", "cast_weight", "compute_dtype", "expert_rows", "gated", "gather_rows", "grouped_mm",
+__all__ = ["ExpertRows", "applies", "cast_weight", "compute_dtype", "expert_mm", "expert_rows", "gated", "gather_rows", "grouped_mm",
            "row_block", "scatter_rows"]
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -106,12 +106,10 @@ def grouped_mm(x: Tensor, w: Tensor, counts: Tensor, offsets: Tensor, *, traceab
     w [E, M, K] (a linear's weight per group) -> [N, M]. ``counts`` [E]: rows per group;
     ``offsets`` [E] int32: their cumulative sum (where each group ends). Computes in
     :func:`compute_dtype`. Inside a compiled region, where torch's grouped_mm cannot be traced
-    (fp32, the loop), it runs as one opaque operator (:mod:`zoo.kernels.grouped_op`)."""
+    (fp32, the loop), it runs as one opaque operator (:func:`expert_mm`)."""
     dtype = compute_dtype(x, w)
     x, w = x.to(dtype), cast_weight(w, dtype)
     if traceable and torch.compiler.is_compiling() and not (applies(x, w) and dtype != torch.float32):
-        from zoo.kernels.grouped_op import expert_mm
-
         return expert_mm(x, w, counts, offsets)
     if x.numel() and cpu.linear.applies(x, w[0], None):  # fp32 where zoo's linears take oneDNN
         return _loop(x, w, counts, cpu.linear.linear)
@@ -290,3 +288,64 @@ def gated(gu: Tensor, act: torch.nn.Module) -> Tensor:
         gate, up = gu.chunk(2, dim=-1)
         return act(gate) * up
     return _Gated.apply(gu, fns)
+
+
+# ------------------------------------------------------------- one opaque operator for compiled graphs
+# torch.compile traces F.grouped_mm only where its meta function accepts the dtype (bf16 and fp16): an
+# fp32 grouped product, and the loop over groups that stands in for it elsewhere (it reads the row
+# counts on the host), would break the graph. ``zoo::expert_mm`` is a torch.library operator whose
+# eager body is grouped_mm's own choice and whose shape function needs no data, so a compiled model
+# with experts is one graph in any dtype; its backward is two more such operators (the input's
+# gradient, a grouped product by the transposed weights, and the weights', one product per group).
+
+
+@torch.library.custom_op("zoo::expert_mm", mutates_args=())
+def _expert_mm(x: Tensor, w: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
+    return grouped_mm(x, w, counts, offsets, traceable=False)
+
+
+@_expert_mm.register_fake
+def _(x: Tensor, w: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], w.shape[1])
+
+
+@torch.library.custom_op("zoo::expert_mm_weight_grad", mutates_args=())
+def _weight_grad(x: Tensor, g: Tensor, counts: Tensor) -> Tensor:
+    """[E, M, K]: group e's ``g[rows].T @ x[rows]`` (zeros for a group without rows)."""
+    sizes = counts.tolist()
+    out = g.new_zeros(len(sizes), g.shape[1], x.shape[1])
+    start = 0
+    for e, n in enumerate(sizes):
+        if n:
+            torch.mm(g[start:start + n].t(), x[start:start + n], out=out[e])
+        start += n
+    return out
+
+
+@_weight_grad.register_fake
+def _(x: Tensor, g: Tensor, counts: Tensor) -> Tensor:
+    return g.new_empty(counts.shape[0], g.shape[1], x.shape[1])
+
+
+def _setup(ctx, inputs, output) -> None:
+    x, w, counts, offsets = inputs
+    ctx.save_for_backward(x, w, counts, offsets)
+
+
+def _backward(ctx, g: Tensor):
+    x, w, counts, offsets = ctx.saved_tensors
+    gx = gw = None
+    if ctx.needs_input_grad[0]:
+        gx = _expert_mm(g.contiguous(), w.transpose(1, 2).contiguous(), counts, offsets)
+    if ctx.needs_input_grad[1]:
+        gw = _weight_grad(x, g.contiguous(), counts)
+    return gx, gw, None, None
+
+
+_expert_mm.register_autograd(_backward, setup_context=_setup)
+
+
+def expert_mm(x: Tensor, w: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
+    """x [N, K] (rows sorted by group) times w [E, M, K] per group -> [N, M], as one operator: what
+    :func:`grouped_mm` computes, for compiled graphs (x and w of one dtype)."""
+    return _expert_mm(x, w, counts, offsets)
