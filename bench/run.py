@@ -315,20 +315,34 @@ def main(argv: list[str] | None = None) -> int:
             peaks["bf16"] = matmul_peak(torch.bfloat16, n)
         print(f"peak matmul: {_peaks_text(peaks)}", flush=True)
     rows: list[Row] = []
-    for name in chosen:
-        if name == "peak":
-            continue
-        sized_here = args.size == "gpu" or args.compile or name == "llama"
-        for row in _rows(name, precisions, timing, args.tiny, plan if sized_here else None):
-            rows.append(row)
-            if "size" in row.extra:
-                print(sized.describe(row, peaks.get(row.precision)), flush=True)
+    # at --size gpu the eager sides of every row first, then the compiled ones (their compilation is
+    # most of the run's time): a --budget that runs out leaves every row its eager comparison
+    passes = ["eager", "compiled"] if plan is not None and plan.compile and args.size == "gpu" else [None]
+    merged: dict[tuple[str, str], Row] = {}
+    for pass_ in passes:
+        if plan is not None:
+            plan.only = pass_
+        for name in chosen:
+            sized_here = args.size == "gpu" or args.compile or name == "llama"
+            if name == "peak" or (pass_ == "compiled" and not (sized_here and name in sized.WORKLOADS)):
                 continue
-            ratios = ", ".join(f"{row.ratio('zoo' if 'zoo' in row.seconds else 'zoo compiled', s):.2f}x vs {s}"
-                               for s in row.seconds if not s.startswith("zoo"))
-            zoo_side = "zoo" if "zoo" in row.seconds else "zoo compiled"
-            print(f"{row.workload} [{row.precision}]: zoo {row.throughput(zoo_side):,.1f} {row.unit}/s"
-                  f"{', ' + ratios if ratios else ''}", flush=True)
+            for row in _rows(name, precisions, timing, args.tiny, plan if sized_here else None):
+                if "size" in row.extra:
+                    key = (row.workload, row.precision)
+                    if key in merged:
+                        sized.merge(merged[key], row)
+                        row = merged[key]
+                    else:
+                        merged[key] = row
+                        rows.append(row)
+                    print(sized.describe(row, peaks.get(row.precision)), flush=True)
+                    continue
+                rows.append(row)
+                ratios = ", ".join(f"{row.ratio('zoo' if 'zoo' in row.seconds else 'zoo compiled', s):.2f}x vs {s}"
+                                   for s in row.seconds if not s.startswith("zoo"))
+                zoo_side = "zoo" if "zoo" in row.seconds else "zoo compiled"
+                print(f"{row.workload} [{row.precision}]: zoo {row.throughput(zoo_side):,.1f} {row.unit}/s"
+                      f"{', ' + ratios if ratios else ''}", flush=True)
     table = markdown(rows, peaks, env)
     if plan is not None and plan.skipped:
         print(f"past the --budget of {args.budget:g} s, not run: {'; '.join(plan.skipped)}", flush=True)

@@ -58,6 +58,7 @@ class Plan:
     cap: float = 4.0  # seconds of timed steps per side (at least two are timed)
     deadline: float | None = None  # time.monotonic() after which no side starts
     one_at_a_time: bool | None = None  # sides built and timed in turn (None: on CUDA), else alternately
+    only: str | None = None  # "eager" or "compiled": measure those sides alone (a run's two passes)
     skipped: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -107,6 +108,8 @@ def _time_side(step: Callable[[], object], plan: Plan) -> tuple[float, list[floa
 def measure(row: Row, sides: dict[str, Build], plan: Plan) -> Row:
     """Fill ``row`` with each side's median step seconds, spread, first-step seconds and (CUDA) peak
     memory; a side that runs out of memory or past the deadline is recorded, not fatal."""
+    if plan.only is not None:  # "compiled": the sides whose name says so (zoo static+compiled too)
+        sides = {k: v for k, v in sides.items() if k.endswith("compiled") == (plan.only == "compiled")}
     firsts, memory, failed = {}, {}, {}
     times: dict[str, list[float]] = {}
     cuda = _cuda()
@@ -133,7 +136,7 @@ def measure(row: Row, sides: dict[str, Build], plan: Plan) -> Row:
                 print(f"{row.workload}: {name}: {failed[name]}", flush=True)
             torch._dynamo.reset()  # its caches keep the side's compiled graphs (and their tensors) alive
             _free()
-    else:  # all built, warmed, then timed alternately
+    elif sides:  # all built, warmed, then timed alternately
         steps = {name: build() for name, build in sides.items()}
         for name, step in steps.items():
             t0 = time.perf_counter()
@@ -167,6 +170,18 @@ def measure(row: Row, sides: dict[str, Build], plan: Plan) -> Row:
 
 
 # -------------------------------------------------------------------------------------- compiling
+def merge(row: Row, more: Row) -> Row:
+    """``more``'s sides (the same workload, another pass) into ``row``."""
+    row.seconds.update(more.seconds)
+    row.spread.update(more.spread)
+    for key, value in more.extra.items():
+        if isinstance(value, dict):
+            row.extra[key] = {**row.extra.get(key, {}), **value}
+        else:
+            row.extra.setdefault(key, value)
+    return row
+
+
 def _repeated(model: nn.Module) -> list[nn.Module]:
     """The layers of ``model``'s stacks: children of a ModuleList or Sequential that holds two or more
     modules of one class, each with weights (transformer blocks; not position tables)."""

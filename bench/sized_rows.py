@@ -20,7 +20,7 @@ GPT2 = {"toy": (2, 16, TOY_DECODER), "cpu": (8, 256, []), "gpu": (16, 1024, [])}
 LLAMA = {"toy": (2, 16, [*TOY_DECODER, "max_seq_len=16384", "block.attention.n_kv_heads=2", "block.ffn.hidden=128"]),
          "cpu": (4, 256, ["n_layers=4", "d_model=512", "block.attention.n_heads=8", "block.attention.n_kv_heads=2",
                           "block.ffn.hidden=2048", "vocab_size=32000", "max_seq_len=4096"]),
-         "gpu": (8, 2048, ["max_seq_len=8192"])}
+         "gpu": (8, 2048, ["max_seq_len=16384"])}  # llama3 rope: above its 8,192
 BERT = {"toy": (2, 16, ["n_layers=2", "d_model=64", "block.attention.n_heads=4", "block.ffn.hidden=128",
                         "vocab_size=256"]), "cpu": (16, 128, []), "gpu": (32, 512, [])}
 # timm name, batch, timm options
@@ -125,9 +125,9 @@ def bert(precision: str, plan: Plan) -> Row:
     spec = zoo.load_spec("bert-base", over)
     peer = _hf(_hf_config(spec, "BertForMaskedLM"), "BertForMaskedLM")
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, spec.vocab_size, (batch, seq), generator=g).to(here())
+    tokens = torch.randint(0, spec.vocab_size, (batch, seq), generator=g, device="cpu").to(here())
     mask = torch.ones(batch, seq, dtype=torch.bool, device=here())
-    labels = torch.where(torch.rand(batch, seq, generator=g).to(here()) < 0.15, tokens, torch.full_like(tokens, -100))
+    labels = torch.where(torch.rand(batch, seq, generator=g, device="cpu").to(here()) < 0.15, tokens, torch.full_like(tokens, -100))
 
     def zoo_loss(m):
         return F.cross_entropy(m(tokens, mask).flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
@@ -155,7 +155,7 @@ def vit(precision: str, plan: Plan, mode: str) -> Row:
     name, batch, kw = VIT[plan.size]
     spec = timm_spec(timm.create_model(name, pretrained=False, **kw))
     size = kw.get("img_size", 224)
-    images = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)).to(here())
+    images = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0), device="cpu").to(here())
     labels = ints(1000, (batch,))
 
     def peer():

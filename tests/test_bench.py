@@ -149,6 +149,16 @@ def test_sized_sides_one_at_a_time_with_a_deadline_and_the_decoding_hook(monkeyp
     assert set(row.seconds) == {"zoo", "zoo compiled", "HF", "HF compiled"} and "memory" not in row.extra
     assert [p for _, p, _ in sized.ratios(row)] == ["HF", "HF compiled"]
 
+    # a GPU run's two passes: every row's eager sides, then the compiled ones, merged into one row
+    two = sized.Plan(size="toy", compile=True, backend="eager", warmup=0, one_at_a_time=True, only="eager")
+    first = sized_rows.vit("fp32", two, "infer")
+    two.only = "compiled"
+    second = sized_rows.vit("fp32", two, "infer")
+    assert set(first.seconds) == {"zoo", "timm"} and set(second.seconds) == {"zoo compiled", "timm compiled"}
+    both = sized.merge(first, second)
+    assert len(both.seconds) == 4 and set(both.extra["first_step_seconds"]) == set(both.seconds)
+    assert [p for _, p, _ in sized.ratios(both)] == ["timm", "timm compiled"]
+
     late = sized.Plan(size="toy", warmup=0, deadline=time.monotonic() - 1, one_at_a_time=True)
     row = sized_rows.bert("fp32", late)
     assert row.seconds == {} and set(row.extra["failed"]) == {"zoo", "HF"} and len(late.skipped) == 2
