@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=WORKLOADS + [QUALITY, MEMORY, CONVERT_MEMORY], default=None,
-                        help=f"workloads to run (default: all but {QUALITY}, {MEMORY} and {CONVERT_MEMORY})")
+                        help=f"workloads to run (default: all but llama, {QUALITY}, {MEMORY} and {CONVERT_MEMORY}; at --size "
+                             f"gpu: {' '.join(GPU_DEFAULT)})")
     parser.add_argument("--minutes", type=float, default=None,
                         help=f"{QUALITY}: the training budget of each side (default: the recipe's train.minutes)")
     parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=None,
@@ -315,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             peaks["bf16"] = matmul_peak(torch.bfloat16, n)
         print(f"peak matmul: {_peaks_text(peaks)}", flush=True)
     rows: list[Row] = []
+    partial = "-".join(n for n in chosen if n != "peak") + "-" if args.only else ""
     # at --size gpu the eager sides of every row first, then the compiled ones (their compilation is
     # most of the run's time): a --budget that runs out leaves every row its eager comparison
     passes = ["eager", "compiled"] if plan is not None and plan.compile and args.size == "gpu" else [None]
@@ -336,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                         merged[key] = row
                         rows.append(row)
                     print(sized.describe(row, peaks.get(row.precision)), flush=True)
+                    # the JSON so far: a run stopped from outside keeps the rows it finished
+                    _write_json(args, env, partial, {"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]})
                     continue
                 rows.append(row)
                 ratios = ", ".join(f"{row.ratio('zoo' if 'zoo' in row.seconds else 'zoo compiled', s):.2f}x vs {s}"
@@ -348,7 +352,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"past the --budget of {args.budget:g} s, not run: {'; '.join(plan.skipped)}", flush=True)
     # a run of some workloads (--only) is results/<names>-<time>.json, which a page section shows
     # (bench/NOTES.md: <!-- generated: bench-table ... -->); only a full run replaces the page's table
-    partial = "-".join(n for n in chosen if n != "peak") + "-" if args.only else ""
     _write_json(args, env, partial, {"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]})
     out_md = args.out or (None if args.tiny or partial else ROOT / "docs" / "benchmarks.md")
     if out_md is not None:
