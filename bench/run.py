@@ -317,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak matmul: {_peaks_text(peaks)}", flush=True)
     rows: list[Row] = []
     partial = "-".join(n for n in chosen if n != "peak") + "-" if args.only else ""
-    # at --size gpu the eager sides of every row first, then the compiled ones (their compilation is
-    # most of the run's time): a --budget that runs out leaves every row its eager comparison
-    passes = ["eager", "compiled"] if plan is not None and plan.compile and args.size == "gpu" else [None]
+    # at --size gpu (or with a --budget) the eager sides of every row first, then the compiled ones (their
+    # compilation is most of the run's time): a budget that runs out leaves every row its eager comparison
+    two = plan is not None and plan.compile and (args.size == "gpu" or args.budget is not None)
+    passes = ["eager", "compiled"] if two else [None]
     merged: dict[tuple[str, str], Row] = {}
     for pass_ in passes:
         if plan is not None:

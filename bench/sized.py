@@ -136,6 +136,10 @@ def measure(row: Row, sides: dict[str, Build], plan: Plan) -> Row:
                 print(f"{row.workload}: {name}: {failed[name]}", flush=True)
             torch._dynamo.reset()  # its caches keep the side's compiled graphs (and their tensors) alive
             _free()
+    elif sides and plan.late():
+        for name in sides:
+            failed[name] = "skipped: past the run's deadline"
+            plan.skipped.append(f"{row.workload}: {name}")
     elif sides:  # all built, warmed, then timed alternately
         steps = {name: build() for name, build in sides.items()}
         for name, step in steps.items():

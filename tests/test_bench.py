@@ -121,6 +121,21 @@ def test_sized_rows_run_at_toy_size_eager_and_compiled(tmp_path):
     assert again.read_text() == text
 
 
+def test_a_budget_measures_eager_sides_first_and_lists_what_it_skipped(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["--size", "toy", "--compile", "--compile-backend", "eager", "--budget", "600", "--only", "vit",
+                 "--precision", "fp32", "--json", str(out), "--out", str(tmp_path / "b.md")]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(len(r["seconds"]) == 4 for r in rows)  # two passes, merged into one row each
+    log = capsys.readouterr().out
+    assert log.count("vit_tiny_patch16_224 train b4 [fp32]: ") == 2  # a line a pass: eager, then with compiled
+    assert main(["--size", "toy", "--compile", "--compile-backend", "eager", "--budget", "1e-9", "--only", "gpt2",
+                 "--precision", "fp32", "--json", str(out), "--out", str(tmp_path / "c.md")]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["seconds"] == {} and len(row["extra"]["failed"]) == 4
+    assert "past the --budget of 1e-09 s, not run: GPT-2 toy train 2x16: zoo;" in capsys.readouterr().out
+
+
 def test_every_sized_row_runs_at_toy_size():
     """The rest of the GPU rows (eager; the compiled sides are the same code with a compiled model)."""
     from bench import sized, sized_rows
@@ -143,10 +158,19 @@ def test_sized_sides_one_at_a_time_with_a_deadline_and_the_decoding_hook(monkeyp
     import zoo
     from bench import sized, sized_rows
 
-    plan = sized.Plan(size="toy", compile=True, scope="model", backend="aot_eager", warmup=0, repeats=2,
-                      one_at_a_time=True)
+    # the CUDA branch's memory bookkeeping, with the CUDA calls stood in for
+    peaks = iter(range(1, 100))
+    monkeypatch.setattr(sized, "_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: next(peaks) * 2**30)
+    plan = sized.Plan(size="toy", compile=True, scope="model", backend="aot_eager", warmup=0, repeats=2)
     row = sized_rows.gpt2("fp32", plan)
-    assert set(row.seconds) == {"zoo", "zoo compiled", "HF", "HF compiled"} and "memory" not in row.extra
+    assert set(row.seconds) == {"zoo", "zoo compiled", "HF", "HF compiled"}
+    assert list(row.extra["memory"].values()) == [2**30, 2 * 2**30, 3 * 2**30, 4 * 2**30]
+    assert "| GPT-2 toy train 2x16 | fp32 | zoo compiled |" in sized.markdown([row], {})
+    assert "1.0 GiB" in sized.markdown([row], {}) and "GiB" in sized.describe(row, None)
+    monkeypatch.setattr(sized, "_cuda", lambda: False)
     assert [p for _, p, _ in sized.ratios(row)] == ["HF", "HF compiled"]
 
     # a GPU run's two passes: every row's eager sides, then the compiled ones, merged into one row
