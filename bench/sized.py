@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import zoo
@@ -209,7 +208,7 @@ def compiled(model: nn.Module, plan: Plan) -> nn.Module:
     return torch.compile(model, backend=plan.backend)
 
 
-def _variants(name: str, make: Callable[[bool], Callable[[], object]], plan: Plan) -> dict[str, Build]:
+def variants(name: str, make: Callable[[bool], Callable[[], object]], plan: Plan) -> dict[str, Build]:
     """``name`` eager, and ``name compiled`` when the plan compiles."""
     out = {name: lambda: make(False)}
     if plan.compile:

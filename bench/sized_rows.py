@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from bench.common import Row, here
-from bench.sized import (Plan, _variants, compiled, flop_weights, forward_flops, generate_hooks, infer_step, ints,
-                         measure, moe_active, train_flops, train_step)
 import zoo.train as T
+from bench.common import Row, here
+from bench.sized import (Plan, variants, flop_weights, forward_flops, generate_hooks, infer_step, ints,
+                         measure, moe_active, train_flops, train_step)
 
 TOY_DECODER = ["n_layers=2", "d_model=64", "block.attention.n_heads=4", "vocab_size=256", "max_seq_len=64"]
 # (batch, sequence, spec overrides) of each decoder row at each size
@@ -85,7 +85,7 @@ def _lm_row(label: str, spec, peer: Callable, batch: int, seq: int, precision: s
         n = flop_weights(probe, spec.head.tied)
     row.flops = train_flops(batch * seq, n, spec.n_layers, seq, spec.d_model)
     row.extra["flop_weights"] = n
-    return measure(row, {**_variants("zoo", zoo_side, plan), **_variants("HF", hf_side, plan)}, plan)
+    return measure(row, {**variants("zoo", zoo_side, plan), **variants("HF", hf_side, plan)}, plan)
 
 
 def gpt2(precision: str, plan: Plan) -> Row:
@@ -139,8 +139,8 @@ def bert(precision: str, plan: Plan) -> Row:
               unit="tokens", work=batch * seq)
     n = flop_weights(zoo.build(spec, device="meta"), spec.head.tied)
     row.flops, row.extra["flop_weights"] = train_flops(batch * seq, n, spec.n_layers, seq, spec.d_model), n
-    sides = {**_variants("zoo", lambda c: train_step(_zoo(spec)(), zoo_loss, precision, True, c, plan), plan),
-             **_variants("HF", lambda c: train_step(peer(), hf_loss, precision, False, c, plan), plan)}
+    sides = {**variants("zoo", lambda c: train_step(_zoo(spec)(), zoo_loss, precision, True, c, plan), plan),
+             **variants("HF", lambda c: train_step(peer(), hf_loss, precision, False, c, plan), plan)}
     return measure(row, sides, plan)
 
 
@@ -173,8 +173,8 @@ def vit(precision: str, plan: Plan, mode: str) -> Row:
     else:
         def side(build, is_zoo):
             return lambda c: infer_step(build(), lambda m: m(images), precision, c, plan)
-    return measure(row, {**_variants("zoo", side(_zoo(spec), True), plan),
-                         **_variants("timm", side(peer, False), plan)}, plan)
+    return measure(row, {**variants("zoo", side(_zoo(spec), True), plan),
+                         **variants("timm", side(peer, False), plan)}, plan)
 
 
 # ------------------------------------------------------------------------------- the paper's model
@@ -215,8 +215,8 @@ def transformer(precision: str, plan: Plan) -> Row:
     row.flops = (train_flops(tokens, n_enc, spec.encoder_layers, length, d)
                  + train_flops(tokens, n_dec, spec.decoder_layers, 2 * length, d))  # self- and cross-attention
     row.extra["flop_weights"] = n_enc + n_dec
-    sides = {**_variants("zoo", lambda c: train_step(_zoo(spec)(), zoo_loss, precision, True, c, plan), plan),
-             **_variants("HF Marian", lambda c: train_step(_hf(config, "MarianMTModel")(), hf_loss, precision, False,
+    sides = {**variants("zoo", lambda c: train_step(_zoo(spec)(), zoo_loss, precision, True, c, plan), plan),
+             **variants("HF Marian", lambda c: train_step(_hf(config, "MarianMTModel")(), hf_loss, precision, False,
                                                            c, plan), plan)}
     return measure(row, sides, plan)
 
