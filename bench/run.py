@@ -4,6 +4,8 @@
     python -m bench --only vit gpt2       # some workloads: bench/results/vit-gpt2-<time>.json, the page untouched
     python -m bench --only moe            # HF Mixtral (each experts implementation) vs zoo's moe decoder
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
+    python -m bench --device cuda         # the GPU rows at GPU sizes (--size gpu), eager and compiled, bf16
+    python -m bench --compile             # CPU rows with torch.compile'd sides too (both zoo's and the peer's)
     python -m bench --from-json bench/results/<time>.json   # rewrite docs/benchmarks.md from a run
                                                             # (a convert-memory-<time>.json: its section too)
     python -m bench --only translation-quality   # zoo's translation recipe vs HF Marian, same data and
@@ -16,6 +18,10 @@ A run of some workloads (--only) writes bench/results/<names>-<time>.json and le
 (unless --out): a section of bench/NOTES.md shows it with <!-- generated: bench-table JSON -->, and
 `python docs/make_docs.py` (or any full run) renders it.
 Sides are timed alternately in this one process after warm-up; medians over --repeats.
+--size gpu (the default with --device cuda; bench/sized.py) builds GPT-2 small 16 x 1024, a
+Llama-3.2-1B-shaped decoder 8 x 2048, BERT-base 32 x 512, ViT-B/16 at 256 images, Transformer base at
+~25k tokens a side, a Mixtral-shaped MoE and decoding, each side eager and compiled and alone on the
+GPU in turn (peak memory per side), with MFU by 6N + 12LTd against the run's bf16 matmul peak.
 On Linux the process re-executes itself once with glibc's malloc tuned (see bench/common.MALLOC)
 so that no side pays page faults for returning memory to the OS every step.
 """
@@ -27,11 +33,12 @@ import datetime
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from bench import dropout, masks, moe
+from bench import dropout, masks, moe, sized, sized_rows
 from bench import workloads as W
 from bench.common import MALLOC, Row, machine, matmul_peak
 from zoo.cli import positive_int
@@ -39,7 +46,9 @@ from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ["peak", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "compile", "window", "packing",
-             "dropout"]
+             "dropout", "llama"]
+DEFAULT = [w for w in WORKLOADS if w != "llama"]  # a 1B model: asked for by name, or at --size gpu
+GPU_DEFAULT = ["peak", *sized.WORKLOADS]  # --size gpu without --only
 QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
 QUALITY_MD = ROOT / "bench" / "QUALITY.md"
 MEMORY = "memory"  # run only when named: torchrun jobs of GPT-2 small at sequence 1024
@@ -48,8 +57,14 @@ CONVERT_MEMORY = "convert-memory"  # run only when named: writes and converts mu
 CONVERT_MEMORY_MD = ROOT / "bench" / "CONVERT_MEMORY.md"
 
 
-def _rows(name: str, precisions: list[str], timing: dict, tiny: bool) -> list[Row]:
+def _rows(name: str, precisions: list[str], timing: dict, tiny: bool, plan: sized.Plan | None = None) -> list[Row]:
+    """The rows of workload ``name``; with a ``plan`` (--size gpu, --compile, or the llama rows), the
+    sized rows of bench/sized_rows.py where the workload has them."""
     out: list[Row] = []
+    if plan is not None and name in sized.WORKLOADS:
+        for p in precisions if name != "generate" else precisions[:1]:
+            out += sized_rows.rows(name, p, plan)
+        return out
     for p in precisions:
         if name == "vit":
             for model in (["vit_tiny_patch16_224"] if tiny else ["vit_small_patch16_224", "vit_tiny_patch16_224"]):
@@ -93,6 +108,10 @@ def _peaks_text(peaks: dict[str, float]) -> str:
 
 
 def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
+    """The run's table: a row a workload and peer; sized rows (bench/sized.py) in a table of their own,
+    a line a side, with peak memory."""
+    sized_rows_ = [r for r in rows if "size" in r.extra]
+    rows = [r for r in rows if "size" not in r.extra]
     lines = [
         "| workload | precision | zoo | peer | ratio (zoo / peer) | zoo MFU | peer MFU | spread |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -107,8 +126,9 @@ def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
                 f"{peer}: {_fmt(r.throughput(peer))} | **{r.ratio(zoo_side, peer):.2f}x** | "
                 f"{_fmt(r.mfu(zoo_side, peak), True)} | {_fmt(r.mfu(peer, peak), True)} | {100 * spread:.0f}% |"
             )
+    where = f"{env['gpu']} (host: {env['cpu']}" if sized_rows_ and env.get("gpu") else f"{env['cpu']} ("
     head = [
-        f"Measured {env['date']} on {env['cpu']} ({env['threads']} threads, torch {env['torch']}, "
+        f"Measured {env['date']} on {where}{env['threads']} threads, torch {env['torch']}, "
         f"malloc `{env['malloc']}`, 1-min load average before the run {env.get('loadavg_1min', '?')}).",
         "",
         f"Peak matmul: {_peaks_text(peaks)} "
@@ -116,7 +136,12 @@ def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
         "",
     ]
     extra = [f"- {r.workload}: compile took {r.extra['compile_seconds']} s" for r in rows if "compile_seconds" in r.extra]
-    return "\n".join(head + lines + ([""] + extra if extra else [])) + "\n"
+    if not rows:
+        lines = []
+    text = "\n".join(head + lines + ([""] + extra if extra else [])) + "\n"
+    if sized_rows_:
+        text = text.rstrip("\n") + "\n\n" + sized.markdown(sized_rows_, peaks)
+    return text
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -127,6 +152,11 @@ def plot(rows: list[Row], path: Path) -> None:
 
     labels, ratios = [], []
     for r in rows:
+        if "size" in r.extra:
+            for side, peer, x in sized.ratios(r):
+                labels.append(f"{r.workload} [{r.precision}] {side} vs {peer}")
+                ratios.append(x)
+            continue
         zoo_side = "zoo compiled" if "zoo compiled" in r.seconds else "zoo"
         for peer in [s for s in r.seconds if s != zoo_side]:
             labels.append(f"{r.workload} [{r.precision}] vs {peer}")
@@ -185,15 +215,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=WORKLOADS + [QUALITY, MEMORY, CONVERT_MEMORY], default=None,
-                        help=f"workloads to run (default: all but {QUALITY}, {MEMORY} and {CONVERT_MEMORY})")
+                        help=f"workloads to run (default: all but llama, {QUALITY}, {MEMORY} and {CONVERT_MEMORY}; at --size "
+                             f"gpu: {' '.join(GPU_DEFAULT)})")
     parser.add_argument("--minutes", type=float, default=None,
                         help=f"{QUALITY}: the training budget of each side (default: the recipe's train.minutes)")
-    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=None,
+                        help="default: bf16 at --size gpu, else fp32 and bf16")
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=positive_int, default=os.cpu_count())
-    parser.add_argument("--tiny", action="store_true", help="toy sizes: checks the scripts, measures nothing")
+    parser.add_argument("--tiny", action="store_true", help="toy sizes: checks the scripts, measures nothing "
+                        "(the same as --size toy)")
     parser.add_argument("--device", default="cpu", help="where the workloads run: cpu (default) or cuda (GPU rows)")
+    parser.add_argument("--size", choices=sized.SIZES, default=None,
+                        help="toy (seconds, the tests'), cpu (the CPU rows), gpu (batches that fill one 80 GB GPU: "
+                             "bench/sized.py); default: gpu with --device cuda, else cpu")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="add torch.compile'd sides (zoo's and the peer's) to the sized rows; default: on at "
+                             "--size gpu, off otherwise")
+    parser.add_argument("--compile-scope", choices=sized.SCOPES, default="blocks",
+                        help="blocks: compile each repeated layer in place (one compilation serves every layer); "
+                             "model: the whole model, as a recipe's run.compile does")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile's backend (aot_eager: graphs without code generation, a quick check)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="sized rows: start no side after this many seconds of the run (the rest are listed "
+                             "as skipped)")
+    parser.add_argument("--step-seconds", type=float, default=None, metavar="SECONDS",
+                        help="sized rows: time each side's steps for at most this long (at least two steps); "
+                             "default 4 at --size gpu")
     parser.add_argument("--out", type=Path, default=None, help="markdown table (default: docs/benchmarks.md unless --tiny)")
     parser.add_argument("--json", type=Path, default=None, help="results JSON (default: bench/results/<time>.json)")
     parser.add_argument("--from-json", type=Path, default=None, metavar="JSON",
@@ -201,6 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error(f"--warmup: must be at least 0, got {args.warmup}")
+    for name in ("budget", "step_seconds"):
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')}: must be above 0, got {getattr(args, name)}")
+    if args.tiny and args.size not in (None, "toy"):
+        parser.error(f"--tiny is --size toy; it contradicts --size {args.size}")
+    cuda = args.device.partition(":")[0] == "cuda"
+    args.size = "toy" if args.tiny else args.size or ("gpu" if cuda else "cpu")
+    args.tiny = args.size == "toy"
+    if args.precision is None:
+        args.precision = ["bf16"] if args.size == "gpu" else ["fp32", "bf16"]
+    if args.compile is None:
+        args.compile = args.size == "gpu"
     if args.from_json is not None:
         data = json.loads(args.from_json.read_text())
         if args.from_json.name.startswith(f"{CONVERT_MEMORY}-"):  # a conversion-memory run: its section, then the page
@@ -232,30 +294,65 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and CONVERT_MEMORY in args.only:
         return convert_memory_main(args, env)
     timing = dict(warmup=1 if args.tiny else args.warmup, repeats=2 if args.tiny else args.repeats)
-    chosen = args.only or WORKLOADS
+    chosen = args.only or (GPU_DEFAULT if args.size == "gpu" else DEFAULT)
     precisions = usable_precisions(args.precision, args.tiny, args.device)
+    plan = None
+    if args.size == "gpu" or args.compile or "llama" in chosen:
+        gpu = args.size == "gpu"
+        plan = sized.Plan(size=args.size, compile=args.compile, scope=args.compile_scope, backend=args.compile_backend,
+                          warmup=0 if args.tiny else 2 if gpu else args.warmup,
+                          repeats=2 if args.tiny else 10 if gpu else args.repeats,
+                          cap=args.step_seconds or (4.0 if gpu else float("inf")),
+                          deadline=None if args.budget is None else time.monotonic() + args.budget)
+        if args.size == "gpu":
+            for name in chosen:
+                if name not in sized.WORKLOADS and name != "peak":
+                    print(f"{name}: no GPU size; its rows run at their CPU size", flush=True)
     peaks: dict[str, float] = {}
     if "peak" in chosen or not args.tiny:
-        n = 256 if args.tiny else 4096
+        n = 256 if args.tiny else 8192 if args.size == "gpu" else 4096
         peaks = {"fp32": matmul_peak(torch.float32, n)}
         if "bf16" in precisions or args.tiny:
             peaks["bf16"] = matmul_peak(torch.bfloat16, n)
         print(f"peak matmul: {_peaks_text(peaks)}", flush=True)
     rows: list[Row] = []
-    for name in chosen:
-        if name == "peak":
-            continue
-        for row in _rows(name, precisions, timing, args.tiny):
-            rows.append(row)
-            ratios = ", ".join(f"{row.ratio('zoo' if 'zoo' in row.seconds else 'zoo compiled', s):.2f}x vs {s}"
-                               for s in row.seconds if not s.startswith("zoo"))
-            zoo_side = "zoo" if "zoo" in row.seconds else "zoo compiled"
-            print(f"{row.workload} [{row.precision}]: zoo {row.throughput(zoo_side):,.1f} {row.unit}/s"
-                  f"{', ' + ratios if ratios else ''}", flush=True)
+    partial = "-".join(n for n in chosen if n != "peak") + "-" if args.only else ""
+    # at --size gpu (or with a --budget) the eager sides of every row first, then the compiled ones (their
+    # compilation is most of the run's time): a budget that runs out leaves every row its eager comparison
+    two = plan is not None and plan.compile and (args.size == "gpu" or args.budget is not None)
+    passes = ["eager", "compiled"] if two else [None]
+    merged: dict[tuple[str, str], Row] = {}
+    for pass_ in passes:
+        if plan is not None:
+            plan.only = pass_
+        for name in chosen:
+            sized_here = args.size == "gpu" or args.compile or name == "llama"
+            if name == "peak" or (pass_ == "compiled" and not (sized_here and name in sized.WORKLOADS)):
+                continue
+            for row in _rows(name, precisions, timing, args.tiny, plan if sized_here else None):
+                if "size" in row.extra:
+                    key = (row.workload, row.precision)
+                    if key in merged:
+                        sized.merge(merged[key], row)
+                        row = merged[key]
+                    else:
+                        merged[key] = row
+                        rows.append(row)
+                    print(sized.describe(row, peaks.get(row.precision)), flush=True)
+                    # the JSON so far: a run stopped from outside keeps the rows it finished
+                    _write_json(args, env, partial, {"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]})
+                    continue
+                rows.append(row)
+                ratios = ", ".join(f"{row.ratio('zoo' if 'zoo' in row.seconds else 'zoo compiled', s):.2f}x vs {s}"
+                                   for s in row.seconds if not s.startswith("zoo"))
+                zoo_side = "zoo" if "zoo" in row.seconds else "zoo compiled"
+                print(f"{row.workload} [{row.precision}]: zoo {row.throughput(zoo_side):,.1f} {row.unit}/s"
+                      f"{', ' + ratios if ratios else ''}", flush=True)
     table = markdown(rows, peaks, env)
+    if plan is not None and plan.skipped:
+        print(f"past the --budget of {args.budget:g} s, not run: {'; '.join(plan.skipped)}", flush=True)
     # a run of some workloads (--only) is results/<names>-<time>.json, which a page section shows
     # (bench/NOTES.md: <!-- generated: bench-table ... -->); only a full run replaces the page's table
-    partial = "-".join(n for n in chosen if n != "peak") + "-" if args.only else ""
     _write_json(args, env, partial, {"machine": env, "peaks": peaks, "rows": [r.__dict__ for r in rows]})
     out_md = args.out or (None if args.tiny or partial else ROOT / "docs" / "benchmarks.md")
     if out_md is not None:

@@ -40,6 +40,7 @@ from zoo.train import (Config, Dist, OptimConfig, RunConfig, ScheduleConfig, Tas
 from imagenet_data import FolderImages, ImageDataConfig, TensorImages, evaluate_images  # beside this script
 
 DEFAULT_CONFIG = Path(__file__).with_suffix(".yaml")
+GPU_CONFIG = Path(__file__).with_suffix(".gpu.yaml")  # laid under the user's settings on CUDA
 
 
 # ------------------------------------------------------------------------------------- config
@@ -221,7 +222,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     tune_malloc()
-    cfg, args = parse_args(RecipeConfig, argv, default=DEFAULT_CONFIG, description=__doc__.split("\n\n")[0])
+    cfg, args = parse_args(RecipeConfig, argv, default=DEFAULT_CONFIG, gpu=GPU_CONFIG, description=__doc__.split("\n\n")[0])
     try:
         with distributed(cfg.run.device) as dist:
             return train(cfg, args.resume, dist)

@@ -57,6 +57,7 @@ from zoo.train import (
 from text_data import TextDataConfig, get_tokenizer, load_text  # beside this script: shared with mlm.py
 
 DEFAULT_CONFIG = Path(__file__).with_name("lm.yaml")
+GPU_CONFIG = Path(__file__).with_name("lm.gpu.yaml")  # laid under the user's settings on CUDA
 
 
 class TrainConfig(Config):
@@ -222,7 +223,7 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, args = parse_args(LMConfig, argv, default=DEFAULT_CONFIG, description=__doc__)
+    cfg, args = parse_args(LMConfig, argv, default=DEFAULT_CONFIG, gpu=GPU_CONFIG, description=__doc__)
     tune_malloc()
     try:
         with distributed(cfg.run.device) as dist:

@@ -50,6 +50,7 @@ from zoo.train import (
 from text_data import LengthBatched, TextDataConfig, eval_batches, get_tokenizer, load_text  # beside this script
 
 DEFAULT_CONFIG = Path(__file__).with_name("mlm.yaml")
+GPU_CONFIG = Path(__file__).with_name("mlm.gpu.yaml")  # laid under the user's settings on CUDA
 PAD_ID, EOS_ID, CLS_ID, MASK_ID = (T.SPECIALS.index(s) for s in (T.PAD, T.EOS, T.CLS, T.MASK))
 
 
@@ -344,7 +345,7 @@ def train(cfg: MLMConfig, resume: str | None, dist) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, args = parse_args(MLMConfig, argv, default=DEFAULT_CONFIG, description=__doc__)
+    cfg, args = parse_args(MLMConfig, argv, default=DEFAULT_CONFIG, gpu=GPU_CONFIG, description=__doc__)
     tune_malloc()
     try:
         with distributed(cfg.run.device) as dist:

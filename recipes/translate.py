@@ -41,6 +41,7 @@ from translate_eval import (DecodeConfig, attention_picture, decode_settings, ex
                             score_models, translate_split, translate_stdin, valid_loss)
 
 DEFAULT_CONFIG = Path(__file__).with_name("translate.yaml")
+GPU_CONFIG = Path(__file__).with_name("translate.gpu.yaml")  # laid under the user's settings on CUDA
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "translate":
         return translate_stdin(argv[1:], prog="translate.py translate")
-    cfg, args = parse_args(TranslateConfig, argv, default=DEFAULT_CONFIG, description=__doc__)
+    cfg, args = parse_args(TranslateConfig, argv, default=DEFAULT_CONFIG, gpu=GPU_CONFIG, description=__doc__)
     tune_malloc()
     try:
         with distributed(cfg.run.device) as dist:

@@ -95,3 +95,128 @@ def test_counts_below_their_minimum_are_refused_by_name(argv, named, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--tiny", *argv])
     assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ sized rows (--size)
+def test_sized_rows_run_at_toy_size_eager_and_compiled(tmp_path):
+    """The GPU rows' code at toy size on the CPU, through ``python -m bench``: zoo and its peer, eager and
+    compiled (dynamo's eager backend: graphs captured, no code generated), the table, the page rebuilt
+    from the JSON."""
+    out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
+    assert main(["--size", "toy", "--compile", "--compile-backend", "eager", "--only", "peak", "gpt2", "vit",
+                 "--precision", "fp32", "--json", str(out), "--out", str(md)]) == 0
+    data = json.loads(out.read_text())
+    rows = {r["workload"]: r for r in data["rows"]}
+    assert len(rows) == 3 and all(r["extra"]["size"] == "toy" for r in rows.values())
+    for name, r in rows.items():
+        peer = "HF" if "GPT" in name else "timm"
+        assert set(r["seconds"]) == {"zoo", "zoo compiled", peer, f"{peer} compiled"}, name
+        assert r["flops"] > 0 and r["extra"]["flop_weights"] > 0 and r["extra"]["compile_scope"] == "blocks"
+        assert all(s > 0 and math.isfinite(s) for s in r["seconds"].values())
+    text = md.read_text()
+    assert "| side | throughput | zoo / peer | MFU | peak memory |" in text and "vs HF compiled" in text
+    assert "tokens x (6N + 12 L T d)" in text
+    again = tmp_path / "again.md"
+    assert main(["--from-json", str(out), "--out", str(again)]) == 0
+    assert again.read_text() == text
+
+
+def test_a_budget_measures_eager_sides_first_and_lists_what_it_skipped(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["--size", "toy", "--compile", "--compile-backend", "eager", "--budget", "600", "--only", "vit",
+                 "--precision", "fp32", "--json", str(out), "--out", str(tmp_path / "b.md")]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(len(r["seconds"]) == 4 for r in rows)  # two passes, merged into one row each
+    log = capsys.readouterr().out
+    assert log.count("vit_tiny_patch16_224 train b4 [fp32]: ") == 2  # a line a pass: eager, then with compiled
+    assert main(["--size", "toy", "--compile", "--compile-backend", "eager", "--budget", "1e-9", "--only", "gpt2",
+                 "--precision", "fp32", "--json", str(out), "--out", str(tmp_path / "c.md")]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["seconds"] == {} and len(row["extra"]["failed"]) == 4
+    assert "past the --budget of 1e-09 s, not run: GPT-2 toy train 2x16: zoo;" in capsys.readouterr().out
+
+
+def test_every_sized_row_runs_at_toy_size():
+    """The rest of the GPU rows (eager; the compiled sides are the same code with a compiled model)."""
+    from bench import sized, sized_rows
+
+    plan = sized.Plan(size="toy", warmup=0, repeats=2)
+    rows = [r for name in ("llama", "bert", "transformer", "moe", "generate") for r in sized_rows.rows(name, "fp32", plan)]
+    assert len(rows) == 7
+    for r in rows:
+        assert r.seconds.keys() >= {"zoo"} and len(r.seconds) >= 2 and all(s > 0 for s in r.seconds.values()), r
+        assert r.flops is None if ("greedy" in r.workload or "beam" in r.workload) else r.flops > 0
+    with pytest.raises(ValueError, match="workload 'mistral' has no sized rows"):
+        sized_rows.rows("mistral", "fp32", plan)
+
+
+def test_sized_sides_one_at_a_time_with_a_deadline_and_the_decoding_hook(monkeypatch):
+    """The CUDA order (each side built, timed and freed in turn) on the CPU, whole-model compilation
+    through AOT autograd, a deadline that stops sides, and zoo.generate's static-cache hook."""
+    import time
+
+    import zoo
+    from bench import sized, sized_rows
+
+    # the CUDA branch's memory bookkeeping, with the CUDA calls stood in for
+    peaks = iter(range(1, 100))
+    monkeypatch.setattr(sized, "_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: next(peaks) * 2**30)
+    plan = sized.Plan(size="toy", compile=True, scope="model", backend="aot_eager", warmup=0, repeats=2)
+    row = sized_rows.gpt2("fp32", plan)
+    assert set(row.seconds) == {"zoo", "zoo compiled", "HF", "HF compiled"}
+    assert list(row.extra["memory"].values()) == [2**30, 2 * 2**30, 3 * 2**30, 4 * 2**30]
+    assert "| GPT-2 toy train 2x16 | fp32 | zoo compiled |" in sized.markdown([row], {})
+    assert "1.0 GiB" in sized.markdown([row], {}) and "GiB" in sized.describe(row, None)
+    monkeypatch.setattr(sized, "_cuda", lambda: False)
+    assert [p for _, p, _ in sized.ratios(row)] == ["HF", "HF compiled"]
+
+    # a GPU run's two passes: every row's eager sides, then the compiled ones, merged into one row
+    two = sized.Plan(size="toy", compile=True, backend="eager", warmup=0, one_at_a_time=True, only="eager")
+    first = sized_rows.vit("fp32", two, "infer")
+    two.only = "compiled"
+    second = sized_rows.vit("fp32", two, "infer")
+    assert set(first.seconds) == {"zoo", "timm"} and set(second.seconds) == {"zoo compiled", "timm compiled"}
+    both = sized.merge(first, second)
+    assert len(both.seconds) == 4 and set(both.extra["first_step_seconds"]) == set(both.seconds)
+    assert [p for _, p, _ in sized.ratios(both)] == ["timm", "timm compiled"]
+
+    late = sized.Plan(size="toy", warmup=0, deadline=time.monotonic() - 1, one_at_a_time=True)
+    row = sized_rows.bert("fp32", late)
+    assert row.seconds == {} and set(row.extra["failed"]) == {"zoo", "HF"} and len(late.skipped) == 2
+
+    real, seen = zoo.generate, []
+
+    def with_hooks(*args, cache=None, compile=False, **kw):  # what a static-cache decoding path accepts
+        seen.append((cache, compile))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(zoo, "generate", with_hooks)
+    assert sized.generate_hooks() == {"cache": "static", "compile": True}
+    row = sized_rows.greedy("fp32", sized.Plan(size="toy", warmup=0), batch=1)
+    assert set(row.seconds) == {"zoo", "HF", "zoo static+compiled"} and ("static", True) in seen
+
+
+def test_mfu_counts_weights_in_matmuls():
+    import zoo
+    from bench import sized
+
+    spec = zoo.load_spec("gpt2-small", ["n_layers=2", "d_model=64", "block.attention.n_heads=4", "vocab_size=100",
+                                        "max_seq_len=32"])
+    model = zoo.build(spec)
+    total = sum(p.numel() for p in model.parameters())
+    # tied head: the token table counts once (as the output projection), the learned positions not at all
+    assert sized.flop_weights(model, tied=True) == total - 32 * 64
+    assert sized.train_flops(10, 1000, 2, 16, 64) == 10 * (6 * 1000 + 12 * 2 * 16 * 64)
+    assert sized.forward_flops(10, 1000, 2, 16, 64) == 10 * (2 * 1000 + 4 * 2 * 16 * 64)
+
+
+@pytest.mark.parametrize("argv,named", [(["--tiny", "--size", "gpu"], "--tiny"), (["--budget", "0"], "--budget"),
+                                        (["--step-seconds", "-1"], "--step-seconds"), (["--size", "big"], "--size"),
+                                        (["--compile-scope", "all"], "--compile-scope")])
+def test_sized_options_are_checked_by_name(argv, named, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and named in capsys.readouterr().err

@@ -154,7 +154,23 @@ def _recipe_data(recipe: str, root: Path) -> list[str]:
 ])
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_each_recipe_runs_on_the_gpu(recipe, args, strategy, tmp_path):
-    cmd = [sys.executable, str(ROOT / "recipes" / f"{recipe}.py"), "run.device=cuda", f"run.out_dir={tmp_path / 'run'}",
-           "run.progress=false", "run.plot=false", f"run.strategy={strategy}", *_recipe_data(recipe, tmp_path), *args]
+    # --defaults cpu: the recipe's CPU-sized defaults (its GPU layer has a test of its own, below)
+    cmd = [sys.executable, str(ROOT / "recipes" / f"{recipe}.py"), "--defaults", "cpu", "run.device=cuda",
+           f"run.out_dir={tmp_path / 'run'}", "run.progress=false", "run.plot=false", f"run.strategy={strategy}",
+           *_recipe_data(recipe, tmp_path), *args]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_a_recipe_under_its_gpu_layer(tmp_path):
+    """The LM recipe on CUDA takes recipes/lm.gpu.yaml under the user's keys: compiled, attention left
+    to zoo and torch, said in its first line; shrunk here by keys the user sets."""
+    cmd = [sys.executable, str(ROOT / "recipes" / "lm.py"), f"run.out_dir={tmp_path / 'run'}", "run.progress=false",
+           "run.plot=false", *_recipe_data("lm", tmp_path), "train.steps=3", "data.vocab_size=300",
+           "model_overrides=[d_model=32,n_layers=1,block.attention.n_heads=2,block.attention.n_kv_heads=1]",
+           "train.block_len=64", "train.batch_size=4", "run.eval_every=3", "sample.max_new_tokens=2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("gpu-defaults (lm.gpu.yaml;"), first
+    assert "run.compile=true" in first and "run.attention=default" in first and "block_len" not in first

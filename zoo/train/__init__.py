@@ -36,7 +36,10 @@ from zoo.train.config import (
     ScheduleConfig,
     config_to_yaml,
     load_config,
+    Resolved,
+    on_cuda,
     parse_args,
+    resolve_config,
     settings,
 )
 from zoo.train.distributed import Dist, distributed, resolve_device
@@ -55,7 +58,7 @@ __all__ = [
     "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_sharded_checkpoint", "model_spec",
     "prune_checkpoints", "read_train_state", "resolve_resume", "restore_rng", "rng_state", "save_checkpoint",
     "save_sharded_checkpoint", "unwrap", "Config", "ConfigError", "OptimConfig", "RunConfig", "ScheduleConfig",
-    "config_to_yaml", "settings", "load_config", "parse_args", "Dist", "distributed", "resolve_device", "TrainError",
+    "config_to_yaml", "settings", "load_config", "parse_args", "resolve_config", "Resolved", "on_cuda", "Dist", "distributed", "resolve_device", "TrainError",
     "apply_fsdp", "full_parameters", "gathered", "set_activation_checkpointing", "Task", "ListTask", "Fitted", "fit",
     "MetricsLog", "Progress", "metrics_figure", "perplexity", "plot_metrics", "read_metrics", "series_styles", "EMA", "autocast", "bf16_is_fast",
     "build_optimizer", "build_scheduler", "lr_factor", "param_groups", "resolve_precision", "seed_everything",

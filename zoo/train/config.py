@@ -13,14 +13,20 @@ Overrides and YAML are read exactly as model specs are (:func:`zoo.spec.apply_ov
 duplicate keys and unknown fields are errors that name the field. Files layer: a recipe reads its own
 YAML first, then each ``--config`` file over it (mappings merge key by key, so a file holds only what
 it changes, as Hydra and torchtune's overrides do), then the overrides.
+
+A recipe may declare a GPU layer (``recipes/lm.gpu.yaml`` beside ``recipes/lm.yaml``): GPU-sized
+values laid over its own YAML, under the user's files and overrides, only when ``run.device``
+resolves to CUDA (:func:`resolve_config`); ``--print-config --sources`` marks them ``gpu-default``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import Iterable, Literal, Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, Iterable, Literal, Sequence, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -40,7 +46,7 @@ from zoo.validation import validation_message
 
 __all__ = [
     "Config", "ConfigError", "OptimConfig", "ScheduleConfig", "RunConfig", "load_config", "parse_args",
-    "config_to_yaml", "settings",
+    "config_to_yaml", "settings", "resolve_config", "Resolved", "on_cuda",
 ]
 
 C = TypeVar("C", bound="Config")
@@ -280,16 +286,97 @@ def _help_settings(cls: type[C], default: str | Path | None) -> str:
     return "\n".join(lines)
 
 
+GPU_SOURCE = "gpu-default"
+
+
+def on_cuda(device: str) -> bool:
+    """Whether ``run.device`` resolves to a CUDA GPU here: ``cuda``/``cuda:N``, or ``auto`` where
+    CUDA is available (as :func:`zoo.train.resolve_device` decides); nothing is started."""
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.partition(":")[0] == "cuda"
+
+
+@dataclass
+class Resolved(Generic[C]):
+    """A recipe's config and where its values came from; ``gpu``: the GPU layer's keys that took effect
+    (dotted key -> value), empty when the layer was not applied or the user set all of them."""
+
+    config: C
+    sources: Sources
+    gpu: dict[str, object] = field(default_factory=dict)
+
+
+def _flat(node: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resolve_config(
+    cls: type[C], default: str | Path | None = None, configs: Sequence[str | Path] = (), overrides: Iterable[str] = (),
+    *, gpu: str | Path | None = None, defaults: Literal["auto", "gpu", "cpu"] = "auto",
+) -> Resolved[C]:
+    """The config a recipe runs with: ``cls``'s defaults, the recipe's own YAML (``default``), its GPU
+    layer (``gpu``, a YAML of GPU-sized values) when ``defaults`` is ``gpu``, or ``auto`` and the
+    device resolves to CUDA (:func:`on_cuda` of ``run.device`` as the other layers set it), then
+    each of the user's ``configs`` files and the ``key=value`` overrides: a key the user sets, in a
+    file or on the command line, keeps the user's value. Sources name the recipe's files by their
+    name (``lm.yaml (the recipe's defaults)``) and the GPU layer's keys ``gpu-default (lm.gpu.yaml)``."""
+    if defaults not in ("auto", "gpu", "cpu"):
+        raise ConfigError(f"--defaults {defaults!r}: use auto, gpu or cpu")
+    overrides = list(overrides)
+    base = ([] if default is None else [default])
+    sources: Sources = {}
+    cfg = load_config(cls, [*base, *configs], overrides, sources=sources)
+    device = getattr(getattr(cfg, "run", None), "device", "cpu")
+    applied: dict[str, object] = {}
+    if gpu is not None and (defaults == "gpu" or (defaults == "auto" and on_cuda(device))):
+        sources = {}
+        cfg = load_config(cls, [*base, gpu, *configs], overrides, sources=sources)
+        layer = _flat(_read(gpu))
+        if any(k == "run.device" or k.startswith("run.device.") for k in layer):
+            raise ConfigError(f"config {gpu}: a GPU layer cannot set run.device (the device decides whether it applies)")
+        applied = {k: v for k, v in layer.items() if sources.get(k) == str(gpu)}
+    labels = {}
+    if default is not None:
+        labels[str(default)] = f"{Path(default).name} (the recipe's defaults)"
+    if gpu is not None:
+        labels[str(gpu)] = f"{GPU_SOURCE} ({Path(gpu).name})"
+    return Resolved(cfg, {k: labels.get(v, v) for k, v in sources.items()}, applied)
+
+
+def gpu_note(resolved: Resolved, gpu: str | Path) -> str:
+    """The line a recipe starts with when its GPU layer took effect: which values it set."""
+    shown = " ".join(f"{k}={_flow(v)}" for k, v in resolved.gpu.items())
+    return (f"{GPU_SOURCE}s ({Path(gpu).name}; set any to change it, --defaults cpu for none): {shown}")
+
+
+def _flow(value: object) -> str:
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).removesuffix("...\n").strip()
+
+
 def parse_args(
-    cls: type[C], argv: Sequence[str] | None = None, *, default: str | Path | None = None, description: str = ""
+    cls: type[C], argv: Sequence[str] | None = None, *, default: str | Path | None = None, description: str = "",
+    gpu: str | Path | None = None,
 ) -> tuple[C, argparse.Namespace]:
     """The command line of a recipe: ``[--config FILE ...] [--resume [CKPT]] [--print-config [--sources]]
-    [key=value ...]``.
+    [--defaults auto|gpu|cpu] [key=value ...]``.
 
-    The recipe's own YAML (``default``) is read first; each ``--config`` file is laid over it in order
-    (a file holds only what it changes), then the ``key=value`` overrides. ``--resume`` alone continues
-    from the newest checkpoint in ``run.out_dir``; with a path, from that file. A bad config prints one
-    line and exits with status 2.
+    The recipe's own YAML (``default``) is read first; on CUDA its GPU layer (``gpu``, see
+    :func:`resolve_config`) over it; each ``--config`` file is laid over them in order (a file holds
+    only what it changes), then the ``key=value`` overrides. ``--resume`` alone continues from the
+    newest checkpoint in ``run.out_dir``; with a path, from that file. A bad config prints one line and
+    exits with status 2. When the GPU layer sets anything, a line on rank 0 says what
+    (``args.gpu_note``; ``None`` otherwise).
     """
     parser = argparse.ArgumentParser(description=description, epilog=_help_settings(cls, default),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -303,23 +390,28 @@ def parse_args(
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--sources", action="store_true",
                         help="with --print-config: say where each value came from (a file, the command line, a default)")
+    if gpu is not None:
+        parser.add_argument("--defaults", choices=("auto", "gpu", "cpu"), default="auto",
+                            help=f"auto: lay the recipe's GPU-sized values ({Path(gpu).name}) under your settings "
+                                 "when run.device resolves to CUDA; gpu: always (e.g. to see them with "
+                                 "--print-config on a CPU); cpu: never")
     args = parser.parse_args(argv)
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"overrides look like key.path=value, got {bad[0]!r}")
     if args.sources and not args.print_config:
         parser.error("--sources goes with --print-config")
-    files = ([] if default is None else [default]) + args.config
-    sources: Sources = {}
     try:
-        cfg = load_config(cls, files, args.overrides, sources=sources)
+        resolved = resolve_config(cls, default, args.config, args.overrides, gpu=gpu,
+                                  defaults=getattr(args, "defaults", "cpu"))
     except ConfigError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    cfg = resolved.config
     if args.print_config:
-        if default is not None:
-            label = f"{Path(default).name} (the recipe's defaults)"
-            sources = {k: label if v == str(default) else v for k, v in sources.items()}
-        print(config_to_yaml(cfg, sources if args.sources else None), end="")
+        print(config_to_yaml(cfg, resolved.sources if args.sources else None), end="")
         raise SystemExit(0)
+    args.gpu_note = gpu_note(resolved, gpu) if resolved.gpu else None
+    if args.gpu_note and os.environ.get("RANK", "0") == "0":
+        print(args.gpu_note, flush=True)
     return cfg, args
