@@ -92,13 +92,13 @@ def test_print_config_sources_and_the_first_line(cuda, capsys):
                      gpu=lm.GPU_CONFIG)
     assert done.value.code == 0
     origin = dict(re.findall(r"^\s*(\w+): .*# (.+)$", capsys.readouterr().out, flags=re.M))
-    assert origin["block_len"] == "gpu-default (lm.gpu.yaml)" and origin["attention"] == "gpu-default (lm.gpu.yaml)"
+    assert origin["block_len"] == "gpu-default (lm.gpu.yaml)" and origin["attention"] == "lm.yaml (the recipe's defaults)"
     assert origin["steps"] == "command line" and origin["out_dir"] == "lm.yaml (the recipe's defaults)"
 
     cfg, args = T.parse_args(lm.LMConfig, ["train.batch_size=2"], default=lm.DEFAULT_CONFIG, gpu=lm.GPU_CONFIG)
     printed = capsys.readouterr().out
     assert printed.startswith("gpu-defaults (lm.gpu.yaml;") and args.gpu_note in printed
-    assert "train.block_len=1024" in printed and "run.attention=default" in printed and "batch_size" not in printed
+    assert "train.block_len=1024" in printed and "run.attention" not in printed and "batch_size" not in printed
     assert cfg.train.batch_size == 2
 
     _, args = T.parse_args(lm.LMConfig, ["--defaults", "cpu"], default=lm.DEFAULT_CONFIG, gpu=lm.GPU_CONFIG)
