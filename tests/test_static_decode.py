@@ -159,3 +159,16 @@ def test_compiled_encoder_decoder_greedy_equals_eager_and_does_not_recompile():
     kw = {"bos_id": 1, "max_new_tokens": 7}
     got = compiled_run(model, src, src_mask, "greedy", **kw)
     assert_same(got, decode(model, src, src_mask, "greedy", **kw))
+
+
+def test_translation_recipe_decodes_alike_with_either_cache():
+    from translate_eval import decode_batches  # recipes/, on pytest's path
+
+    model = tiny_model("encoder_decoder", ["max_seq_len=40"], seed=3).eval()
+    g = torch.Generator().manual_seed(5)
+    src = [torch.randint(4, V, (int(n),), generator=g).tolist() for n in (5, 9, 3, 7, 6)]
+    settings = {"beams": 4, "max_len_b": 6, "batch_tokens": 48}  # several batches of different shapes
+    want = decode_batches(model, src, **settings)  # auto on CPU: the dynamic cache
+    assert decode_batches(model, src, cache="static", **settings) == want
+    with pytest.raises(ValueError, match="compile needs the static cache"):
+        decode_batches(model, src, cache="dynamic", compile=True, **settings)

@@ -87,7 +87,7 @@ class StaticStepper:
             self.prompt_mask = None
             capacity = new_tokens
         else:
-            self.memory = None
+            self.memory = self.mask = None
             self.prompt = einops.repeat(inputs, "b t -> (b k) t", k=repeat)
             self.prompt_mask = einops.repeat(mask, "b t -> (b k) t", k=repeat) if mask is not None else None
             capacity = inputs.shape[1] + new_tokens
@@ -97,8 +97,11 @@ class StaticStepper:
             if pos.max_len is not None and used > pos.max_len:
                 raise ValueError(f"generate: prompt and new tokens ({used}) exceed max_seq_len ({pos.max_len}) of the "
                                  f"position table; ask for fewer new tokens or truncate the input")
+        if self.mask is not None:
+            torch._dynamo.mark_static_address(self.mask)  # read by every step in place
         self.cache = stack.new_static_cache(capacity, rows, device)
         self.mode = mode
+        self.graphs = mode in ("reduce-overhead", "max-autotune") and device.type == "cuda"
         self._step = _step if mode is None else compiled_step(mode)
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -112,11 +115,17 @@ class StaticStepper:
     def first(self) -> Tensor:
         """The prompt (or the start token), eagerly: its length is not a step's."""
         if self.encdec:
-            return self.model.decode(self.prompt, self.memory, self.mask, None, cache=self.cache, last_only=True)[:, -1]
+            logits = self.model.decode(self.prompt, self.memory, self.mask, None, cache=self.cache, last_only=True)
+            for layer in self.cache.layers:  # the memory's keys/values, computed now: every step reads them in place
+                for t in layer.memory_kv or ():
+                    torch._dynamo.mark_static_address(t)
+            return logits[:, -1]
         return self.model(self.prompt, self.prompt_mask, cache=self.cache, last_only=True)[:, -1]
 
     def step(self, tokens: Tensor) -> Tensor:
-        """One token per row [R] -> logits [R, V]."""
+        """One token per row [R] -> logits [R, V] (with CUDA graphs: valid until the next step)."""
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         return self._step(self, tokens[:, None])
 
     def reorder(self, rows: Tensor) -> None:
