@@ -53,7 +53,9 @@ def refusal(model: nn.Module, compiled: bool) -> str | None:
     return None
 
 
-def _step(stepper: StaticStepper, tokens: Tensor) -> Tensor:
+def _step(stepper: StaticStepper, tokens: Tensor, rows: Tensor | None) -> Tensor:
+    if rows is not None:  # beam search's reordering, in the same graph as the step
+        stepper.cache.reorder(rows)
     return stepper.forward(tokens)
 
 
@@ -103,6 +105,7 @@ class StaticStepper:
         self.mode = mode
         self.graphs = mode in ("reduce-overhead", "max-autotune") and device.type == "cuda"
         self._step = _step if mode is None else compiled_step(mode)
+        self.rows: Tensor | None = None  # a reordering that waits for the next step
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [R, T] -> the last position's logits [R, V], through the cache."""
@@ -126,7 +129,9 @@ class StaticStepper:
         """One token per row [R] -> logits [R, V] (with CUDA graphs: valid until the next step)."""
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        return self._step(self, tokens[:, None])
+        rows, self.rows = self.rows, None
+        return self._step(self, tokens[:, None], rows)
 
     def reorder(self, rows: Tensor) -> None:
-        self.cache.reorder(rows)
+        """Row i becomes old row ``rows[i]``: applied by the next step, in its graph."""
+        self.rows = rows if self.rows is None else self.rows[rows]
