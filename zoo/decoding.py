@@ -84,7 +84,8 @@ class StaticStepper:
                 raise ValueError("generate: an encoder-decoder needs bos_id, the token the target starts with")
             memory = model.encode(inputs, mask)
             self.memory = einops.repeat(memory, "b s d -> (b k) s d", k=repeat)  # each sentence's beams in a row
-            self.mask = einops.repeat(mask, "b s -> (b k) s", k=repeat) if mask is not None else None
+            # a copy of its own (marked static below), never the caller's tensor
+            self.mask = einops.repeat(mask, "b s -> (b k) s", k=repeat).clone() if mask is not None else None
             self.prompt = torch.full((rows, 1), bos_id, dtype=torch.long, device=device)
             self.prompt_mask = None
             capacity = new_tokens
