@@ -95,3 +95,14 @@ def test_counts_below_their_minimum_are_refused_by_name(argv, named, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--tiny", *argv])
     assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_decoding_bench_times_each_cache_and_refuses_bad_counts(capsys):
+    from bench import decode
+
+    assert decode.main(["--tiny", "--new-tokens", "3", "--repeats", "1", "--sides", "dynamic", "static"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| model | decoding | batch | dynamic tok/s | static tok/s |") and len(rows) == 1 + 6
+    with pytest.raises(SystemExit) as e:
+        decode.main(["--repeats", "0"])
+    assert e.value.code == 2 and "--repeats must be >= 1" in capsys.readouterr().err
