@@ -6,9 +6,10 @@ keys/values are then computed once) runs eagerly; every later step feeds one tok
 :meth:`StaticStepper.step`, whose shapes never change: the write position is a tensor in the cache,
 attention reads the whole buffer through a mask. With ``compile`` the step is
 ``torch.compile(fullgraph=True)``: one graph, compiled at the first step, no recompilation from step
-to step. The compiled function is shared by every call (one per mode): a later ``generate`` with the
-same shapes reuses it, and one with other shapes (batch, source length, capacity) recompiles once,
-after which torch's automatic dynamic shapes cover the sizes that changed. On CUDA the default mode
+to step. The compiled function is shared by every call (one per mode), with the rows, the capacity
+and the source length marked dynamic: one graph serves every batch (one for steps that reorder beams,
+one for those that do not), so the translation recipe's batches of many shapes compile it once. On
+CUDA the default mode
 is ``reduce-overhead`` (CUDA graphs: the cache's buffers are marked as static addresses and written
 and reordered in place; the graph is recorded once per distinct shape).
 
@@ -110,8 +111,8 @@ class StaticStepper:
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [R, T] -> the last position's logits [R, V], through the cache."""
-        if self.encdec:
-            out = self.model.decode(tokens, self.memory, self.mask, None, cache=self.cache, last_only=True)
+        if self.encdec:  # the memory's keys/values are in the cache since the first call
+            out = self.model.decode(tokens, None, self.mask, None, cache=self.cache, last_only=True)
         else:
             out = self.model(tokens, None, cache=self.cache, last_only=True)
         return out[:, -1]
@@ -123,15 +124,40 @@ class StaticStepper:
             for layer in self.cache.layers:  # the memory's keys/values, computed now: every step reads them in place
                 for t in layer.memory_kv or ():
                     torch._dynamo.mark_static_address(t)
-            return logits[:, -1]
-        return self.model(self.prompt, self.prompt_mask, cache=self.cache, last_only=True)[:, -1]
+            logits = logits[:, -1]
+        else:
+            logits = self.model(self.prompt, self.prompt_mask, cache=self.cache, last_only=True)[:, -1]
+        if self.mode is not None:
+            self._sizes_vary()
+        return logits
+
+    def _sizes_vary(self) -> None:
+        """Compile the step for any rows, capacity and source length at once (the translation
+        recipe's batches differ in all three), rather than once for the first shapes and again
+        (torch's automatic dynamic shapes)."""
+        mark = torch._dynamo.maybe_mark_dynamic
+        c = self.cache
+        for t in (c.real, c.key_positions, c.next_position, c.slot_ids, self.mask):
+            if t is not None:
+                for d in range(t.dim()):
+                    mark(t, d)
+        for layer in c.layers:
+            for t in (layer.k, layer.v, *(layer.memory_kv or ())):
+                if t is not None:
+                    mark(t, 0)
+                    mark(t, 2)
 
     def step(self, tokens: Tensor) -> Tensor:
         """One token per row [R] -> logits [R, V] (with CUDA graphs: valid until the next step)."""
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
         rows, self.rows = self.rows, None
-        return self._step(self, tokens[:, None], rows)
+        tokens = tokens[:, None]
+        if self.mode is not None:
+            torch._dynamo.maybe_mark_dynamic(tokens, 0)
+            if rows is not None:
+                torch._dynamo.maybe_mark_dynamic(rows, 0)
+        return self._step(self, tokens, rows)
 
     def reorder(self, rows: Tensor) -> None:
         """Row i becomes old row ``rows[i]``: applied by the next step, in its graph."""

@@ -94,9 +94,11 @@ class StaticKVCache:
         Returns their positions [B, T], every slot's position [B, C] and whether it holds a real
         token [B, C]. No host sync and no shape that changes from step to step. Writing past the
         capacity fails in ``index_copy_`` (the caller sizes the cache)."""
-        if batch != self.batch:
+        # checked eagerly only: under compilation a comparison with these Python ints would fix the
+        # graph to this batch and capacity
+        if not torch.compiler.is_compiling() and batch != self.batch:
             raise ValueError(f"static cache: made for {self.batch} rows, got {batch}")
-        if length > self.capacity:
+        if not torch.compiler.is_compiling() and length > self.capacity:
             raise ValueError(f"static cache: {length} new tokens exceed its capacity ({self.capacity}); "
                              f"make the cache with a larger capacity")
         real = (torch.ones(batch, length, dtype=torch.bool, device=device) if padding_mask is None
