@@ -66,10 +66,22 @@ def decode_settings(dcfg: DecodeConfig, beams: int | None = None) -> dict:
 @torch.no_grad()
 def decode_batches(model, src: Sequence[Sequence[int]], *, beams: int = 4, length_penalty: str = "gnmt",
                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, batch_tokens: int = 4000,
-                   device="cpu", precision: str = "auto", pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> list[list[int]]:
+                   device="cpu", precision: str = "auto", pad_id: int = 0, bos_id: int = 1, eos_id: int = 2,
+                   cache: Literal["auto", "dynamic", "static"] = "auto", compile: bool | None = None) -> list[list[int]]:
     """Beam search (or greedy, ``beams=1``) over source token-id sequences with ``zoo.generate``, in
     batches of similar length holding about ``batch_tokens`` source tokens x beams; the outputs
-    (without <s> and </s>) come back in input order."""
+    (without <s> and </s>) come back in input order.
+
+    ``cache``: ``auto`` decodes on CUDA with the static cache and the compiled step (CUDA graphs),
+    elsewhere with the dynamic cache (on CPU the faster; docs/guide.md, Generation); ``compile``
+    (static cache only; None: on CUDA) compiles the step. The tokens are the same either way."""
+    if cache not in ("auto", "dynamic", "static"):
+        raise ValueError(f"decode_batches: cache must be 'auto', 'dynamic' or 'static', got {cache!r}")
+    on_cuda = torch.device(device).type == "cuda"
+    static = cache == "static" or (cache == "auto" and on_cuda)
+    if compile and not static:
+        raise ValueError("decode_batches: compile needs the static cache (cache='static', or 'auto' on CUDA)")
+    opts = {"cache": "static", "compile": on_cuda if compile is None else compile} if static else {}
     model.eval()
     out: list[list[int]] = [[] for _ in src]
     if not src:
@@ -83,7 +95,7 @@ def decode_batches(model, src: Sequence[Sequence[int]], *, beams: int = 4, lengt
         with autocast(x.device, precision):
             gen = generate(model, x, padding_mask=x != pad_id, num_beams=beams, length_penalty=length_penalty,
                                alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b, eos_id=eos_id, bos_id=bos_id,
-                               pad_id=pad_id)
+                               pad_id=pad_id, **opts)
         for row, i in enumerate(b):
             out[i] = gen.tokens[row, : int(gen.lengths[row])].tolist()
     return out

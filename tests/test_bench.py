@@ -220,3 +220,14 @@ def test_sized_options_are_checked_by_name(argv, named, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_decoding_bench_times_each_cache_and_refuses_bad_counts(capsys):
+    from bench import decode
+
+    assert decode.main(["--tiny", "--new-tokens", "3", "--repeats", "1", "--sides", "dynamic", "static"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| model | decoding | batch | dynamic tok/s | static tok/s |") and len(rows) == 1 + 6
+    with pytest.raises(SystemExit) as e:
+        decode.main(["--repeats", "0"])
+    assert e.value.code == 2 and "--repeats must be >= 1" in capsys.readouterr().err

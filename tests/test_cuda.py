@@ -75,6 +75,27 @@ def test_cached_generation_on_the_gpu_equals_the_uncached_forward(family):
             tgt = torch.cat([tgt, nxt[:, None]], dim=1)
 
 
+@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+def test_static_compiled_decoding_on_the_gpu_equals_the_dynamic_cache(family):
+    """The compiled step as CUDA graphs (compile=True: reduce-overhead), greedy and beam 3, left
+    padding for the decoder: the dynamic cache's tokens, without recompiling from step to step."""
+    model = tiny_model(family, ["position.kind=rope"] if family == "decoder" else []).cuda().eval()
+    x = example_inputs(model, batch=3, length=6)[0].cuda()
+    mask = torch.ones_like(x, dtype=torch.bool)
+    if family == "decoder":
+        mask[1, :2] = False  # left padding
+    else:
+        mask[1, 4:] = False  # a source's right padding
+    for beams in (1, 3):
+        kw = dict(padding_mask=mask, max_new_tokens=8, num_beams=beams, bos_id=1)
+        want = generate(model, x, **kw)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got = generate(model, x, cache="static", compile=True, **kw)
+        assert torch.equal(got.tokens, want.tokens)
+        torch.testing.assert_close(got.scores, want.scores, rtol=0, atol=1e-4)
+
+
 def test_save_on_the_gpu_load_onto_it(tmp_path):
     model = tiny_model("decoder").cuda()
     zoo.save(model, tmp_path / "m.safetensors")

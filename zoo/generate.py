@@ -17,6 +17,12 @@ transformers' rule). With ``finish_from="beams"``, ``length_penalty="hf"`` (or `
 ``early_stopping="never"`` (whose bound is the one above), zoo returns HF's ``generate(num_beams=K)``
 sequences and scores (tests/test_beam_hf.py).
 
+Caches: ``cache="dynamic"`` (:class:`zoo.components.cache.KVCache`: the keys so far, a sliding
+window's layers keep only the window) or ``cache="static"`` (:mod:`zoo.decoding`: buffers preallocated
+for the prompt and every new token, written in place, one step's shapes the same at every step), which
+``compile`` turns into one compiled graph (CUDA graphs on CUDA). Both give the same tokens. The loops
+read nothing back from the device but every ``check_every`` steps (whether every row has ended).
+
 Shapes: B sentences, K beams, V vocabulary, N new tokens.
 """
 
@@ -30,10 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.decoding import StaticStepper, compile_mode
+
 __all__ = ["generate", "Generation", "length_penalty"]
 
 Penalty = Literal["gnmt", "hf", "none"]
 Finish = Literal["candidates", "beams"]
+Cache = Literal["dynamic", "static"]
 
 
 @dataclass
@@ -133,6 +142,9 @@ def generate(
     max_len_b: int = 50,
     min_new_tokens: int = 0,
     finish_from: Finish = "candidates",
+    cache: Cache = "dynamic",
+    compile: bool | str = False,
+    check_every: int | None = None,
 ) -> Generation:
     """Generate from a decoder (``inputs`` = prompt [B, T], left-padded with ``padding_mask``) or an
     encoder-decoder (``inputs`` = source [B, S], right-padded with ``padding_mask``; needs ``bos_id``).
@@ -144,12 +156,26 @@ def generate(
     max_len_b`` per sentence (the paper: source + 50). ``finish_from``: where among a beam step's
     candidates a stop token finishes a hypothesis, any of the 2K kept (``candidates``, the paper's)
     or the K best only (``beams``, HF transformers').
+
+    ``cache``: ``dynamic`` (the default) or ``static`` (preallocated, the same shapes at every step);
+    ``compile`` (static only): compile the step, True for ``torch.compile``'s default mode on CPU and
+    ``reduce-overhead`` (CUDA graphs) on CUDA, or a mode's name. ``check_every``: steps between the
+    host's checks whether every row has ended (default 1 with the dynamic cache, 8 with the static);
+    the tokens are the same, a check costs a device sync.
     """
     encdec = hasattr(model, "encode") and hasattr(model, "decode")
     stops = torch.tensor(sorted({*stop_tokens, *([eos_id] if eos_id is not None else [])}), dtype=torch.long)
     K = num_beams if num_beams is not None else (4 if encdec else 1)
     _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from)
     B, device = inputs.shape[0], inputs.device
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"generate: cache must be 'dynamic' or 'static', got {cache!r}")
+    mode = compile_mode(compile, device)
+    if mode is not None and cache != "static":
+        raise ValueError("generate: compile needs cache='static' (a dynamic cache's shapes grow every step)")
+    check_every = check_every if check_every is not None else (8 if cache == "static" else 1)
+    if check_every < 1:
+        raise ValueError(f"generate: check_every must be >= 1, got {check_every}")
     stops = stops.to(device)
     if max_new_tokens is not None:
         max_len = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
@@ -162,11 +188,15 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        stepper = _Stepper(model, inputs, padding_mask, repeat=K, capacity=N + 1, bos_id=bos_id)
+        if cache == "static":
+            stepper = StaticStepper(model, inputs, padding_mask, repeat=K, new_tokens=N + 1, bos_id=bos_id, mode=mode)
+        else:
+            stepper = _Stepper(model, inputs, padding_mask, repeat=K, capacity=N + 1, bos_id=bos_id)
         if K > 1:
             return _beam_search(stepper, B, K, max_len, stops, pad_id, length_penalty, alpha, min_new_tokens,
-                                finish_from)
-        return _sample(stepper, B, max_len, stops, pad_id, min_new_tokens, do_sample, temperature, top_k, top_p, generator)
+                                finish_from, check_every)
+        return _sample(stepper, B, max_len, stops, pad_id, min_new_tokens, do_sample, temperature, top_k, top_p, generator,
+                       check_every)
     finally:
         model.train(was_training)
 
@@ -189,7 +219,8 @@ def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_f
                          f"paper's) or 'beams' (among the K best only, HF's), got {finish_from!r}")
 
 
-def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature, top_k, top_p, generator) -> Generation:
+def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature, top_k, top_p, generator,
+            check_every=1) -> Generation:
     device = max_len.device
     N = int(max_len.max())
     tokens = torch.full((B, N), pad_id, dtype=torch.long, device=device)
@@ -200,7 +231,7 @@ def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature,
     for t in range(N):
         logits = logits.float()
         if t < min_new and len(stops):
-            logits[:, stops] = float("-inf")
+            logits = logits.index_fill(1, stops, float("-inf"))
         logp = logits.log_softmax(dim=-1)
         if do_sample:
             probs = _filter(logits, temperature, top_k, top_p).softmax(dim=-1)
@@ -213,17 +244,20 @@ def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature,
         ended = ~finished & (torch.isin(tok, stops) | (t + 1 >= max_len))
         lengths = torch.where(ended, t + 1, lengths)
         finished |= ended
-        if bool(finished.all()):
+        if t + 1 == N or (t + 1) % check_every == 0 and bool(finished.all()):
             break
         logits = stepper.step(tok)
     return Generation(tokens[:, : int(lengths.max())], scores, lengths)
 
 
-def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new, finish_from="candidates") -> Generation:
+def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new, finish_from="candidates",
+                 check_every=1) -> Generation:
+    """Tensor bookkeeping of fixed shapes: the live beams' tokens in a [B*K, N] buffer, the best
+    finished hypotheses replaced by ``torch.where``; the host reads ``done`` every ``check_every`` steps."""
     device = max_len.device
     N = int(max_len.max())
     offsets = torch.arange(B, device=device)[:, None] * K  # row of each sentence's first beam
-    alive_tokens = torch.zeros(B * K, 0, dtype=torch.long, device=device)
+    alive_tokens = torch.full((B * K, N), pad_id, dtype=torch.long, device=device)  # columns past the step: pad
     alive = torch.zeros(B, K, device=device)
     alive[:, 1:] = float("-inf")  # all beams start equal: keep one
     best = torch.full((B,), float("-inf"), device=device)
@@ -231,13 +265,14 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new, fi
     best_len = torch.zeros(B, dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
     max_lp = length_penalty(max_len, kind, alpha).to(device)
+    columns = torch.arange(N, device=device)
     logits = stepper.first()
     for t in range(N):
         L = t + 1
         logp = logits.float().log_softmax(dim=-1)  # (B*K, V)
         V = logp.shape[-1]
         if t < min_new and len(stops):
-            logp[:, stops] = float("-inf")
+            logp = logp.index_fill(1, stops, float("-inf"))
         logp = einops.rearrange(logp, "(b k) v -> b k v", k=K)
         cand = einops.rearrange(alive[..., None] + logp, "b k v -> b (k v)")  # candidate = (beam, token)
         top_s, top_i = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K), best first
@@ -250,13 +285,11 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new, fi
             """Make candidate ``pos`` of each sentence its best hypothesis where it beats the old one."""
             nonlocal best, best_tokens, best_len
             better = allowed & ~done & (raw / lp > best)
-            if bool(better.any()):
-                rows = (offsets[:, 0] + beam.gather(1, pos[:, None]).squeeze(1))  # (B,)
-                seq = torch.cat([alive_tokens[rows], tok.gather(1, pos[:, None])], dim=1)  # (B, L)
-                seq = F.pad(seq, (0, N - L), value=pad_id)
-                best_tokens = torch.where(better[:, None], seq, best_tokens)
-                best = torch.where(better, raw / lp, best)
-                best_len = torch.where(better, L, best_len)
+            rows = offsets[:, 0] + beam.gather(1, pos[:, None]).squeeze(1)  # (B,)
+            seq = torch.where(columns == t, tok.gather(1, pos[:, None]), alive_tokens[rows])  # (B, N), pad after L
+            best_tokens = torch.where(better[:, None], seq, best_tokens)
+            best = torch.where(better, raw / lp, best)
+            best_len = torch.where(better, L, best_len)
 
         stop_raw, stop_pos = top_s.masked_fill(~may_finish, float("-inf")).max(dim=1)
         finish(stop_raw, stop_pos, torch.isfinite(stop_raw))
@@ -268,11 +301,11 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new, fi
         alive = top_s.gather(1, order).masked_fill((done | at_max)[:, None], float("-inf"))
         reachable = alive.max(dim=1).values / max_lp
         done = done | at_max | (best >= reachable)
-        if bool(done.all()):
+        if t + 1 == N or (t + 1) % check_every == 0 and bool(done.all()):
             break
         rows = einops.rearrange(offsets + beam.gather(1, order), "b k -> (b k)")
         next_tok = einops.rearrange(tok.gather(1, order), "b k -> (b k)")
-        alive_tokens = torch.cat([alive_tokens[rows], next_tok[:, None]], dim=1)
+        alive_tokens = torch.where(columns == t, next_tok[:, None], alive_tokens[rows])
         stepper.reorder(rows)
         logits = stepper.step(next_tok)
     return Generation(best_tokens[:, : int(best_len.max())], best, best_len)

@@ -43,6 +43,10 @@ from zoo.registry import register
 
 __all__ = ["MoE", "load_balancing_loss", "router_z_loss"]
 
+# in evaluation under torch.compile, up to this many tokens (a decoding step's rows) take
+# MoE._fixed_shape: shapes independent of the routing, one graph for every step
+FIXED_SHAPE_TOKENS = 256
+
 
 class MoE(nn.Module):
     residual_out = ()  # the experts' w_down is drawn with the residual std (init_residual)
@@ -115,6 +119,8 @@ class MoE(nn.Module):
         logits, weights, experts = self.route(x)
         self.router_logits, self.routed, self.dropped = logits, experts, None
         n, k = x.shape[0], self.top_k
+        if not self.training and torch.compiler.is_compiling() and n <= FIXED_SHAPE_TOKENS:
+            return self._fixed_shape(x, weights, experts).reshape(shape)
         flat = experts.reshape(-1)  # (N * k,) each (token, slot) pair's expert
         order = torch.argsort(flat, stable=True)  # the pairs by expert, in token order within each
         counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device).scatter_add_(
@@ -132,6 +138,28 @@ class MoE(nn.Module):
             s = self.shared(x)
             out = out + (torch.sigmoid(self.shared_gate(x)) * s if self.shared_gate is not None else s)
         return out.reshape(shape)
+
+    def _fixed_shape(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        """The routed experts' weighted sum for a few tokens x [N, D] in shapes that do not depend on
+        the routing (a compiled decoding step: the sorted path's row counts are data): each token's
+        k experts' weights gathered where that reads no more than all of them (N * k <= E), else every
+        expert on every token with the unpicked ones weighted 0. The same sum as the sorted path."""
+        n, k, E = x.shape[0], self.top_k, self.n_experts
+        xc = x.to(compute_dtype(x, self.w_gate_up))
+        if n * k <= E:
+            gu = torch.einsum("nd,nkfd->nkf", xc, self.w_gate_up[experts])  # (N, k, 2F)
+            h = torch.einsum("nkf,nkdf->nkd", gated(gu, self.act), self.w_down[experts])  # (N, k, D)
+            out = (h.float() * weights.unsqueeze(-1)).sum(1)
+        else:
+            gu = torch.einsum("nd,efd->nef", xc, self.w_gate_up)  # (N, E, 2F)
+            h = torch.einsum("nef,edf->ned", gated(gu, self.act), self.w_down)  # (N, E, D)
+            dense = torch.zeros(n, E, device=x.device).scatter(1, experts, weights.float())  # (N, E), 0 = not picked
+            out = (h.float() * dense.unsqueeze(-1)).sum(1)
+        out = out.to(x.dtype)
+        if self.shared is not None:
+            s = self.shared(x)
+            out = out + (torch.sigmoid(self.shared_gate(x)) * s if self.shared_gate is not None else s)
+        return out
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
         """Active FLOPs: the router and each token's top_k experts (and the shared expert)."""

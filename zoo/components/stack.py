@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from zoo.components import parts
 from zoo.components.block import Block, BlockContext
 from zoo.components.cache import KVCache
+from zoo.components.static_cache import StaticKVCache
 from zoo.components.dropout import Dropout
 from zoo.components.position import Position
 from zoo.kernels import Mask, document_positions
@@ -91,7 +92,7 @@ class Stack(nn.Module):
         self.variant_of = [self.variants.index(k) for k in keys]
 
     def context(self, position: Position, tokens: Tensor, padding_mask: Tensor | None, *, causal: bool,
-                cache: KVCache | None = None, name: str = "tokens", check_length: bool = True,
+                cache: KVCache | StaticKVCache | None = None, name: str = "tokens", check_length: bool = True,
                 documents: Tensor | None = None, positions: Tensor | None = None) -> StackContext:
         """Each layer's attention inputs for ``tokens`` [B, T] (only their shape and device are read)
         and the cache: the model's ``position`` serves layers without their own. ``check_length``:
@@ -125,7 +126,8 @@ class Stack(nn.Module):
         else:
             positions, key_positions, key_padding = cache.extend(padding_mask, T, B, device)
             length = key_positions.shape[-1]
-        for pos in [position, *self.positions] if check_length else []:
+        static = isinstance(cache, StaticKVCache)  # its capacity was checked against the tables when it was made
+        for pos in [position, *self.positions] if check_length and not static else []:
             if pos.max_len is not None and length > pos.max_len:
                 raise ValueError(
                     f"{name}: length {length} exceeds max_seq_len ({pos.max_len}) of the position table; "
@@ -138,6 +140,9 @@ class Stack(nn.Module):
             keys = key_positions[..., start:]
             padding = None if key_padding is None else key_padding[:, start:]
             bias = pos.bias(heads, positions, keys)
+            if static:  # the whole buffer, the unwritten slots hidden: the same shapes at every step
+                made.append(BlockContext(pos=pos, positions=positions, mask=cache.mask(T, window, bias), is_causal=False))
+                continue
             mask = Mask(T, keys.shape[-1], causal=causal, window=window, padding=padding, documents=documents,
                         bias=bias, device=device)
             rotation = pos.rotation(positions) if pos.rotates else None  # RoPE's cos/sin: once a pass
@@ -161,6 +166,11 @@ class Stack(nn.Module):
         """An empty cache for up to ``capacity`` positions; a layer with a window holds at most the
         window's keys between steps."""
         return KVCache(len(self.blocks), capacity, windows=self.windows)
+
+    def new_static_cache(self, capacity: int, batch: int, device: torch.device | str | None = None) -> StaticKVCache:
+        """A preallocated cache of ``capacity`` slots for ``batch`` rows, written in place (see
+        :mod:`zoo.components.static_cache`); a layer with a window masks its keys to the window."""
+        return StaticKVCache(len(self.blocks), capacity, batch, device)
 
     # ------------------------------------------------------------------------------ costs
     def flops(self, tokens: int, memory: int | None = None) -> int:
