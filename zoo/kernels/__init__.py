@@ -12,14 +12,17 @@ chosen per call by :func:`backend_for` under :func:`attention_backend`.
 :func:`sdpa_only` turns zoo's own attention off within a context (so a forced SDPA kernel applies).
 :func:`grouped_mm` multiplies rows sorted by group by one matrix per group (mixture-of-experts
 layers, :mod:`zoo.kernels.grouped`).
+:func:`linear_cross_entropy` is the cross-entropy of a vocabulary projection computed chunk by chunk,
+without the [N, V] logits (:mod:`zoo.kernels.loss`; the heads' ``loss``).
 """
 
-from zoo.kernels import blocked, cpu, flex, grouped
+from zoo.kernels import blocked, cpu, flex, grouped, loss
 from zoo.kernels.cpu.attention import sdpa_only
 from zoo.kernels.dispatch import BACKENDS, attention, attention_backend, backend_for, dropout, linear, scores_attention
 from zoo.kernels.grouped import grouped_mm
+from zoo.kernels.loss import linear_cross_entropy
 from zoo.kernels.mask import AlibiBias, Mask, MaskError, PairBias, RelativeBias, document_positions
 
 __all__ = ["BACKENDS", "AlibiBias", "Mask", "MaskError", "attention", "attention_backend", "backend_for", "blocked", "cpu",
-           "document_positions", "dropout", "flex", "grouped", "grouped_mm", "linear", "PairBias", "RelativeBias",
-           "scores_attention", "sdpa_only"]
+           "document_positions", "dropout", "flex", "grouped", "grouped_mm", "linear", "linear_cross_entropy", "loss",
+           "PairBias", "RelativeBias", "scores_attention", "sdpa_only"]
