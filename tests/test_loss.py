@@ -65,6 +65,26 @@ def test_fp32_loss_and_gradients_equal_cross_entropy_of_the_logits(reduction, la
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["onednn", "aten"])
+def test_fp32_cpu_products_on_either_backend_of_zoos_linear(backend):
+    """The chunks' fp32 products run where zoo's linear layers would run them (oneDNN or ATen)."""
+    from zoo.kernels.cpu import linear as cpu_linear
+
+    if backend == "onednn" and not cpu_linear.onednn_available():
+        pytest.skip("this torch has no oneDNN linear")
+    h, w, b, t = inputs(bias=True)
+    cpu_linear.set_cpu_linear(backend)
+    try:
+        got = linear_cross_entropy(h, w, t, b, chunk_rows=8, label_smoothing=0.1)
+        got_grads = grads(got, h, w, b)
+    finally:
+        cpu_linear.set_cpu_linear(None)
+    want = reference(h, w, t, b, label_smoothing=0.1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, r in zip(got_grads, grads(want, h, w, b)):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("reduction,label_smoothing,extra", [("sum", 0.0, "plain"), ("mean", 0.1, "all")])
 def test_bf16_autocast_equals_cross_entropy_of_the_autocast_logits(reduction, label_smoothing, extra):
     h, w, b, t = inputs(bias=True, seed=1, n=70, v=300)
@@ -136,6 +156,22 @@ def test_only_the_gradients_asked_for():
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("reduction,label_smoothing", [("sum", 0.1), ("mean", 0.1), ("sum", 0.0)])
+def test_return_nll_is_the_unsmoothed_loss_of_the_same_logits(grad, reduction, label_smoothing):
+    h, w, b, t = inputs(bias=True)
+    with torch.set_grad_enabled(grad):
+        loss, nll = linear_cross_entropy(h, w, t, b, chunk_rows=8, reduction=reduction, label_smoothing=label_smoothing,
+                                         softcap=3.0, return_nll=True)
+        want = reference(h, w, t, b, reduction=reduction, label_smoothing=label_smoothing, softcap=3.0)
+    torch.testing.assert_close(nll, reference(h, w, t, b, reduction=reduction, softcap=3.0).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    assert not nll.requires_grad and loss.requires_grad == grad
+    if grad:
+        for g, r in zip(grads(loss, h, w, b), grads(want, h, w, b)):
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
 def test_default_chunk_holds_about_64_mib_of_logits():
     assert chunk_rows_for(50_257, 8192) == 328  # 333 rows of 50,257 fp32 logits, down to a multiple of 8
     assert chunk_rows_for(50_257, 100) == 100 and chunk_rows_for(10**9, 5) == 1
@@ -147,14 +183,15 @@ def test_compiles_with_no_graph_break():
     def step(h, w, t, b):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return linear_cross_entropy(h, w, t, b, chunk_rows=8, label_smoothing=0.1, softcap=3.0, scale=0.5,
-                                        reduction="mean")
+                                        reduction="mean", return_nll=True)
 
     explained = torch._dynamo.explain(step)(h, w, t, b)
     assert explained.graph_break_count == 0, explained.break_reasons
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True)
-    got, want = compiled(h, w, t, b), step(h, w, t, b)
+    (got, got_nll), (want, want_nll) = compiled(h, w, t, b), step(h, w, t, b)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_nll, want_nll, rtol=1e-6, atol=1e-6)
     for g, r in zip(grads(got, h, w, b), grads(want, h, w, b)):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
 
@@ -220,6 +257,20 @@ def test_model_loss_and_its_gradients_equal_cross_entropy_of_its_logits(name, re
         assert (g is None) == (r is None)
         if g is not None:
             torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_translation_loss_with_its_nll_equals_the_recipes_old_loss():
+    """recipes/translate.py's call: the smoothed loss to train on and the unsmoothed NLL it logs, from
+    one pass, equal to F.cross_entropy with and without smoothing on the materialised logits."""
+    model, args, targets = model_case("encoder_decoder")
+    model.train()  # dropout on: both numbers must come from the same pass
+    torch.manual_seed(5)
+    loss, nll = model(*args, targets=targets, label_smoothing=0.1, return_nll=True)
+    torch.manual_seed(5)
+    flat = model(*args).float().flatten(0, 1)
+    torch.testing.assert_close(loss, F.cross_entropy(flat, targets.flatten(), label_smoothing=0.1, reduction="sum"),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, F.cross_entropy(flat, targets.flatten(), reduction="sum").detach(), rtol=1e-5, atol=1e-5)
 
 
 def test_model_loss_under_bf16_autocast_is_close_to_the_old_loss():

@@ -50,13 +50,13 @@ class LMHead(Linear):
         return torch.tanh(logits / self.softcap) * self.softcap
 
     def loss(self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, reduction: str = "sum",
-             ignore_index: int = -100, chunk_rows: int | None = None) -> Tensor:
+             ignore_index: int = -100, chunk_rows: int | None = None, return_nll: bool = False):
         """``F.cross_entropy(self(x).float(), targets, ...)`` for x [..., D] and targets [...], without
         the logits (:func:`zoo.kernels.linear_cross_entropy`): summed, or ``reduction="mean"`` over the
-        targets that are not ``ignore_index``."""
+        targets that are not ``ignore_index``; ``return_nll``: (loss, its unsmoothed NLL without gradient)."""
         return linear_cross_entropy(x, self.weight, targets, self.bias, ignore_index=ignore_index,
                                     label_smoothing=label_smoothing, reduction=reduction, softcap=self.softcap,
-                                    scale=self.input_scale, chunk_rows=chunk_rows)
+                                    scale=self.input_scale, chunk_rows=chunk_rows, return_nll=return_nll)
 
     def saved_per_token(self) -> int:
         """The input and the logits the loss reads (with a cap, the tanh's output too)."""
@@ -89,11 +89,11 @@ class MLMHead(nn.Module):
         return self.proj(self.transform(x))
 
     def loss(self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, reduction: str = "sum",
-             ignore_index: int = -100, chunk_rows: int | None = None) -> Tensor:
+             ignore_index: int = -100, chunk_rows: int | None = None, return_nll: bool = False):
         """The transform, then the projection's cross-entropy without its logits (as :meth:`LMHead.loss`)."""
         return linear_cross_entropy(self.transform(x), self.proj.weight, targets, self.proj.bias,
                                     ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
-                                    chunk_rows=chunk_rows)
+                                    chunk_rows=chunk_rows, return_nll=return_nll)
 
     def saved_per_token(self) -> int:
         """The input, and with the transform its linear's output, GELU's output and the norm's

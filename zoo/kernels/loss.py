@@ -25,7 +25,10 @@ Shapes: N rows (tokens), D hidden size, V vocabulary, C rows of a chunk.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from zoo.kernels.cpu import linear as cpu_linear
 
 __all__ = ["CHUNK_BYTES", "chunk_rows_for", "linear_cross_entropy"]
 
@@ -53,18 +56,30 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
+def _onednn(hidden: Tensor, weight: Tensor, dtype: torch.dtype, chunk: int, grad: bool) -> bool:
+    """Whether the chunks' fp32 CPU products run on oneDNN: where zoo's linear layers would run the
+    head's product there (:mod:`zoo.kernels.cpu.linear`, measured per shape class); never under
+    torch.compile, which makes its own choice."""
+    return (hidden.device.type == "cpu" and dtype == torch.float32 and weight.dtype == torch.float32
+            and not torch.compiler.is_compiling() and cpu_linear.onednn_available()
+            and cpu_linear.prefers_onednn(chunk, weight.shape[0], weight.shape[1], grad))
+
+
 def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale, chunk,
-            need_h, need_w, need_b):
-    """The summed loss over the rows not ignored, their count, and (as asked) the gradients of that
-    sum with respect to ``hidden`` (in its dtype), ``weight`` and ``bias`` (fp32)."""
+            need_h, need_w, need_b, onednn=False):
+    """The summed loss over the rows not ignored, the summed unsmoothed loss (the NLL; the loss itself
+    without smoothing), their count, and (as asked) the gradients of the loss's sum with respect to
+    ``hidden`` (in its dtype), ``weight`` and ``bias`` (fp32)."""
     n, d = hidden.shape
     v = weight.shape[0]
+    mm = cpu_linear.onednn_linear if onednn else F.linear  # x @ w.T (+ b)
     w = weight.to(dtype)
     b = None if bias is None else bias.to(dtype)
     valid = targets != ignore_index
     safe = targets.masked_fill(~valid, 0)
     keep = 1.0 - label_smoothing
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    nll = total
     grad_h = torch.zeros_like(hidden) if need_h else None
     grad_w = torch.zeros(v, d, dtype=torch.float32, device=weight.device) if need_w else None
     grad_b = torch.zeros(v, dtype=torch.float32, device=weight.device) if need_b else None
@@ -74,34 +89,42 @@ def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
         if scale is not None:
             h = h * scale
         h = h.to(dtype)
-        z = (h @ w.t() if b is None else torch.addmm(b, h, w.t())).float()  # (C, V) fp32
+        z = mm(h, w, b).float()  # (C, V) fp32
         if softcap is not None:
             t = torch.tanh(z / softcap)
             z = t * softcap
         lse = torch.logsumexp(z, dim=-1)  # (C,)
         y, m = safe[start:end], valid[start:end]
-        row = lse - keep * z.gather(1, y[:, None]).squeeze(1)
+        zy = z.gather(1, y[:, None]).squeeze(1)
         if label_smoothing:
-            row = row - label_smoothing * z.mean(dim=-1)
+            nll = nll + torch.where(m, lse - zy, 0.0).sum()
+            row = lse - keep * zy - label_smoothing * z.mean(dim=-1)
+        else:
+            row = lse - zy
         total = total + torch.where(m, row, 0.0).sum()
         if not (need_h or need_w or need_b):
             continue
-        g = (z - lse[:, None]).exp_()  # softmax; then minus the smoothed targets
+        g = z.sub_(lse[:, None]).exp_()  # the softmax, over the logits in place; then minus the smoothed targets
         g.scatter_add_(1, y[:, None], g.new_full((end - start, 1), -keep))
         if label_smoothing:
             g.sub_(label_smoothing / v)
         if softcap is not None:
-            g.mul_(1.0 - t * t)
-        g.mul_(m[:, None].to(g.dtype))  # ignored rows: no gradient
+            g.mul_(t.mul_(t).neg_().add_(1.0))  # through the cap: 1 - tanh^2
+        g.mul_(m[:, None])  # ignored rows: no gradient
         gc = g.to(dtype)
         if need_h:
-            gh = gc @ w
+            gh = mm(gc, w.t())
             grad_h[start:end] = gh if scale is None else gh * scale
         if need_w:
-            grad_w += (gc.t() @ h).float()
+            if onednn:
+                grad_w.add_(mm(gc.t(), h.t()))
+            elif gc.dtype == grad_w.dtype:
+                grad_w.addmm_(gc.t(), h)
+            else:
+                grad_w.add_(gc.t() @ h)
         if need_b:
             grad_b += g.sum(dim=0)
-    return total, valid.sum(), grad_h, grad_w, grad_b
+    return total, nll if label_smoothing else total, valid.sum(), grad_h, grad_w, grad_b
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -109,24 +132,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale, chunk, mean,
-                need_h, need_w, need_b):
-        total, count, gh, gw, gb = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap,
-                                           scale, chunk, need_h, need_w, need_b)
+                onednn, need_h, need_w, need_b):
+        total, nll, count, gh, gw, gb = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
+                                                softcap, scale, chunk, need_h, need_w, need_b, onednn)
         if mean:
-            total = total / count
+            total, nll = total / count, nll / count
             gh = None if gh is None else gh / count.to(gh.dtype)
             gw = None if gw is None else gw / count
             gb = None if gb is None else gb / count
         gw = None if gw is None else gw.to(weight.dtype)
         gb = None if gb is None else gb.to(bias.dtype)
         ctx.save_for_backward(gh, gw, gb)
-        return total
+        nll = nll.clone() if nll is total else nll
+        ctx.mark_non_differentiable(nll)
+        return total, nll
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, _nll):
         gh, gw, gb = ctx.saved_tensors
         scaled = [None if g is None else g * grad.to(g.dtype) for g in (gh, gw, gb)]
-        return (*scaled, None, None, None, None, None, None, None, None, None, None, None)
+        return (*scaled, *[None] * 12)
 
 
 def _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reduction, softcap, scale, chunk_rows) -> None:
@@ -163,14 +188,16 @@ def _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reducti
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None, *,
                          ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "sum",
                          softcap: float | None = None, scale: float | None = None,
-                         chunk_rows: int | None = None) -> Tensor:
+                         chunk_rows: int | None = None, return_nll: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """``F.cross_entropy(logits.float(), targets, ...)`` of ``logits = F.linear(hidden * scale, weight,
     bias)`` (soft-capped with ``softcap``), never holding more than ``chunk_rows`` rows of logits.
 
     ``hidden`` [..., D] (the head's input after its own transform), ``weight`` [V, D] (tied or not),
     ``bias`` [V] or None, ``targets`` [...] class ids or ``ignore_index``. Returns an fp32 scalar;
     gradients reach ``hidden``, ``weight`` and ``bias`` as the materialised logits would send them.
-    ``chunk_rows``: rows per chunk (default: :func:`chunk_rows_for` the vocabulary)."""
+    ``chunk_rows``: rows per chunk (default: :func:`chunk_rows_for` the vocabulary). ``return_nll``:
+    (loss, nll), the second the same reduction of the unsmoothed loss of the same logits, without a
+    gradient (what a label-smoothed run logs as its NLL)."""
     _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reduction, softcap, scale, chunk_rows)
     dtype = _compute_dtype(hidden, weight)
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
@@ -181,9 +208,13 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     label_smoothing = float(label_smoothing)
     on = torch.is_grad_enabled()
     need = (on and hidden.requires_grad, on and weight.requires_grad, on and bias is not None and bias.requires_grad)
+    onednn = _onednn(hidden, weight, dtype, chunk, any(need))
     if any(need):
-        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap,
-                                         scale, chunk, mean, *need)
-    total, count, *_ = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale,
-                               chunk, False, False, False)
-    return total / count if mean else total
+        total, nll = _LinearCrossEntropy.apply(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
+                                               softcap, scale, chunk, mean, onednn, *need)
+    else:
+        total, nll, count, *_ = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap,
+                                        scale, chunk, False, False, False, onednn)
+        if mean:
+            total, nll = total / count, nll / count
+    return (total, nll) if return_nll else total
