@@ -7,9 +7,10 @@ over 9 GB. Here the rows go through in chunks (as Liger-Kernel's fused linear cr
 torchtune's chunked loss do): each chunk's logits are computed in the compute dtype (autocast's where
 it is on, as ``F.linear`` would), turned to fp32, and give at once the chunk's loss and its gradients
 with respect to its hidden rows, the weight and the bias; the backward pass only scales those stored
-gradients by the incoming one. The extra memory is one chunk's fp32 logits and softmax (a chunk is
-:data:`CHUNK_BYTES` of fp32 logits unless ``chunk_rows`` says otherwise) plus the gradients of
-the hidden rows, the weight and the bias, which a backward pass holds anyway.
+gradients by the incoming one. The extra memory is one chunk's fp32 logits, which the softmax and
+the gradient overwrite (a chunk is :data:`CHUNK_BYTES` of fp32 logits unless ``chunk_rows`` says
+otherwise), plus the gradients of the hidden rows, the weight and the bias, which a backward pass
+holds anyway.
 
 What the heads add before or after the projection is part of it: ``scale`` multiplies the hidden
 rows first (T5 v1.0's d_model^-0.5), ``softcap`` caps the logits as ``softcap * tanh(logits /
@@ -65,11 +66,11 @@ def _onednn(hidden: Tensor, weight: Tensor, dtype: torch.dtype, chunk: int, grad
             and cpu_linear.prefers_onednn(chunk, weight.shape[0], weight.shape[1], grad))
 
 
-def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale, chunk,
+def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale, chunk, mean,
             need_h, need_w, need_b, onednn=False):
-    """The summed loss over the rows not ignored, the summed unsmoothed loss (the NLL; the loss itself
-    without smoothing), their count, and (as asked) the gradients of the loss's sum with respect to
-    ``hidden`` (in its dtype), ``weight`` and ``bias`` (fp32)."""
+    """The loss over the rows not ignored (summed, or with ``mean`` their mean), the unsmoothed loss
+    (the NLL; the loss itself without smoothing) reduced alike, and (as asked) the loss's gradients
+    with respect to ``hidden`` (in its dtype), ``weight`` and ``bias`` (fp32)."""
     n, d = hidden.shape
     v = weight.shape[0]
     mm = cpu_linear.onednn_linear if onednn else F.linear  # x @ w.T (+ b)
@@ -77,6 +78,8 @@ def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
     b = None if bias is None else bias.to(dtype)
     valid = targets != ignore_index
     safe = targets.masked_fill(~valid, 0)
+    count = valid.sum()
+    weights = valid.float() / count if mean else valid.float()  # each row's share of the loss: 1, or 1 / count
     keep = 1.0 - label_smoothing
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     nll = total
@@ -110,7 +113,7 @@ def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
             g.sub_(label_smoothing / v)
         if softcap is not None:
             g.mul_(t.mul_(t).neg_().add_(1.0))  # through the cap: 1 - tanh^2
-        g.mul_(m[:, None])  # ignored rows: no gradient
+        g.mul_(weights[start:end, None])  # ignored rows: no gradient; with mean, 1 / count (in fp32, before any cast)
         gc = g.to(dtype)
         if need_h:
             gh = mm(gc, w.t())
@@ -124,7 +127,9 @@ def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
                 grad_w.add_(gc.t() @ h)
         if need_b:
             grad_b += g.sum(dim=0)
-    return total, nll if label_smoothing else total, valid.sum(), grad_h, grad_w, grad_b
+    if mean:
+        total, nll = total / count, nll / count
+    return total, nll if label_smoothing else total, grad_h, grad_w, grad_b
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -133,13 +138,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale, chunk, mean,
                 onednn, need_h, need_w, need_b):
-        total, nll, count, gh, gw, gb = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
-                                                softcap, scale, chunk, need_h, need_w, need_b, onednn)
-        if mean:
-            total, nll = total / count, nll / count
-            gh = None if gh is None else gh / count.to(gh.dtype)
-            gw = None if gw is None else gw / count
-            gb = None if gb is None else gb / count
+        total, nll, gh, gw, gb = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap,
+                                         scale, chunk, mean, need_h, need_w, need_b, onednn)
         gw = None if gw is None else gw.to(weight.dtype)
         gb = None if gb is None else gb.to(bias.dtype)
         ctx.save_for_backward(gh, gw, gb)
@@ -213,8 +213,6 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
         total, nll = _LinearCrossEntropy.apply(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
                                                softcap, scale, chunk, mean, onednn, *need)
     else:
-        total, nll, count, *_ = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap,
-                                        scale, chunk, False, False, False, onednn)
-        if mean:
-            total, nll = total / count, nll / count
+        total, nll, *_ = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale,
+                                 chunk, mean, False, False, False, onednn)
     return (total, nll) if return_nll else total
