@@ -302,6 +302,42 @@ def test_decoder_training_step_compiles_with_no_graph_break():
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
+def test_compiled_decoder_training_step_equals_eager():
+    """torch.compile(fullgraph=True) of a training step's loss and backward: the same loss and gradients."""
+    model, (tokens,), targets = model_case("gpt2 (tied)")
+    params = list(model.parameters())
+
+    def step(tokens, targets):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(tokens, targets=targets, reduction="mean")
+
+    eager = step(tokens, targets)
+    want = torch.autograd.grad(eager, params)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)(tokens, targets)
+    got = torch.autograd.grad(compiled, params)
+    torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-3)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2 * float(r.abs().max()))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (the GPU path runs where it is: tools/gpu-check)")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_on_the_gpu_equals_cross_entropy_of_the_logits(precision):
+    h, w, b, t = (x if x is None else x.detach().cuda().requires_grad_(x.requires_grad) for x in inputs(bias=True, n=300, v=1001))
+    kw = {"reduction": "mean", "label_smoothing": 0.1, "softcap": 5.0}
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        got = linear_cross_entropy(h, w, t, b, chunk_rows=64, **kw)
+        want = reference(h, w, t, b, **kw)
+        compiled = torch.compile(lambda *a: linear_cross_entropy(*a, chunk_rows=64, **kw), fullgraph=True)(h, w, t, b)
+    tol = 1e-5 if precision == "fp32" else 2e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(compiled, got, rtol=tol, atol=tol)
+    for g, r in zip(grads(got, h, w, b), grads(want, h, w, b)):
+        torch.testing.assert_close(g, r, rtol=tol * 3, atol=tol * 3 * float(r.abs().max()))
+
+
 # --------------------------------------------------------------------------------- recipes/lm.py
 def _recipe(name: str):
     spec = importlib.util.spec_from_file_location(f"{name}_recipe", ROOT / "recipes" / f"{name}.py")
