@@ -3,6 +3,7 @@
     python -m bench                       # everything (tens of minutes on a 2-core CPU)
     python -m bench --only vit gpt2       # some workloads: bench/results/vit-gpt2-<time>.json, the page untouched
     python -m bench --only moe            # HF Mixtral (each experts implementation) vs zoo's moe decoder
+    python -m bench --only loss           # chunked linear + cross-entropy vs the logits written out (time, memory)
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
     python -m bench --device cuda         # the GPU rows at GPU sizes (--size gpu), eager and compiled, bf16
     python -m bench --compile             # CPU rows with torch.compile'd sides too (both zoo's and the peer's)
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from bench import dropout, masks, moe, sized, sized_rows
+from bench import dropout, loss, masks, moe, sized, sized_rows
 from bench import workloads as W
 from bench.common import MALLOC, Row, machine, matmul_peak
 from zoo.cli import positive_int
@@ -46,7 +47,7 @@ from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ["peak", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "compile", "window", "packing",
-             "dropout", "llama"]
+             "dropout", "loss", "llama"]
 DEFAULT = [w for w in WORKLOADS if w != "llama"]  # a 1B model: asked for by name, or at --size gpu
 GPU_DEFAULT = ["peak", *sized.WORKLOADS]  # --size gpu without --only
 QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
@@ -94,6 +95,8 @@ def _rows(name: str, precisions: list[str], timing: dict, tiny: bool, plan: size
             out.append(masks.packing(p, timing, tiny))
         elif name == "dropout":
             out.extend(dropout.rows(p, timing, tiny))
+        elif name == "loss":
+            out.extend(loss.rows(p, timing, tiny))
     return out
 
 
@@ -136,6 +139,9 @@ def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
         "",
     ]
     extra = [f"- {r.workload}: compile took {r.extra['compile_seconds']} s" for r in rows if "compile_seconds" in r.extra]
+    extra += [f"- {r.workload} [{r.precision}]: peak memory of a step over its inputs "
+              + ", ".join(f"{side} {mb:,} MB" for side, mb in r.extra["peak_mb"].items()) + "; saved for backward "
+              + ", ".join(f"{side} {mb:,} MB" for side, mb in r.extra["saved_mb"].items()) for r in rows if "peak_mb" in r.extra]
     if not rows:
         lines = []
     text = "\n".join(head + lines + ([""] + extra if extra else [])) + "\n"

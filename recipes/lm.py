@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, PositiveFloat, PositiveInt
 
 import zoo
@@ -89,14 +88,15 @@ class LMConfig(Config):
 
 def lm_loss(model, rows: T.Rows) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy over ``rows`` (tokens [B, L+1], with their document masks or
-    padding) and the number of targets."""
+    padding) and the number of targets: what ``F.cross_entropy(logits.float(), targets, reduction="sum")``
+    gives, computed by the model's head without materialising the logits."""
     extra = {} if rows.documents is None else {"documents": rows.documents[:, :-1], "positions": rows.positions[:, :-1]}
     padding = None if rows.padding is None else rows.padding[:, :-1]
-    logits = model(rows.tokens[:, :-1], padding, **extra)
     targets = rows.tokens[:, 1:]
     if rows.padding is not None:
         targets = targets.masked_fill(~rows.padding[:, 1:], -100)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=-100)
+    # the head computes the loss chunk by chunk, never holding the [B, L, V] logits (zoo.kernels.loss)
+    loss = model(rows.tokens[:, :-1], padding, **extra, targets=targets)
     return loss, torch.tensor(rows.targets)
 
 

@@ -257,10 +257,9 @@ class MLMTask(LengthBatched):
         docs = None if self.docs is None else [self.docs[i] for i in batch]
         inputs, pad_mask, labels, documents = (None if x is None else x.to(self.dist.device) for x in mlm_batch(
             [self.rows[i] for i in batch], self.cfg.train.mask_prob, self.V, self._gen[1], docs))
-        logits = model(inputs, pad_mask, documents=documents)
-        sel = labels != -100
-        loss = F.cross_entropy(logits[sel].float(), labels[sel])
-        masked = float(sel.sum())
+        # the masked tokens' mean cross-entropy, from the head without the [B, T, V] logits (zoo.kernels.loss)
+        loss = model(inputs, pad_mask, documents=documents, targets=labels, reduction="mean")
+        masked = float((labels != -100).sum())
         return loss, {"tokens": float(pad_mask.sum()), "masked_loss": float(loss.detach()) * masked, "masked": masked}
 
     def train_values(self, sums: dict[str, float], seconds: float) -> dict[str, float]:

@@ -24,7 +24,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 import zoo
@@ -127,14 +126,15 @@ class TranslationTask(ListTask):
             documents = {"src_documents": s_doc.to(device), "tgt_documents": t_doc.to(device)}
         s, t_in = (word_dropout(x, cfg.train.word_dropout) for x in (s, t_in))
         s, t_in, t_out = s.to(device), t_in.to(device), t_out.to(device)
-        logits = model(s, t_in, s != T.PAD_ID, t_in != T.PAD_ID, **documents)
-        flat, gold = logits.float().flatten(0, 1), t_out.flatten()
-        loss = F.cross_entropy(flat, gold, ignore_index=T.PAD_ID, label_smoothing=cfg.train.label_smoothing, reduction="sum")
+        gold = t_out.masked_fill(t_out == T.PAD_ID, -100)
+        # the smoothed loss (and the unsmoothed NLL of the same logits) from the head, chunk by chunk, without
+        # the [B, T, V] logits (zoo.kernels.loss)
+        loss, nll = model(s, t_in, s != T.PAD_ID, t_in != T.PAD_ID, **documents, targets=gold,
+                          label_smoothing=cfg.train.label_smoothing, return_nll=True)
         stats = {"tokens": self.count(batch), "src_tokens": float((s != T.PAD_ID).sum())}
         if (step + 1) % cfg.run.log_every == 0 or step + 1 == self.total_steps:  # the unsmoothed NLL: log steps only
-            with torch.no_grad():
-                stats["nll"] = float(F.cross_entropy(flat, gold, ignore_index=T.PAD_ID, reduction="sum"))
-                stats["nll_tokens"] = float((gold != T.PAD_ID).sum())
+            stats["nll"] = float(nll)
+            stats["nll_tokens"] = float((gold != -100).sum())
         return loss, stats
 
     def train_values(self, sums: dict[str, float], seconds: float) -> dict[str, float]:

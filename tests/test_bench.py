@@ -19,11 +19,14 @@ def test_every_workload_runs_at_toy_size(tmp_path):
     out = tmp_path / "r.json"
     md = tmp_path / "b.md"
     assert main(["--tiny", "--only", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "dropout", "window", "packing",
-                 "--precision", "fp32",
+                 "loss", "--precision", "fp32",
                  "--json", str(out), "--out", str(md)]) == 0
     data = json.loads(out.read_text())
     names = [r["workload"] for r in data["rows"]]
     assert any("vit" in n for n in names) and any("beam" in n for n in names) and any("BERT" in n for n in names)
+    loss_rows = [r for r in data["rows"] if r["workload"].startswith("loss:")]
+    assert len(loss_rows) == 1 and all(r["extra"]["peak_mb"].keys() == r["extra"]["saved_mb"].keys() == {
+        "zoo", "logits + F.cross_entropy"} for r in loss_rows)
     assert sum("dropout" in n for n in names) == 2 and any("packed" in n or "packing" in n for n in names)
     assert any("causal window" in n and "ALiBi" not in n for n in names) and any("ALiBi at" in n for n in names)
     moe_rows = [r for r in data["rows"] if "experts" in r["workload"]]  # train, forward, greedy: HF's experts kinds

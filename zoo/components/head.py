@@ -11,6 +11,10 @@ normalises) and ``embedding`` (the token embedding, which a ``tied`` projection 
 keep the state-dict names zoo has always used (``head.weight``; ``head.transform.*`` and
 ``head.proj.*``), and declare their FLOPs and saved activations like the blocks' parts.
 
+A head that projects to the vocabulary (``lm``, ``mlm``) also has ``loss(x, targets, ...)``: the
+cross-entropy of its logits computed by :func:`zoo.kernels.linear_cross_entropy`, chunk by chunk,
+without the [B, T, V] logits (what a family's ``forward(..., targets=...)`` returns).
+
 Shapes: B batch, T tokens, D model width, V vocabulary, C classes.
 """
 
@@ -20,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.components.linear import Linear
+from zoo.kernels.loss import linear_cross_entropy
 from zoo.registry import register, registry
 
 __all__ = ["ClassifierHead", "LMHead", "MLMHead"]
@@ -43,6 +48,15 @@ class LMHead(Linear):
         if self.softcap is None:
             return logits
         return torch.tanh(logits / self.softcap) * self.softcap
+
+    def loss(self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, reduction: str = "sum",
+             ignore_index: int = -100, chunk_rows: int | None = None, return_nll: bool = False):
+        """``F.cross_entropy(self(x).float(), targets, ...)`` for x [..., D] and targets [...], without
+        the logits (:func:`zoo.kernels.linear_cross_entropy`): summed, or ``reduction="mean"`` over the
+        targets that are not ``ignore_index``; ``return_nll``: (loss, its unsmoothed NLL without gradient)."""
+        return linear_cross_entropy(x, self.weight, targets, self.bias, ignore_index=ignore_index,
+                                    label_smoothing=label_smoothing, reduction=reduction, softcap=self.softcap,
+                                    scale=self.input_scale, chunk_rows=chunk_rows, return_nll=return_nll)
 
     def saved_per_token(self) -> int:
         """The input and the logits the loss reads (with a cap, the tanh's output too)."""
@@ -73,6 +87,13 @@ class MLMHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(self.transform(x))
+
+    def loss(self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, reduction: str = "sum",
+             ignore_index: int = -100, chunk_rows: int | None = None, return_nll: bool = False):
+        """The transform, then the projection's cross-entropy without its logits (as :meth:`LMHead.loss`)."""
+        return linear_cross_entropy(self.transform(x), self.proj.weight, targets, self.proj.bias,
+                                    ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
+                                    chunk_rows=chunk_rows, return_nll=return_nll)
 
     def saved_per_token(self) -> int:
         """The input, and with the transform its linear's output, GELU's output and the norm's

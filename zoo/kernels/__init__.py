@@ -14,15 +14,18 @@ Which kernel runs is one policy (:mod:`zoo.kernels.policy`): :func:`use` sets it
 reads it, ``zoo kernels --explain SPEC`` prints it.
 :func:`grouped_mm` multiplies rows sorted by group by one matrix per group (mixture-of-experts
 layers, :mod:`zoo.kernels.grouped`).
+:func:`linear_cross_entropy` is the cross-entropy of a vocabulary projection computed chunk by chunk,
+without the [N, V] logits (:mod:`zoo.kernels.loss`; the heads' ``loss``).
 """
 
-from zoo.kernels import blocked, cpu, flex, grouped, policy
+from zoo.kernels import blocked, cpu, flex, grouped, loss, policy
 from zoo.kernels.cpu.attention import sdpa_only
 from zoo.kernels.dispatch import BACKENDS, attention, attention_backend, backend_for, dropout, linear, scores_attention
 from zoo.kernels.grouped import grouped_mm
+from zoo.kernels.loss import linear_cross_entropy
 from zoo.kernels.mask import AlibiBias, Mask, MaskError, PairBias, RelativeBias, document_positions
 from zoo.kernels.policy import Policy, explaining, use
 
-__all__ = ["BACKENDS", "AlibiBias", "Mask", "MaskError", "Policy", "explaining", "policy", "use", "attention", "attention_backend", "backend_for", "blocked", "cpu",
-           "document_positions", "dropout", "flex", "grouped", "grouped_mm", "linear", "PairBias", "RelativeBias",
-           "scores_attention", "sdpa_only"]
+__all__ = ["BACKENDS", "AlibiBias", "Mask", "MaskError", "Policy", "attention", "attention_backend", "backend_for",
+           "blocked", "cpu", "document_positions", "dropout", "explaining", "flex", "grouped", "grouped_mm", "linear",
+           "linear_cross_entropy", "loss", "PairBias", "policy", "RelativeBias", "scores_attention", "sdpa_only", "use"]

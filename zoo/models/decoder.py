@@ -40,7 +40,9 @@ class DecoderLM(Family):
         init_weights(self, spec)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, cache: KVCache | None = None, *,
-                last_only: bool = False, documents: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+                last_only: bool = False, documents: Tensor | None = None, positions: Tensor | None = None,
+                targets: Tensor | None = None, label_smoothing: float = 0.0, reduction: str = "sum",
+                return_nll: bool = False) -> Tensor:
         """With a ``cache`` (from :meth:`new_cache`), ``tokens`` continue the cached ones: pass the
         prompt first (with its padding mask), then each new token; the logits equal a full pass.
         ``last_only``: logits of the last position only ([B, 1, V]), what generation needs; a long
@@ -49,13 +51,22 @@ class DecoderLM(Family):
         Packed rows: ``documents`` ([B, T] ids, a new document wherever the id changes) keeps each
         token to its own document, with positions restarting at each one, so a packed row's logits
         equal each document's run alone; ``positions`` ([B, T]) overrides them (a document continued
-        from the row before)."""
+        from the row before).
+
+        ``targets`` ([B, T] ids of the next tokens, -100 where none): the loss instead of the logits,
+        the cross-entropy summed (or ``reduction="mean"``) over the targets, with ``label_smoothing``,
+        computed by the head without the [B, T, V] logits (:meth:`Family.head_out`; ``return_nll``: with the
+        unsmoothed NLL beside it)."""
+        if targets is not None and (last_only or cache is not None):
+            raise ValueError("targets: a loss scores every position of a full pass; pass no cache and last_only=False")
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
         ctx = self.stack.context(self.position, tokens, padding_mask, causal=True, cache=cache, documents=documents,
                                  positions=positions)
         x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), ctx.positions)))  # (B, T, D)
         x = self.stack(x, ctx, cache=cache)
+        if targets is not None:
+            return self.head_out(x, targets, label_smoothing=label_smoothing, reduction=reduction, return_nll=return_nll)
         return self.head(x[:, -1:] if last_only else x)  # (B, T, V)
 
     def hidden_states_refused(self) -> str | None:

@@ -101,8 +101,13 @@ class Encoder(Family):
         return self.stack(x, ctx)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None, *,
-                documents: Tensor | None = None) -> Tensor:
-        return self.head(self.encode(tokens, padding_mask, token_types, documents=documents))  # (B, T, V)
+                documents: Tensor | None = None, targets: Tensor | None = None, label_smoothing: float = 0.0,
+                reduction: str = "sum", return_nll: bool = False) -> Tensor:
+        """Logits [B, T, V]; with ``targets`` ([B, T] ids of the masked tokens, -100 elsewhere) their
+        cross-entropy instead, summed or ``reduction="mean"`` over the targets, computed by the head
+        without the logits (:meth:`Family.head_out`; ``return_nll``: with the unsmoothed NLL beside it)."""
+        x = self.encode(tokens, padding_mask, token_types, documents=documents)
+        return self.head_out(x, targets, label_smoothing=label_smoothing, reduction=reduction, return_nll=return_nll)
 
     def classify(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         if self.classifier is None:

@@ -73,12 +73,21 @@ class EncoderDecoder(Family):
         last_only: bool = False,
         src_documents: Tensor | None = None,
         tgt_documents: Tensor | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
+        reduction: str = "sum",
+        return_nll: bool = False,
     ) -> Tensor:
-        """Target ids [B, T] and memory [B, S, D] -> logits [B, T, V] ([B, 1, V] with ``last_only``).
+        """Target ids [B, T] and memory [B, S, D] -> logits [B, T, V] ([B, 1, V] with ``last_only``);
+        with ``targets`` ([B, T] gold ids, -100 where none) their cross-entropy instead, summed or
+        ``reduction="mean"``, with ``label_smoothing``, without the logits (:meth:`Family.head_out`;
+        ``return_nll``: with the unsmoothed NLL beside it).
 
         With a ``cache`` (from :meth:`new_cache`), ``tgt_in`` continues the cached target tokens and
         the memory's keys/values are computed at the first call only. Packed pairs: ``tgt_documents``
         ([B, T]) and ``src_documents`` ([B, S]) pair each target with the source of the same id."""
+        if targets is not None and (last_only or cache is not None):
+            raise ValueError("targets: a loss scores every position of a full pass; pass no cache and last_only=False")
         check_tokens(tgt_in, "tgt_in", vocab_size=self.spec.vocab_size)
         tgt_padding_mask = check_mask(tgt_padding_mask, tgt_in, "tgt_padding_mask")
         if (src_documents is None) != (tgt_documents is None):
@@ -94,6 +103,8 @@ class EncoderDecoder(Family):
         else:
             memory_mask = None if src_padding_mask is None else src_padding_mask.to(bool)[:, None, None, :]  # (B, 1, 1, S)
         x = self.decoder(x, ctx.with_memory(memory, memory_mask), cache=cache)
+        if targets is not None:
+            return self.head_out(x, targets, label_smoothing=label_smoothing, reduction=reduction, return_nll=return_nll)
         return self.head(x[:, -1:] if last_only else x)
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -115,11 +126,17 @@ class EncoderDecoder(Family):
         *,
         src_documents: Tensor | None = None,
         tgt_documents: Tensor | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
+        reduction: str = "sum",
+        return_nll: bool = False,
     ) -> Tensor:
-        """Packed pairs: ``src_documents`` [B, S] and ``tgt_documents`` [B, T] ids (see :meth:`decode`)."""
+        """Packed pairs: ``src_documents`` [B, S] and ``tgt_documents`` [B, T] ids; ``targets``: the
+        loss instead of the logits (see :meth:`decode`)."""
         memory = self.encode(src, src_padding_mask, src_documents=src_documents)
         return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask, src_documents=src_documents,
-                           tgt_documents=tgt_documents)
+                           tgt_documents=tgt_documents, targets=targets, label_smoothing=label_smoothing,
+                           reduction=reduction, return_nll=return_nll)
 
 
     def stacks(self, seq: int) -> list[tuple[Stack, int, int | None]]:

@@ -65,6 +65,21 @@ class Family(nn.Module):
         :func:`zoo.embed` pools. A family without them raises :meth:`hidden_states_refused`."""
         raise ValueError(f"hidden_states: {self.hidden_states_refused()}")
 
+    def head_out(self, x: Tensor, targets: Tensor | None = None, *, label_smoothing: float = 0.0,
+                 reduction: str = "sum", return_nll: bool = False):
+        """The head on hidden states ``x`` [B, T, D]: its logits, or with ``targets`` ([B, T] class ids,
+        -100 where none) their cross-entropy, summed or ``reduction="mean"`` over the targets, from the
+        head's ``loss`` (zoo.kernels.linear_cross_entropy: chunk by chunk, never the [B, T, V] logits).
+        ``return_nll``: (that loss, the unsmoothed NLL of the same logits, without gradient). A family's
+        ``forward(..., targets=...)`` returns this loss instead of the logits."""
+        if targets is None:
+            return self.head(x)
+        loss = getattr(self.head, "loss", None)
+        if not callable(loss):
+            raise ValueError(f"targets: this model's head ({type(self.head).__name__}) has no vocabulary projection whose "
+                             "cross-entropy it computes; pass no targets and score its output yourself")
+        return loss(x, targets, label_smoothing=label_smoothing, reduction=reduction, return_nll=return_nll)
+
     def embedding_saved(self, tokens: int) -> tuple[int, int]:
         """(elements, mask bytes) of one embedding pass over ``tokens`` tokens: an ``emb_norm``'s
         input (and what it keeps), the embedding dropout's mask."""
