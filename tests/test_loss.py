@@ -73,12 +73,9 @@ def test_fp32_cpu_products_on_either_backend_of_zoos_linear(backend):
     if backend == "onednn" and not cpu_linear.onednn_available():
         pytest.skip("this torch has no oneDNN linear")
     h, w, b, t = inputs(bias=True)
-    cpu_linear.set_cpu_linear(backend)
-    try:
+    with zoo.kernels.use(cpu_linear=backend):
         got = linear_cross_entropy(h, w, t, b, chunk_rows=8, label_smoothing=0.1)
         got_grads = grads(got, h, w, b)
-    finally:
-        cpu_linear.set_cpu_linear(None)
     want = reference(h, w, t, b, label_smoothing=0.1)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for g, r in zip(got_grads, grads(want, h, w, b)):
