@@ -124,3 +124,16 @@ def test_cpu_attention_timing_calls_run_both_kernels_without_touching_the_global
         for call in calls.values():
             call()
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_cpu_attention_backward_called_inside_autocast_computes_what_it_does_outside():
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grads = []
+    for inside in (False, True):
+        out = cpu.attention.attention(q, k, v, None, True, 0.0)
+        with torch.autocast("cpu", torch.bfloat16, enabled=inside):  # a backward inside the region
+            out.float().pow(2).sum().backward()
+        grads.append([t.grad.clone() for t in (q, k, v)])
+        for t in (q, k, v):
+            t.grad = None
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

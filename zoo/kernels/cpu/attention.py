@@ -153,6 +153,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: b
 
 class _CpuAttention(torch.autograd.Function):
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float,
                 scale: float | None = None) -> Tensor:
         scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -178,7 +179,8 @@ class _CpuAttention(torch.autograd.Function):
         return dropped @ v  # (B, H, T, V)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    @torch.amp.custom_bwd(device_type="cpu")  # the forward's autocast state (off): a backward called inside
+    def backward(ctx, grad: Tensor):           # an autocast region computes what it computes outside one
         q, k, v, weights, keep = ctx.saved_tensors
         grad = grad.to(v.dtype).contiguous()  # a head view too: copied once, not by each matmul
         grad_v = (weights if keep is None else weights * keep).to(v.dtype).transpose(-2, -1) @ grad  # (B, H, S, V)
