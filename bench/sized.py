@@ -202,6 +202,12 @@ def compiled(model: nn.Module, plan: Plan) -> nn.Module:
     if plan.scope == "blocks":
         blocks = _repeated(model)
         if blocks:
+            # a block that specialises on its own attributes (HF's layer_idx) compiles once a layer: let every
+            # layer have its graph instead of falling back to eager past dynamo's default limit of 8
+            limit = max(torch._dynamo.config.recompile_limit, 2 * len(blocks))
+            torch._dynamo.config.recompile_limit = limit
+            torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                                   8 * limit)
             for b in blocks:
                 b.compile(backend=plan.backend)
             return model

@@ -10,6 +10,7 @@ from conftest import example_inputs, tiny_spec
 
 import zoo
 from zoo.components.attention import Attention
+from zoo.train import router_losses
 
 T = 12
 TWO = ["n_layers=2"]
@@ -79,10 +80,12 @@ def test_training_step_compiles_as_one_graph_and_equals_eager(case):
     compiled = torch.compile(model, fullgraph=True, backend=graphs)
     ins, kwargs = _inputs(model, kw, seed=0)
     loss = _step(compiled, ins, kwargs)
+    routing = router_losses(model).total  # what a compiled pass's MoE layers routed (the loop's aux loss)
     loss.backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     ref = _step(model, ins, kwargs)
+    assert torch.allclose(routing, router_losses(model).total, rtol=1e-4, atol=1e-7)
     ref.backward()
     assert graphs.count == 1
     assert torch.allclose(loss, ref, rtol=1e-4, atol=1e-6), (float(loss), float(ref))
