@@ -140,12 +140,12 @@ class Stack(nn.Module):
             keys = key_positions[..., start:]
             padding = None if key_padding is None else key_padding[:, start:]
             bias = pos.bias(heads, positions, keys)
-            if static:  # the whole buffer, the unwritten slots hidden: the same shapes at every step
-                made.append(BlockContext(pos=pos, positions=positions, mask=cache.mask(T, window, bias), is_causal=False))
-                continue
-            mask = Mask(T, keys.shape[-1], causal=causal, window=window, padding=padding, documents=documents,
-                        bias=bias, device=device)
             rotation = pos.rotation(positions) if pos.rotates else None  # RoPE's cos/sin: once a pass
+            if static:  # the whole buffer, the unwritten slots hidden: the same shapes at every step
+                mask = cache.mask(T, window, bias)
+            else:
+                mask = Mask(T, keys.shape[-1], causal=causal, window=window, padding=padding, documents=documents,
+                            bias=bias, device=device)
             made.append(BlockContext(pos=pos, positions=positions, rotation=rotation, mask=mask, is_causal=False))
         return StackContext(positions=positions, layers=tuple(made[v] for v in self.variant_of), padding_mask=padding_mask)
 
