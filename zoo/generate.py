@@ -33,7 +33,6 @@ from typing import Iterable, Literal
 
 import einops
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.decoding import StaticStepper, compile_mode
