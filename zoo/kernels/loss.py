@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from zoo.kernels.cpu import linear as cpu_linear
+from zoo.kernels.grouped import compute_dtype
 
 __all__ = ["CHUNK_BYTES", "chunk_rows_for", "linear_cross_entropy"]
 
@@ -46,15 +47,6 @@ def chunk_rows_for(vocab: int, rows: int, chunk_bytes: int = CHUNK_BYTES) -> int
     if c > 8:
         c -= c % 8
     return max(1, min(c, rows))
-
-
-def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
-    """The dtype ``F.linear(hidden, weight)`` computes in: autocast's where it is on for the device,
-    else the two promoted."""
-    kind = hidden.device.type
-    if torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return torch.promote_types(hidden.dtype, weight.dtype)
 
 
 def _onednn(hidden: Tensor, weight: Tensor, dtype: torch.dtype, chunk: int, grad: bool) -> bool:
@@ -199,7 +191,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     (loss, nll), the second the same reduction of the unsmoothed loss of the same logits, without a
     gradient (what a label-smoothed run logs as its NLL)."""
     _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reduction, softcap, scale, chunk_rows)
-    dtype = _compute_dtype(hidden, weight)
+    dtype = compute_dtype(hidden, weight)  # as F.linear computes: autocast's dtype, else the two promoted
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     chunk = chunk_rows or chunk_rows_for(weight.shape[0], max(1, hidden.shape[0]))
     mean = reduction == "mean"
