@@ -1,9 +1,18 @@
-"""Shared helpers: tiny specs of every family, seeded; gettext catalogs written with Babel."""
+"""Shared helpers: tiny specs of every family, seeded; the one launcher of child processes and
+torchrun; gettext catalogs written with Babel.
+
+Test tiers (markers, pyproject.toml): ``slow`` (seconds each: recipe runs, torchrun, the docs'
+commands, wide reference sweeps), ``torchrun`` (launches processes with torch.distributed.run),
+``recipe`` (runs a recipe script end to end) and ``docs`` (runs what the docs show). torchrun and
+recipe tests are slow too (marked here, at collection). ``python -m pytest -q -m "not slow"`` is the
+fast lane; ``python -m pytest -q`` runs everything."""
 
 from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +26,47 @@ os.environ.setdefault("ZOO_KERNEL_CACHE", "off")
 # the CPU attention kernel by its length rule, not by timing: the tests of each kernel know which ran
 # (tests/test_kernels.py tests the measured choice itself)
 os.environ.setdefault("ZOO_CPU_ATTENTION", "rule")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items):
+    """A test launching processes or running a recipe end to end is slow: off the fast lane."""
+    for item in items:
+        if item.get_closest_marker("torchrun") or item.get_closest_marker("recipe"):
+            item.add_marker(pytest.mark.slow)
+
+
+# ------------------------------------------------------------------------ child processes
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child process: unbuffered, one thread per process (two torchrun ranks
+    share the 2 cores), no torchrun variables inherited from a launcher around pytest, and the
+    repository and its recipes importable."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "recipes")] + [p for p in [env.get("PYTHONPATH")] if p])
+    return {**env, **extra}
+
+
+def launch_command(script: Path | str, args: list[str], processes: int = 1) -> list[str]:
+    """``python script args`` for one process, ``python -m torch.distributed.run --standalone`` for more."""
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    return [*launcher, str(script), *args]
+
+
+def launch(script: Path | str, args: list[str], processes: int = 1, *, timeout: float = 300, check: bool = True,
+           **env: str) -> subprocess.CompletedProcess:
+    """Run ``script`` (a recipe: ``ROOT / "recipes" / "lm.py"``) on ``processes`` processes from the
+    repository root; with ``check``, a failure shows the end of its output."""
+    proc = subprocess.run(launch_command(script, args, processes), cwd=ROOT, env=child_env(**env), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
 
 TINY = ["d_model=32", "n_layers=2", "block.attention.n_heads=4", "block.ffn.hidden=48"]
 TEXT_TINY = TINY + ["vocab_size=61", "max_seq_len=32"]

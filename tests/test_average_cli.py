@@ -135,3 +135,26 @@ def test_average_errors_are_one_line(tmp_path, capsys):
     assert "cannot read checkpoint" in capsys.readouterr().err
     assert main(["average", "--help"]) == 0
     assert "training checkpoints" in capsys.readouterr().out
+
+
+def test_integer_buffers_are_the_last_checkpoints(tmp_path, capsys):
+    """A ViT with a conv stem (BatchNorm's num_batches_tracked counts steps): averaged floats, the
+    last file's counters, as timm's avg_checkpoints and torch's swa_utils keep them."""
+    spec = tiny_spec("vit", ["stem={channels: [8]}"])
+    files = []
+    for i in range(3):
+        m = zoo.build(spec, seed=i).train()
+        for _ in range(i + 1):  # i + 1 batches counted
+            m(torch.randn(2, 3, 16, 16))
+        files.append(zoo.save(m, tmp_path / f"m{i}.safetensors"))
+    out = tmp_path / "avg.safetensors"
+    assert main(["average", *map(str, files), "-o", str(out)]) == 0
+    assert "integer tensor(s)" in capsys.readouterr().out
+    avg, states = zoo.load(out).state_dict(), [zoo.load(f).state_dict() for f in files]
+    counters = [k for k, t in avg.items() if not t.is_floating_point()]
+    assert counters and all(k.endswith("num_batches_tracked") for k in counters)
+    for k, t in avg.items():
+        if t.is_floating_point():
+            torch.testing.assert_close(t, sum(s[k].double() for s in states).div(3).to(t.dtype))
+        else:
+            assert torch.equal(t, states[-1][k]) and int(t) == 3

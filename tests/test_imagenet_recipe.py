@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from safetensors.torch import load_file
 
 from zoo.data import images
 from zoo.train import read_metrics
+from conftest import child_env, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "imagenet.py"
@@ -35,18 +35,8 @@ def _recipe():
     return module
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
-    env.pop("WORLD_SIZE", None), env.pop("RANK", None), env.pop("LOCAL_RANK", None)
-    return env
-
-
-def _run(args: list[str], *, torchrun: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"] if torchrun else [sys.executable]
-    proc = subprocess.run(launcher + [str(RECIPE), *args], cwd=ROOT, env=_env(OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+def _run(args: list[str], *, torchrun: int = 1) -> subprocess.CompletedProcess:
+    return launch(RECIPE, args, torchrun)
 
 
 def _train_records(out: Path) -> list[dict]:
@@ -101,6 +91,7 @@ def test_single_process_run(tmp_path):
     assert [r["step"] for r in valid] == [6, 12] and {"top1", "top5", "ema_top1"} <= set(valid[0])
 
 
+@pytest.mark.torchrun
 @needs_fmnist
 def test_torchrun_two_processes_gloo(tmp_path):
     out = tmp_path / "ddp"
@@ -123,7 +114,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     _run([f"run.out_dir={full}", *common])
 
     proc = subprocess.Popen([sys.executable, str(RECIPE), f"run.out_dir={cut}", *common], cwd=ROOT,
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 90
     while not (cut / "ckpt-0000008.pt").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.002)

@@ -27,3 +27,13 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     test_command = commands[1].strip().split("&&")[-1].strip()
     assert test_command in ci
+
+
+def test_the_opening_names_every_registered_component_kind():
+    from zoo.registry import REGISTRIES
+
+    opening = (ROOT / "README.md").read_text().split("## ")[0]
+    named = set(re.findall(r"`(\w+)`", opening))
+    missing = {f"{kind}: {name}" for kind, registry in REGISTRIES.items() if kind != "family" for name in registry.names()
+               if name not in named}
+    assert not missing, f"README's opening paragraph does not name {sorted(missing)}"

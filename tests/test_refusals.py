@@ -5,8 +5,6 @@ anything reads them; an incomplete newest checkpoint stops ``--resume``, never s
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from zoo.train import (
 from zoo.train.config import ConfigError, load_config
 from zoo.train.distributed import distributed
 from zoo.train.loop import refuse_what_cannot_apply
+from conftest import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,9 +83,10 @@ def test_offload_on_one_process_is_refused(tmp_path):
     assert not list(tmp_path.glob("ckpt-*"))  # refused before a step
 
 
+@pytest.mark.torchrun
 def test_offload_in_the_recipe_is_one_line_on_one_process_and_under_torchrun(tmp_path, capsys):
     from test_lm_recipes import fake_wordnet, lm
-    from test_torchrun_loss import _env, lm_args
+    from test_torchrun_loss import lm_args
 
     wordnet = fake_wordnet(tmp_path / "wordnet")
     args = lm_args(wordnet, tmp_path / "one", "run.strategy=fsdp", "run.offload=true", "run.device=cpu", "train.steps=1")
@@ -95,9 +95,7 @@ def test_offload_in_the_recipe_is_one_line_on_one_process_and_under_torchrun(tmp
                "set run.offload=false")
     assert capsys.readouterr().err.strip().splitlines()[-1] == message
     args = lm_args(wordnet, tmp_path / "two", "run.strategy=fsdp", "run.offload=true", "run.device=cpu", "train.steps=1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(ROOT / "recipes" / "lm.py"), *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=240, check=False)
+    proc = launch(ROOT / "recipes" / "lm.py", args, 2, check=False)
     assert proc.returncode != 0 and proc.stderr.count(message) == 2, proc.stderr[-3000:]
 
 

@@ -19,28 +19,15 @@ import pytest
 import torch
 
 from zoo.train import list_checkpoints, read_metrics
+from conftest import child_env, launch, launch_command
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.torchrun
 FSDP = ["run.strategy=fsdp", "run.activation_checkpointing=true"]
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
-
-
-def _cmd(recipe: str, args: list[str], processes: int) -> list[str]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-    return (launcher if processes > 1 else [sys.executable]) + [str(ROOT / "recipes" / f"{recipe}.py"), *args]
-
-
-def run(recipe: str, args: list[str], processes: int = 2, timeout: float = 300) -> str:
-    proc = subprocess.run(_cmd(recipe, args, processes), cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+def run(recipe: str, args: list[str], processes: int = 2) -> str:
+    return launch(ROOT / "recipes" / f"{recipe}.py", args, processes).stdout
 
 
 def losses(out: Path) -> list[tuple[int, float]]:
@@ -95,7 +82,7 @@ def test_lm_fsdp_killed_and_resumed_equals_uninterrupted_and_reshards(wordnet, t
     out = run("lm", lm_args(wordnet, whole, steps, *FSDP))
     assert "2 process(es)" in out
 
-    proc = subprocess.Popen(_cmd("lm", lm_args(wordnet, killed, steps, *FSDP), 2), cwd=ROOT, env=_env(),
+    proc = subprocess.Popen(launch_command(ROOT / "recipes" / "lm.py", lm_args(wordnet, killed, steps, *FSDP), 2), cwd=ROOT, env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 240
     while not (killed / "ckpt-0000008.dcp").exists() and proc.poll() is None and time.time() < deadline:

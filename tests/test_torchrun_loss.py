@@ -12,33 +12,17 @@ regression for one SGD step and writes its weights and logged loss for the test 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from conftest import launch
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.torchrun
 STRATEGIES = ["ddp", "fsdp"]
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "recipes")] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
-
-
-def launch(script: Path, args: list[str], processes: int, timeout: float = 240) -> str:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-    proc = subprocess.run((launcher if processes > 1 else [sys.executable]) + [str(script), *args], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
 
 
 def rows(out: Path, split: str = "train") -> list[dict]:

@@ -297,3 +297,26 @@ def test_config_files_layer_over_the_recipe_defaults(tmp_path, capsys):
     with pytest.raises(SystemExit):
         T.parse_args(Cfg, ["--sources"], default=recipe)
     assert "--sources goes with --print-config" in capsys.readouterr().err
+
+
+def test_resume_before_an_override_resumes_the_latest_and_applies_the_override(tmp_path):
+    class Cfg(T.Config):
+        run: T.RunConfig = T.RunConfig()
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("run: {seed: 5}\n")
+    cfg, args = T.parse_args(Cfg, ["--resume", "run.seed=9", "run.log_every=3"], default=recipe)
+    assert args.resume == "latest" and (cfg.run.seed, cfg.run.log_every) == (9, 3)
+    ckpt = tmp_path / "ckpt-0000004.pt"
+    ckpt.write_bytes(b"x")  # a path given to --resume stays a path, whatever its name holds
+    _, args = T.parse_args(Cfg, ["--resume", str(ckpt), "run.seed=9"], default=recipe)
+    assert args.resume == str(ckpt)
+
+
+def test_resume_from_a_model_file_says_what_it_is_and_never_to_delete_it(tmp_path):
+    path = zoo.save(tiny_model("decoder"), tmp_path / "model.safetensors")
+    with pytest.raises(T.CheckpointError) as e:
+        T.resolve_resume(str(path), tmp_path)
+    message = str(e.value)
+    assert "is a model file (safetensors" in message and "ckpt-*.pt" in message and "delete" not in message
+    assert path.is_file()

@@ -6,10 +6,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import os
 import shlex
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.cli import main as zoo_main
 from zoo.train import list_checkpoints, load_checkpoint, read_metrics
+from conftest import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "translate.py"
@@ -244,18 +242,10 @@ def test_resume_without_checkpoint_and_bad_data_fail_in_one_line(data, tmp_path,
     assert "train.tsv:2: expected 2 tab-separated columns" in err and "Traceback" not in err
 
 
+@pytest.mark.torchrun
 def test_torchrun_two_processes_gloo(data, tmp_path):
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("no torchrun")
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(RECIPE),
-         *tiny(data, out, "train.steps=4", "decode.beams=1", "run.eval_every=2")],
-        capture_output=True, text=True, timeout=240, env=env, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = launch(RECIPE, tiny(data, out, "train.steps=4", "decode.beams=1", "run.eval_every=2"), 2)
     assert "2 process(es)" in proc.stdout and "sacreBLEU signature" in proc.stdout
     results = json.loads((out / "results.json").read_text())
     assert results["step"] == 4 and "test/averaged" in results

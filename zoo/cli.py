@@ -278,6 +278,10 @@ def _average(args) -> None:
     size = read_header(path).size  # every shard of a sharded file
     print(f"wrote {path}: the mean of {len(paths)} checkpoints, {spec.name or spec.family}, "
           f"{count_parameters(model):,} parameters, {size:,} bytes ({human_bytes(size)})")
+    counters = [k for k, t in averaged.items() if not t.is_floating_point()]
+    if counters and len(paths) > 1:
+        print(f"  {len(counters)} integer tensor(s) ({counters[0]}{', ...' * (len(counters) > 1)}) are the last "
+              "checkpoint's, not averaged")
 
 
 def _average_parser(sub) -> argparse.ArgumentParser:

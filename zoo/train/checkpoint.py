@@ -209,8 +209,10 @@ def resolve_resume(resume: str | None, out_dir: Path, *, required: bool = True) 
 
 def average_state_dicts(states: Iterable[Mapping[str, Tensor]], names: Iterable[str] | None = None) -> dict[str, Tensor]:
     """The element-wise arithmetic mean of floating-point tensors (accumulated in float64, returned
-    in each tensor's own dtype); integer and boolean tensors must agree and are kept as they are.
-    ``names`` (one per state, e.g. its file) name the states in errors."""
+    in each tensor's own dtype). Integer and boolean tensors are not averaged: they are the last
+    state's (counters such as BatchNorm's ``num_batches_tracked`` differ between checkpoints), as
+    timm's ``avg_checkpoints`` and ``torch.optim.swa_utils`` keep them. ``names`` (one per state,
+    e.g. its file) name the states in errors."""
     states = list(states)
     names = list(names) if names is not None else [f"state {i}" for i in range(len(states))]
     if not states:
@@ -233,9 +235,7 @@ def average_state_dicts(states: Iterable[Mapping[str, Tensor]], names: Iterable[
                 acc += s[k].detach().to("cpu", torch.float64)
             out[k] = (acc / len(states)).to(first.dtype)
         else:
-            if any(not torch.equal(s[k].cpu(), first.cpu()) for s in states[1:]):
-                raise ValueError(f"{k}: a non-floating tensor differs between checkpoints; cannot average it")
-            out[k] = first.detach().cpu().clone()
+            out[k] = states[-1][k].detach().cpu().clone()
     return out
 
 

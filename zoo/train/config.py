@@ -396,6 +396,10 @@ def parse_args(
                                  "when run.device resolves to CUDA; gpu: always (e.g. to see them with "
                                  "--print-config on a CPU); cpu: never")
     args = parser.parse_args(argv)
+    if args.resume not in (None, "latest") and "=" in args.resume and not Path(args.resume).exists():
+        # `--resume key=value`: argparse hands the override to --resume's optional CKPT
+        args.overrides.insert(0, args.resume)
+        args.resume = "latest"
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"overrides look like key.path=value, got {bad[0]!r}")

@@ -59,6 +59,16 @@ def _shards_problem(path: Path) -> str | None:
     return None
 
 
+def _is_safetensors(path: Path) -> bool:
+    """Whether ``path`` starts as a safetensors file does: an 8-byte header length, then a JSON object."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= path.stat().st_size
+
+
 def checkpoint_problem(path: str | os.PathLike) -> str | None:
     """What keeps ``path`` from being a whole checkpoint (a phrase naming the missing or cut part:
     ``it is incomplete: no .metadata in the folder``), or None when it is whole. A folder is a sharded checkpoint, anything else a ``.pt`` file."""
@@ -80,6 +90,10 @@ def check_checkpoint(path: str | os.PathLike) -> Path:
     problem = checkpoint_problem(path)
     if problem == "it does not exist":
         raise CheckpointError(f"no checkpoint at {str(path)!r}")
+    if problem is not None and _is_safetensors(path):  # a good file of another kind: never advise deleting it
+        raise CheckpointError(f"{str(path)!r} is a model file (safetensors, as zoo.save writes): weights only, no optimizer "
+                              "state or step, so a run cannot continue from it; resume from a training checkpoint "
+                              "(a ckpt-*.pt file or ckpt-*.dcp folder in run.out_dir)")
     if problem is not None:
         raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {problem}; delete it, or use another checkpoint")
     return path
