@@ -165,7 +165,8 @@ def recipe_settings(recipe: str) -> str:
     cfg = load_config(getattr(module, RECIPES[recipe]), ROOT / "recipes" / f"{recipe}.yaml")
     lines = ["| key | default | meaning |", "| --- | --- | --- |"]
     for key, value, description in settings(cfg):
-        lines.append(f"| `{key}` | `{value}` | {description.replace('|', '/')} |")
+        cell = description.replace("|", "\\|")  # a bar inside a table cell is escaped, not replaced
+        lines.append(f"| `{key}` | `{value}` | {cell} |")
     return "\n".join(lines)
 
 
