@@ -1,5 +1,6 @@
 """Rewrite the generated regions of README.md and docs/: numbers and tables that come from measured
-results (bench/results/*.json) or from the code (the recipes' config classes), never typed by hand.
+results (bench/results/*.json) or from the code (the recipes' config classes, the converters'
+registries), never typed by hand.
 
 A region is marked in the markdown source, on its own lines or inline::
 
@@ -181,9 +182,58 @@ def ablation_rows(path: str) -> str:
     return str(len(yaml.safe_load((ROOT / path).read_text(encoding="utf-8"))["rows"]))
 
 
+# ---------------------------------------------------------------------------------- converters
+BACKBONES = ("each class above without its LM head: `head: none`, whose forward returns the hidden states after the "
+             "final norm (HF's `last_hidden_state`)")  # the row of the backbones without a description of their own
+
+
+def interop_classes(path: str) -> str:
+    """The table of every class the converters' registries hold (:mod:`zoo.interop.catalog`): a row
+    per class or group of classes named in ``path`` (a YAML mapping of class names, comma-separated
+    where several share a row, to what each corresponds to, in the table's order), and one row of
+    the backbones it leaves out. A class registered without a description, or described without
+    being registered, fails here."""
+    import yaml
+
+    from zoo.interop.catalog import references
+
+    described = yaml.safe_load((ROOT / path).read_text(encoding="utf-8"))
+    refs = {r.name: r for r in references()}
+    groups = {key: [name.strip() for name in key.split(",")] for key in described}
+    unknown = [name for names in groups.values() for name in names if name not in refs]
+    if unknown:
+        raise ValueError(f"{path}: {', '.join(unknown)} is no registered class (zoo.interop.catalog); fix or remove it")
+    named = {name for names in groups.values() for name in names}
+    missing = [r.name for r in refs.values() if r.name not in named and r.backbone_of is None]
+    if missing:
+        raise ValueError(f"{path}: no row for {', '.join(missing)}; add what its spec corresponds to")
+    rows = [(names, described[key]) for key, names in groups.items()]
+    rest = [r.name for r in refs.values() if r.name not in named]  # backbones sharing one row
+    if rest:
+        last = max(i for i, (names, _) in enumerate(rows) if refs[names[0]].library == refs[rest[0]].library)
+        rows.insert(last + 1, (rest, BACKBONES))
+    lines = ["| reference class | zoo family | zoo spec it corresponds to |", "| --- | --- | --- |"]
+    for names, text in rows:
+        library = refs[names[0]].library.split()[0]
+        families = dict.fromkeys(f for name in names for f in refs[name].families)
+        lines.append(f"| {library} {', '.join(f'`{n}`' for n in names)} | {', '.join(f'`{f}`' for f in families)} | "
+                     f"{' '.join(text.split())} |")
+    return "\n".join(lines)
+
+
+def interop_order(module: str) -> str:
+    """One library's classes (``module``: zoo.interop.hf or zoo.interop.timm), in the order a spec
+    tries them."""
+    from zoo.interop.catalog import LIBRARIES
+
+    archs = next(archs for mod, archs in LIBRARIES.values() if mod == module)
+    return ", ".join(f"`{name}`" for name in archs)
+
+
 GENERATORS: dict[str, Callable[..., str]] = {
     "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare, "bench-table": bench_table,
     "recipe-settings": recipe_settings, "ablation-rows": ablation_rows, "ablation-table": ablation_table, "convert-memory": convert_memory,
+    "interop-classes": interop_classes, "interop-order": interop_order,
 }
 
 

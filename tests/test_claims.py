@@ -1,6 +1,6 @@
 """Every converter claims every spec field, generated from the spec classes themselves.
 
-For each converter (every HF architecture and timm's ViT), a small reference model gives a base spec.
+For each converter (every HF architecture and every timm class), a small reference model gives a base spec.
 Each field reachable in it (and in each part of another kind, and in each optional section switched
 on) is set to values other than its own; every resulting valid spec must either convert and read
 back to a spec that computes the same (compared by :func:`canonical`), or be refused with a
@@ -109,14 +109,16 @@ HF_CONFIGS = {  # (config class, fields): small sizes no preset has
                                                    layer_types=["sliding_attention", "full_attention"],
                                                    final_logit_softcapping=20.0)),
 }
-TIMM = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5)
+TIMM_CONFIGS = {  # each timm class's arguments
+    "VisionTransformer": dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5),
+    "Eva": dict(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, mlp_ratio=2.0, num_classes=5, use_rot_pos_emb=True,
+                use_abs_pos_emb=False, swiglu_mlp=True, ref_feat_shape=(8, 8)),  # rope2d, SwiGLU, no key bias
+}
 # more base specs where one cannot reach a field alone (a field valid only with another changed)
 MORE = {
     "MarianMTModel": [dict(share_encoder_decoder_embeddings=False, tie_word_embeddings=False, decoder_vocab_size=V + 4)],
-    "timm": [dict(class_token=False, global_pool="avg", reg_tokens=2)],
+    "VisionTransformer": [dict(class_token=False, global_pool="avg", reg_tokens=2)],
 }
-EVA = dict(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, mlp_ratio=2.0, num_classes=5, use_rot_pos_emb=True,
-           use_abs_pos_emb=False, swiglu_mlp=True, ref_feat_shape=(8, 8))  # timm's Eva: rope2d, SwiGLU, no key bias
 # a valid mapping of each kind of a closed choice (Kinds) whose fields have no defaults; the lists fit
 # the base specs' 6-wide heads (3 rotated pairs)
 KIND_EXAMPLES = {
@@ -130,17 +132,19 @@ EQUIVALENT = {("MarianMTModel", "position.layout"): "the paper's interleaved sin
               "permuting the model dimension (test_interop compares the logits)"}
 
 
+def test_every_registered_class_has_a_base_spec():
+    from zoo.interop.hf import ARCHS as HF
+    from zoo.interop.timm import ARCHS as TIMM
+
+    assert set(TIMM_CONFIGS) == set(TIMM) and set(HF_CONFIGS) <= set(HF)
+
+
 def base_specs(name: str) -> list[FamilySpec]:
     from zoo.interop import hf_spec, timm_spec
+    from zoo.interop.timm import ARCHS
 
-    if name == "timm":
-        from timm.models.vision_transformer import VisionTransformer
-
-        return [timm_spec(VisionTransformer(**{**TIMM, **kw})) for kw in [{}, *MORE.get(name, [])]]
-    if name == "Eva":
-        from timm.models.eva import Eva
-
-        return [timm_spec(Eva(**{**EVA, **kw})) for kw in [{}, *MORE.get(name, [])]]
+    if name in TIMM_CONFIGS:
+        return [timm_spec(ARCHS[name].reference()(**{**TIMM_CONFIGS[name], **kw})) for kw in [{}, *MORE.get(name, [])]]
     config, base = HF_CONFIGS[name]
     return [hf_spec(getattr(transformers, config)(**{**base, **kw})) for kw in [{}, *MORE.get(name, [])]]
 
@@ -151,25 +155,22 @@ def convert_back(name: str, spec: FamilySpec) -> tuple[torch.nn.Module, torch.nn
     from zoo.interop import from_hf, from_timm, hf_config, to_hf, to_timm
     from zoo.interop.hf.convert import arch_for_spec
     from zoo.interop.timm import timm_kwargs
-    from zoo.interop.timm_eva import eva_kwargs
 
     # the spec-level checks the converters make first, in their order, before a model is built (most
     # mutations are refused here: building each one's model would be most of this test's time)
-    if name == "timm":
-        timm_kwargs(spec)
-    elif name == "Eva":
-        eva_kwargs(spec)
+    if name in TIMM_CONFIGS:
+        timm_kwargs(spec, name)
     else:
         hf_config(spec, arch_for_spec(spec, name).name)
     model = randomize(zoo.build(spec, seed=0))
-    if name in ("timm", "Eva"):
-        back = from_timm(to_timm(model, "VisionTransformer" if name == "timm" else name))
+    if name in TIMM_CONFIGS:
+        back = from_timm(to_timm(model, name))
     else:
         back = from_hf(to_hf(model, name))
     return model, back
 
 
-CONVERTERS = [*HF_CONFIGS, "timm", "Eva"]
+CONVERTERS = [*HF_CONFIGS, *TIMM_CONFIGS]
 
 
 # ------------------------------------------------------------------------------- what computes the same

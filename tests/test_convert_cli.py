@@ -147,6 +147,21 @@ def test_zoo_vit_to_timm_directory_and_back(tmp_path, capsys):
         assert (zoo.load(tmp_path / "back.safetensors").eval()(x) - model(x)).abs().max().item() < ATOL
 
 
+def test_architecture_names_a_timm_class_too(tmp_path, capsys):
+    """``--architecture`` takes any registered class; a timm one means a timm target."""
+    vit, eva = tmp_path / "vit.safetensors", tmp_path / "eva.safetensors"
+    zoo.save(zoo.build("vit-tiny-16", TINY_VIT, seed=0), vit)
+    zoo.save(zoo.build("eva02-mini", seed=0), eva)
+    out = convert(capsys, vit, "-o", tmp_path / "timm", "--architecture", "VisionTransformer")
+    assert out.startswith(f"wrote {tmp_path / 'timm'}: timm directory, VisionTransformer")
+    assert "key_bias=False is not supported" in refuse(capsys, eva, "-o", tmp_path / "out", "--architecture", "VisionTransformer")
+    assert "'Eva' is a timm class; an HF target takes an HF class" in refuse(
+        capsys, vit, "-o", tmp_path / "out", "--to", "hf", "--architecture", "Eva")
+    assert "'BertModel' is not a timm class; a timm target takes VisionTransformer, Eva" in refuse(
+        capsys, vit, "-o", tmp_path / "out", "--to", "timm", "--architecture", "BertModel")
+    assert not (tmp_path / "out").exists()
+
+
 def test_bare_timm_checkpoint_with_its_model_name(tmp_path, capsys):
     kw = dict(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, num_classes=5)
     ref = randomize(timm.create_model("vit_tiny_patch16_224", pretrained=False, **kw))

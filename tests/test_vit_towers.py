@@ -123,3 +123,25 @@ def test_bad_specs_and_refusals_name_the_field():
         to_timm(clip)
     with pytest.raises(ConversionError, match="rope_rotate_half"):
         from_timm(timm.create_model(EVA, pretrained=False, **SMALL, rope_rotate_half=True))
+
+
+def test_the_registry_picks_the_first_class_and_lists_each_ones_reason():
+    """to_timm writes the first class of ``ARCHS`` that expresses a spec: the plain ViT a
+    VisionTransformer (which Eva, with its key bias, does not express), EVA-02 an Eva; a spec no
+    class expresses is refused with every class's reason, a model of another class by name."""
+    from zoo.interop.timm import ARCHS, timm_architecture
+
+    assert timm_architecture(zoo.load_spec("vit-tiny-16")) == "VisionTransformer"
+    assert timm_architecture(zoo.load_spec("eva02-mini")) == "Eva"
+    with pytest.raises(ConversionError) as refused:
+        to_timm(zoo.build("vit-tiny-16", ["position.kind=sincos2d"], device="meta"))
+    reasons = str(refused.value).splitlines()
+    assert reasons[0].startswith("to_timm: no timm class expresses this vit")
+    assert [r.split(":")[0].strip() for r in reasons[1:]] == [f"zoo -> timm {name}" for name in ARCHS]
+    assert all("position.kind='sincos2d'" in r for r in reasons[1:])
+    with pytest.raises(ConversionError, match="unknown architecture 'ConvNeXt'; choose from VisionTransformer, Eva"):
+        to_timm(zoo.build("vit-tiny-16", device="meta"), "ConvNeXt")
+    from timm.models.deit import VisionTransformerDistilled
+
+    with pytest.raises(ConversionError, match="VisionTransformerDistilled does not convert; supported: timm's VisionTransformer, Eva"):
+        from_timm(VisionTransformerDistilled(**SMALL))

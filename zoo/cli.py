@@ -170,11 +170,13 @@ def _convert_parser(sub) -> argparse.ArgumentParser:
                    help="a new directory (from a zoo file) or the .safetensors file to write (to zoo)")
     p.add_argument("--to", choices=("hf", "timm"), default=None,
                    help="target of a zoo file (default: timm for a ViT, hf otherwise)")
-    from zoo.interop.hf.convert import ARCHITECTURES
+    from zoo.interop.catalog import LIBRARIES
 
+    classes = "; ".join(f"{library}: {', '.join(archs)}" for library, (_, archs) in LIBRARIES.items())
     p.add_argument("--architecture", default=None, metavar="CLASS",
-                   help=f"the HF class for a zoo file: {', '.join(ARCHITECTURES)} (default: the first of these, "
-                        "in this order, whose options express the spec; docs/interop.md lists what each takes)")
+                   help=f"the reference class a zoo file converts to: {classes} (a timm class means --to timm; "
+                        "default: the target's first class, in this order, whose options express the spec; "
+                        "docs/interop.md lists what each takes)")
     p.add_argument("--timm-model", default=None, metavar="NAME",
                    help="the timm model a bare timm .safetensors checkpoint holds, e.g. vit_tiny_patch16_224")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="dtype of the written tensors (default: as read)")

@@ -12,6 +12,7 @@ and zoo's position table [N, D]), or several stacked along the output rows (zoo'
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["ConversionError", "Rule", "zoo_state", "zoo_tensor", "reference_state", "reference_tensors", "check_covered",
-           "check_used", "load_exact", "device_dtype"]
+           "check_used", "load_exact", "device_dtype", "name_list"]
 
 
 class ConversionError(ValueError):
@@ -29,6 +30,13 @@ class ConversionError(ValueError):
 def unsupported(where: str, option: str, value: object, why: str) -> ConversionError:
     """``where: option=value is not supported: why``."""
     return ConversionError(f"{where}: {option}={value!r} is not supported: {why}")
+
+
+def name_list(names: Iterable[str], indent: str = "    ", width: int = 100) -> str:
+    """``names`` as one comma-separated paragraph, wrapped and indented: the lists of classes that
+    docstrings and help texts take from the registries instead of keeping by hand."""
+    return textwrap.fill(", ".join(names), width=width, initial_indent=indent, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False)
 
 
 @dataclass(frozen=True)

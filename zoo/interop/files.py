@@ -49,16 +49,14 @@ from zoo.interop.common import ConversionError
 from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf
 from zoo.interop.hf.stream import NotStreamable, hf_dir_to_zoo, zoo_to_hf_dir
 from zoo.interop.sentence import read_sentence_transformers
-from zoo.interop.timm import CLAIMS as TIMM_CLAIMS
-from zoo.interop.timm import from_timm, timm_architecture, timm_kwargs, to_timm
-from zoo.interop.timm_eva import eva_kwargs
+from zoo.interop.timm import ARCHS as TIMM_ARCHS
+from zoo.interop.timm import arch_for_spec as timm_arch_for_spec
+from zoo.interop.timm import from_timm, to_timm
 from zoo.io import load, read_header, read_spec, save
 from zoo.shards import DEFAULT_MAX_SHARD_SIZE, parse_size, resolve
 
-__all__ = ["Converted", "convert", "TIMM_BASE_MODEL", "TIMM_LAYERNORM_EPS"]
+__all__ = ["Converted", "convert", "TIMM_LAYERNORM_EPS"]
 
-TIMM_BASE_MODEL = "vit_base_patch16_224"  # the timm name written for a zoo ViT; model_args set every size
-TIMM_EVA_BASE_MODEL = "eva02_tiny_patch14_224"  # the same for a zoo ViT that converts to timm's Eva
 TIMM_LAYERNORM_EPS = 1e-6  # timm's ViT builds its LayerNorms with this eps when the config names none
 TIMM_WEIGHTS = "model.safetensors"
 
@@ -102,11 +100,12 @@ def _fresh_dir(dst: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- zoo -> reference
-def timm_model_args(spec) -> tuple[str, dict]:
-    """The timm model name and JSON-able ``model_args`` that rebuild, with ``timm.create_model``, the
-    VisionTransformer or Eva :func:`to_timm` builds."""
-    eva = timm_architecture(spec) == "Eva"
-    kwargs = eva_kwargs(spec) if eva else timm_kwargs(spec)
+def timm_model_args(spec, architecture: str | None = None) -> tuple[str, dict]:
+    """The timm model name (the class's ``base_model``) and JSON-able ``model_args`` that rebuild,
+    with ``timm.create_model``, the model :func:`to_timm` builds of the class ``architecture`` names
+    (default: the first that expresses ``spec``)."""
+    arch = timm_arch_for_spec(spec, architecture)
+    kwargs = arch.express(spec)
     eps = spec.block.norm.eps
     if eps != TIMM_LAYERNORM_EPS:
         raise ConversionError(
@@ -115,15 +114,15 @@ def timm_model_args(spec) -> tuple[str, dict]:
             f"(convert in Python with zoo.interop.to_timm instead)"
         )
     del kwargs["norm_layer"]
-    return (TIMM_EVA_BASE_MODEL if eva else TIMM_BASE_MODEL), {**kwargs, "class_token": bool(kwargs["class_token"])}
+    return arch.base_model, {**kwargs, "class_token": bool(kwargs["class_token"])}
 
 
-def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None) -> Converted:
+def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None, architecture: str | None) -> Converted:
     from safetensors.torch import save_file
 
     _fresh_dir(dst)
-    name, args = timm_model_args(model.spec)  # refuse before any work
-    ref = to_timm(model)
+    name, args = timm_model_args(model.spec, architecture)  # refuse before any work
+    ref = to_timm(model, architecture)
     state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in ref.state_dict().items()}
     s = model.spec
     config = {
@@ -218,8 +217,10 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
             max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE) -> Converted:
     """Convert the model in ``src`` and write it to ``dst`` (see the module's docstring).
 
-    ``to`` ('hf' or 'timm') picks the target of a zoo file (default: timm for a ViT, HF otherwise),
-    ``architecture`` the HF class (default by family, as :func:`zoo.interop.to_hf`), ``dtype`` casts
+    ``to`` ('hf' or 'timm') picks the target of a zoo file (default: timm for a family a timm class
+    claims, a ViT, else HF), ``architecture`` the HF or timm class (default: the first that expresses
+    the spec, as :func:`zoo.interop.to_hf` and :func:`zoo.interop.to_timm`; a timm class means a
+    timm target), ``dtype`` casts
     the written floating-point tensors, ``timm_model`` names the timm model a bare timm
     checkpoint holds (``vit_tiny_patch16_224``), and ``max_shard_size`` (bytes, or "5GB", "500MB";
     None: no limit) is the size above which a written zoo file or HF checkpoint is sharded.
@@ -234,11 +235,14 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
         if timm_model is not None:
             raise ConversionError(f"{src} is a zoo file; --timm-model names the model of a timm checkpoint being read")
         family = read_spec(src).family
-        target = to or ("timm" if claims_family(TIMM_CLAIMS, family) else "hf")
+        timm_family = any(claims_family(a.claims, family) for a in TIMM_ARCHS.values())
+        target = to or ("timm" if architecture in TIMM_ARCHS or (architecture is None and timm_family) else "hf")
         if target == "timm":
-            if architecture is not None:
-                raise ConversionError("an HF architecture does not apply to a timm target")
-            return _to_timm_dir(load(src).eval(), dst, dtype)
+            if architecture is not None and architecture not in TIMM_ARCHS:
+                raise ConversionError(f"{architecture!r} is not a timm class; a timm target takes {', '.join(TIMM_ARCHS)}")
+            return _to_timm_dir(load(src).eval(), dst, dtype, architecture)
+        if architecture in TIMM_ARCHS:
+            raise ConversionError(f"{architecture!r} is a timm class; an HF target takes an HF class")
         _fresh_dir(dst)
         done = zoo_to_hf_dir(src, dst, architecture=architecture, dtype=dtype, max_shard_size=max_shard_size)
         return Converted("hf", done.reference, done.path, done.parameters)

@@ -1,6 +1,7 @@
-"""What the timm converters (:mod:`zoo.interop.timm` for VisionTransformer, :mod:`zoo.interop.timm_eva`
-for Eva) share: reading an MLP's activation and the LayerNorms' eps from timm modules, and the
-``mlp_ratio`` that gives back a hidden size, and the rules of the embeddings and of the output (final norm, head), named alike in both. timm is imported only when a converter runs."""
+"""What the timm classes' converters (:mod:`zoo.interop.timm.vit`, :mod:`zoo.interop.timm.eva`)
+share: reading an MLP's activation and the LayerNorms' eps from timm modules, the ``mlp_ratio``
+that gives back a hidden size, and the rules of the embeddings and of the output (final norm,
+head), named alike in every class. timm is imported only when a converter runs."""
 
 from __future__ import annotations
 

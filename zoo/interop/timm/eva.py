@@ -1,7 +1,4 @@
-"""Two-way converter between zoo's ViT and timm's Eva (EVA-02 and EVA), exact in both directions.
-
-    eva_spec(timm_eva) -> zoo spec        eva_kwargs(spec) -> Eva arguments
-    from_eva(timm_eva) -> zoo model       to_eva(zoo_model) -> timm Eva
+"""timm's Eva (EVA-02 and EVA: :class:`Eva`), exact in both directions.
 
 Covers ``eva02_tiny/small/base/large_patch14_*`` and every Eva built from options zoo has: learned
 positions and/or 2-D RoPE on the patch grid (``RotaryEmbeddingCat``: ``rope2d``, its ``ref_feat_shape``
@@ -11,7 +8,7 @@ on its hidden activation (``scale_mlp``: ``ffn.norm``), fused or separate q, k, 
 layer scale on both branches, class token and registers, class-token or mean pooling with the final
 norm or ``fc_norm``, a linear head or none, a norm before the blocks (without a patch bias), and
 ``dynamic_img_size``. zoo writes the fused q, k, v layout and, without ``scale_mlp``, the packed SwiGLU
-(timm's defaults); anything else is refused by name. timm is imported only when a converter runs.
+(timm's defaults); anything else is refused by name.
 """
 
 from __future__ import annotations
@@ -20,13 +17,13 @@ import functools
 
 from torch import nn
 
-from zoo.build import build
-from zoo.interop.claims import ANY, Claims, check_claims, one_of
-from zoo.interop.common import check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
-from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
-from zoo.spec import FamilySpec, parse_spec
+from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.common import Rule, rule, unsupported
+from zoo.interop.timm.base import Architecture
+from zoo.interop.timm.parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
+from zoo.spec import FamilySpec
 
-__all__ = ["CLAIMS", "eva_kwargs", "eva_spec", "from_eva", "to_eva"]
+__all__ = ["CLAIMS", "Eva"]
 
 FROM, TO = "timm Eva -> zoo", "zoo -> timm Eva"
 _POOLS = {"cls": "token", "mean": "avg"}
@@ -141,12 +138,8 @@ def _mlp_linears(mlp: nn.Module) -> list[nn.Module]:
     return [getattr(mlp, name) for name in ("fc1", "fc1_g", "fc1_x", "fc2") if hasattr(mlp, name)]
 
 
-def eva_spec(m: nn.Module) -> FamilySpec:
-    """The zoo spec of a timm Eva (refusing what zoo cannot express)."""
-    from timm.models.eva import Eva
-
-    if type(m) is not Eva:
-        raise unsupported(FROM, "model", type(m).__name__, "only timm's Eva converts here")
+def _spec(m: nn.Module) -> dict:
+    """The zoo spec (a mapping) of a timm Eva (refusing what zoo cannot express)."""
     _check_model(m)
     blocks = [_block(blk, i) for i, blk in enumerate(m.blocks)]
     if len({key for key, _ in blocks}) > 1:
@@ -163,7 +156,7 @@ def eva_spec(m: nn.Module) -> FamilySpec:
         position = rope
     elif rope is not None:  # positions added to the embeddings, and every layer turns by the grid
         layers = [{"at": "0:", "position": rope}]
-    return parse_spec({
+    return {
         "family": "vit", "image_size": pe.img_size[0], "patch_size": pe.patch_size[0], "in_channels": pe.proj.in_channels,
         "head": {"kind": "linear", "num_classes": m.head.out_features} if isinstance(m.head, nn.Linear) else {"kind": "none"},
         "d_model": m.embed_dim, "n_layers": len(m.blocks), "class_token": m.cls_token is not None,
@@ -178,12 +171,16 @@ def eva_spec(m: nn.Module) -> FamilySpec:
         },
         "dropout": {"embedding": m.pos_drop.p, "residual": proj_drop, "attention": attn_drop, "ffn": proj_drop},
         "init": {"scheme": "trunc_normal", "std": 0.02},
-    }, source="from timm Eva")
+    }
 
 
-def _rules(s: FamilySpec, *, fused: bool, split_glu: bool) -> list:
-    """zoo <-> Eva names: ``fused`` q, k, v in one ``qkv`` (else ``q_proj``, ``k_proj``, ``v_proj``);
-    ``split_glu``: SwiGLU's ``fc1_g`` and ``fc1_x`` (else GluMlp's packed ``fc1``)."""
+def _rules(s: FamilySpec, m: nn.Module) -> list[Rule]:
+    """zoo <-> Eva names, in the layout of the Eva ``m``: fused q, k, v in one ``qkv`` (else
+    ``q_proj``, ``k_proj``, ``v_proj``); SwiGLU's split ``fc1_g`` and ``fc1_x`` (else GluMlp's packed
+    ``fc1``). zoo builds the fused layout and, without ``scale_mlp``, the packed SwiGLU (timm's defaults)."""
+    from timm.layers import SwiGLU
+
+    fused, split_glu = m.blocks[0].attn.qkv is not None, type(m.blocks[0].mlp) is SwiGLU
     rules = embedding_rules(s)
     att, ffn = s.block.attention, s.block.ffn
     for i in range(s.n_layers):
@@ -205,22 +202,6 @@ def _rules(s: FamilySpec, *, fused: bool, split_glu: bool) -> list:
     return rules + output_rules(s)
 
 
-def from_eva(timm_model: nn.Module) -> nn.Module:
-    """A zoo ViT computing what the timm Eva ``timm_model`` computes."""
-    from timm.layers import SwiGLU
-
-    spec = eva_spec(timm_model)
-    device, dtype = device_dtype(timm_model)
-    model = build(spec, device=device, dtype=dtype)
-    a = timm_model.blocks[0].attn
-    rules = _rules(spec, fused=a.qkv is not None, split_glu=type(timm_model.blocks[0].mlp) is SwiGLU)
-    ref = timm_model.state_dict()
-    check_covered(ref, rules, FROM)
-    shapes = {name: t.shape for name, t in model.state_dict().items()}
-    load_exact(model, zoo_state(ref, rules, shapes, FROM), FROM)
-    return model.train(timm_model.training)
-
-
 def _rope_of(s: FamilySpec):
     """The one rope2d of every layer (None without one), refusing layers that differ."""
     layers = s.stack_layers()
@@ -238,9 +219,9 @@ def _rope_of(s: FamilySpec):
     return pos if pos.kind == "rope2d" else None
 
 
-def eva_kwargs(s: FamilySpec) -> dict:
-    """Eva arguments for ``s``, refusing what timm's Eva cannot express."""
-    check_claims(s, CLAIMS, TO, "timm's Eva")
+def _kwargs(s: FamilySpec) -> dict:
+    """Eva arguments for ``s`` (its claims checked), refusing what they let through and timm's Eva
+    still cannot express."""
     att, ffn, d = s.block.attention, s.block.ffn, s.d_model
     rope = _rope_of(s)
     _refuse([
@@ -269,18 +250,16 @@ def eva_kwargs(s: FamilySpec) -> dict:
     )
 
 
-def to_eva(zoo_model: nn.Module) -> nn.Module:
-    """The timm Eva computing what the zoo ViT ``zoo_model`` computes."""
-    from timm.models.eva import Eva
+class Eva(Architecture):
+    """timm's Eva."""
 
-    spec = zoo_model.spec
-    device, dtype = device_dtype(zoo_model)
-    timm_model = Eva(**eva_kwargs(spec), device=device, dtype=dtype)
-    hidden, mlp = spec.block.ffn.hidden_size(spec.d_model), timm_model.blocks[0].mlp
-    if mlp.fc2.in_features != hidden:
-        raise unsupported(TO, "block.ffn.hidden", hidden, f"timm sizes the MLP as int(d_model * mlp_ratio); no ratio gives {hidden}")
-    shapes = {name: t.shape for name, t in timm_model.state_dict().items()}
-    rules = _rules(spec, fused=True, split_glu=spec.block.ffn.kind == "swiglu" and spec.block.ffn.norm)
-    check_used(zoo_model.state_dict(), rules, TO)
-    load_exact(timm_model, reference_state(zoo_model.state_dict(), rules, shapes, TO), TO)
-    return timm_model.train(zoo_model.training)
+    name = "Eva"
+    module = "timm.models.eva"
+    base_model = "eva02_tiny_patch14_224"
+    claims = CLAIMS
+    spec = staticmethod(_spec)
+    rules = staticmethod(_rules)
+
+    @classmethod
+    def kwargs(cls, s: FamilySpec) -> dict:
+        return _kwargs(s)

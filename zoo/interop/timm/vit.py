@@ -1,11 +1,4 @@
-"""Two-way converters between zoo's ViT and timm's VisionTransformer and Eva (:mod:`zoo.interop.timm_eva`),
-exact in both directions.
-
-    from_timm(timm_model) -> zoo model        to_timm(zoo_model, architecture=None) -> timm model
-    timm_spec(timm_model) -> zoo spec
-
-``to_timm`` writes a VisionTransformer where one computes the spec, else an Eva (rope2d, SwiGLU, no
-key bias, ...); ``architecture`` ('VisionTransformer' or 'Eva') picks one.
+"""timm's VisionTransformer (:class:`ViT`), exact in both directions.
 
 Covers ``vit_tiny/small/base_patch16_224``, DeiT III, register and MAP-pooled ViTs, CLIP towers
 (``vit_base_patch16_clip_224``: a norm before the blocks, no patch bias, GELU or quick GELU), and every
@@ -14,8 +7,7 @@ pooling, fc_norm, a linear head or none (``num_classes=0``: a backbone), registe
 (``no_embed_class``), learned or no positions, ``dynamic_img_size``, Pre-Norm LayerNorm blocks with
 layer scale (``init_values``) and qk-norm, a two-layer GELU / ReLU / SiLU MLP, biases on qkv and on
 the projections together. timm keeps few options as attributes, so the spec is read from the
-modules themselves; any module zoo has no counterpart for is refused by name. timm is imported only
-when a converter runs.
+modules themselves; any module zoo has no counterpart for is refused by name.
 """
 
 from __future__ import annotations
@@ -24,14 +16,13 @@ import functools
 
 from torch import nn
 
-from zoo.build import build
-from zoo.interop.claims import ANY, Claims, check_claims, one_of
-from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, rule, unsupported, zoo_state
-from zoo.interop.timm_eva import eva_kwargs, eva_spec, from_eva, to_eva
-from zoo.interop.timm_parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
-from zoo.spec import FamilySpec, parse_spec
+from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.common import Rule, rule, unsupported
+from zoo.interop.timm.base import Architecture
+from zoo.interop.timm.parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
+from zoo.spec import FamilySpec
 
-__all__ = ["CLAIMS", "from_timm", "to_timm", "timm_architecture", "timm_spec", "timm_kwargs"]
+__all__ = ["CLAIMS", "ViT"]
 
 FROM, TO = "timm VisionTransformer -> zoo", "zoo -> timm VisionTransformer"
 _POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm global_pool
@@ -40,7 +31,8 @@ _POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm 
 CLAIMS: Claims = {
     "family": one_of("vit"), "image_size": ANY, "patch_size": ANY, "in_channels": ANY, "d_model": ANY, "n_layers": ANY,
     "head.kind": one_of("linear", "none"), "head.num_classes": ANY, "class_token": ANY, "reg_tokens": ANY,
-    "prefix_positions": ANY, "pool": ANY, "fc_norm": ANY, "pre_norm": ANY, "patch_bias": ANY, "dynamic_size": ANY,
+    "prefix_positions": ANY, "pool.kind": one_of("cls", "mean", "map"), "pool.n_heads": ANY, "pool.hidden": ANY,
+    "pool.bias": one_of(True), "fc_norm": ANY, "pre_norm": ANY, "patch_bias": ANY, "dynamic_size": ANY,
     "position.kind": one_of("learned", "none"),
     "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
     "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY,
@@ -54,12 +46,7 @@ CLAIMS: Claims = {
 
 def _check_model(m: nn.Module) -> None:
     """Refuse, by name, every VisionTransformer option zoo has no counterpart for."""
-    from timm.layers import PatchEmbed
-    from timm.models.vision_transformer import VisionTransformer
-
-    if type(m) is not VisionTransformer:
-        raise ConversionError(f"from_timm: {type(m).__name__} does not convert; only timm's VisionTransformer does")
-    from timm.layers import AttentionPoolLatent
+    from timm.layers import AttentionPoolLatent, PatchEmbed
 
     pe = m.patch_embed
     checks = [
@@ -162,10 +149,8 @@ def _map_pool(m: nn.Module, heads: int, hidden: int, act: type) -> dict:
             "hidden": None if fc1 == hidden else fc1, "bias": p.q.bias is not None}
 
 
-def timm_spec(m: nn.Module) -> FamilySpec:
-    """The zoo spec of a timm VisionTransformer or Eva (refusing what zoo cannot express)."""
-    if type(m).__name__ == "Eva":
-        return eva_spec(m)
+def _spec(m: nn.Module) -> dict:
+    """The zoo spec (a mapping) of a timm VisionTransformer (refusing what zoo cannot express)."""
     _check_model(m)
     for i, blk in enumerate(m.blocks):
         _check_block(blk, i)
@@ -192,7 +177,7 @@ def timm_spec(m: nn.Module) -> FamilySpec:
     if m.global_pool == "map":
         pool = _map_pool(m, heads, hidden, act)
         norms.append(m.attn_pool.norm)
-    return parse_spec({
+    return {
         "family": "vit", "image_size": ih, "patch_size": ph, "in_channels": pe.proj.in_channels,
         "head": {"kind": "linear", "num_classes": m.head.out_features} if isinstance(m.head, nn.Linear) else {"kind": "none"},
         "d_model": m.embed_dim, "n_layers": len(m.blocks),
@@ -210,10 +195,10 @@ def timm_spec(m: nn.Module) -> FamilySpec:
         },
         "dropout": {"embedding": m.pos_drop.p, "residual": proj_drop, "attention": attn_drop, "ffn": proj_drop},
         "init": {"scheme": "trunc_normal", "std": 0.02},
-    }, source="from timm VisionTransformer")
+    }
 
 
-def _rules(s: FamilySpec) -> list:
+def _rules(s: FamilySpec, m: nn.Module | None = None) -> list[Rule]:
     rules = embedding_rules(s)
     bias = s.block.attention.bias
     names = [("attn_norm", "norm1", True), ("attn.qkv", "attn.qkv", bias), ("attn.out", "attn.proj", bias),
@@ -237,46 +222,27 @@ def _rules(s: FamilySpec) -> list:
     return rules + output_rules(s)
 
 
-def from_timm(timm_model: nn.Module) -> nn.Module:
-    """A zoo ViT computing what ``timm_model`` (a VisionTransformer or an Eva) computes: spec from its
-    modules, tensors copied."""
-    if type(timm_model).__name__ == "Eva":
-        return from_eva(timm_model)
-    spec = timm_spec(timm_model)
-    device, dtype = device_dtype(timm_model)
-    model = build(spec, device=device, dtype=dtype)
-    ref, rules = timm_model.state_dict(), _rules(spec)
-    check_covered(ref, rules, FROM)
-    shapes = {name: t.shape for name, t in model.state_dict().items()}
-    load_exact(model, zoo_state(ref, rules, shapes, FROM), FROM)
-    return model.train(timm_model.training)
-
-
-def timm_kwargs(s: FamilySpec) -> dict:
-    """VisionTransformer arguments for ``s``, refusing what timm's ViT cannot express."""
+def _kwargs(s: FamilySpec) -> dict:
+    """VisionTransformer arguments for ``s`` (its claims checked), refusing what they let through
+    and timm's ViT still cannot express."""
     att, ffn, norm, d = s.block.attention, s.block.ffn, s.block.norm, s.d_model
-    qk, pool = att.qk_norm, getattr(s, "pool", None)
-    check_claims(s, CLAIMS, TO, "timm's VisionTransformer")
+    qk, pool = att.qk_norm, s.pool
     problems = [
         ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads, "timm's ViT has multi-head attention only"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's ViT head size is d_model / n_heads"),
-        ("block.ffn.kind", ffn.kind, ffn.kind in ("gelu", "relu", "silu", "quick_gelu"),
-         "timm's ViT MLP is two-layer (gelu, relu, silu or quick_gelu)"),
         ("block.ffn.bias", ffn.bias, ffn.bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
         ("block.attention.out_bias", att.out_bias, att.has_out_bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
         ("dropout.ffn", s.dropout.ffn, s.dropout.ffn == s.dropout.residual, "timm's proj_drop_rate covers the MLP and the residuals"),
         ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and qk.scope == "head" and qk.eps == norm.eps),
          f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps})"),
-        ("pool.kind", getattr(pool, "kind", None), getattr(pool, "kind", None) in _POOLS, "timm pools by 'token', 'avg' or 'map'"),
         ("patch_bias", s.patch_bias, s.patch_bias != s.pre_norm, f"timm's ViT has a patch bias without pre_norm and none with it "
          f"(pre_norm is {s.pre_norm})"),
     ]
-    if getattr(pool, "kind", None) == "map":
+    if pool.kind == "map":
         problems += [
             ("pool.n_heads", pool.n_heads, pool.n_heads in (None, att.n_heads), "timm's attention pooling has the blocks' heads"),
             ("pool.hidden", pool.hidden, pool.hidden in (None, ffn.hidden_size(d)), "timm's attention pooling MLP is the blocks' size"),
-            ("pool.bias", pool.bias, pool.bias, "timm's attention pooling has biases"),
         ]
     for option, value, ok, why in problems:
         if not ok:
@@ -295,41 +261,16 @@ def timm_kwargs(s: FamilySpec) -> dict:
     )
 
 
-def to_timm(zoo_model: nn.Module, architecture: str | None = None) -> nn.Module:
-    """The timm model computing what the zoo ViT ``zoo_model`` computes: ``architecture``
-    'VisionTransformer' or 'Eva'; None: a VisionTransformer where one computes the spec, else an Eva."""
-    if architecture not in (None, "VisionTransformer", "Eva"):
-        raise ConversionError(f"to_timm: architecture {architecture!r} is not converted; use 'VisionTransformer' or 'Eva'")
-    if (architecture or timm_architecture(zoo_model.spec)) == "Eva":
-        return to_eva(zoo_model)
-    return _to_vision_transformer(zoo_model)
+class ViT(Architecture):
+    """timm's VisionTransformer."""
 
+    name = "VisionTransformer"
+    module = "timm.models.vision_transformer"
+    base_model = "vit_base_patch16_224"
+    claims = CLAIMS
+    spec = staticmethod(_spec)
+    rules = staticmethod(_rules)
 
-def timm_architecture(s: FamilySpec) -> str:
-    """'VisionTransformer' where timm's ViT computes ``s``, else 'Eva' where timm's Eva does; else a
-    ConversionError with both refusals."""
-    try:
-        timm_kwargs(s)
-        return "VisionTransformer"
-    except ConversionError as vit_refusal:
-        try:
-            eva_kwargs(s)
-            return "Eva"
-        except ConversionError as eva_refusal:
-            raise ConversionError(f"{vit_refusal}\n(nor as timm's Eva: {eva_refusal})") from None
-
-
-def _to_vision_transformer(zoo_model: nn.Module) -> nn.Module:
-    from timm.models.vision_transformer import VisionTransformer
-
-    spec = zoo_model.spec
-    device, dtype = device_dtype(zoo_model)
-    timm_model = VisionTransformer(**timm_kwargs(spec), device=device, dtype=dtype)
-    hidden = spec.block.ffn.hidden_size(spec.d_model)
-    if timm_model.blocks[0].mlp.fc1.out_features != hidden:
-        raise unsupported(TO, "block.ffn.hidden", hidden, f"timm sizes the MLP as int(d_model * mlp_ratio); no ratio gives {hidden}")
-    shapes = {name: t.shape for name, t in timm_model.state_dict().items()}
-    rules = _rules(spec)
-    check_used(zoo_model.state_dict(), rules, TO)
-    load_exact(timm_model, reference_state(zoo_model.state_dict(), rules, shapes, TO), TO)
-    return timm_model.train(zoo_model.training)
+    @classmethod
+    def kwargs(cls, s: FamilySpec) -> dict:
+        return _kwargs(s)
