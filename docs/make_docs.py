@@ -230,10 +230,20 @@ def interop_order(module: str) -> str:
     return ", ".join(f"`{name}`" for name in archs)
 
 
+# ---------------------------------------------------------------------------------- commands
+def zoo_commands() -> str:
+    """The ``zoo`` command's subcommands, as ``zoo --help`` lists them."""
+    from zoo.cli import commands
+
+    lines = ["| command | what it does |", "| --- | --- |"]
+    lines += [f"| `{usage}` | {text} |" for usage, text in commands()]
+    return "\n".join(lines)
+
+
 GENERATORS: dict[str, Callable[..., str]] = {
     "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare, "bench-table": bench_table,
     "recipe-settings": recipe_settings, "ablation-rows": ablation_rows, "ablation-table": ablation_table, "convert-memory": convert_memory,
-    "interop-classes": interop_classes, "interop-order": interop_order,
+    "interop-classes": interop_classes, "interop-order": interop_order, "zoo-commands": zoo_commands,
 }
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
+
 
 import zoo
 from zoo.cli import main
@@ -59,3 +62,15 @@ def test_python_m_zoo_without_a_command_and_with_help(capsys):
     assert main(["frobnicate"]) == 2
     run = capsys.readouterr()
     assert run.out == "" and run.err.startswith("zoo: error: argument COMMAND: invalid choice")
+
+
+def test_the_guides_command_table_lists_every_subcommand(capsys):
+    from zoo.cli import commands
+
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    names = [usage.split()[1] for usage, _ in commands()]
+    listed = re.findall(r"^    (\w+)\s", shown, flags=re.M)
+    assert names == listed and len(names) >= 12
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    assert all(f"| `{usage}` | {text} |" in guide for usage, text in commands())

@@ -369,6 +369,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def commands() -> list[tuple[str, str]]:
+    """Every subcommand as (``zoo NAME POSITIONALS``, its help line), in ``zoo --help``'s order."""
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    out = []
+    for name, p in sub.choices.items():
+        args = [f"{a.option_strings[0]} {a.metavar}" for a in p._actions if a.option_strings and a.required]
+        args += [(a.metavar or a.dest) + ("..." if a.nargs in ("+", "*") else "") for a in p._actions if not a.option_strings]
+        out.append((" ".join(["zoo", name, *args]), helps[name]))
+    return out
+
+
 def _one_line(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
