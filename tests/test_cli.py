@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 import zoo
 from zoo.cli import main
 
