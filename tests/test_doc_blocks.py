@@ -221,6 +221,19 @@ def _convert_inputs(cwd: Path) -> None:
     save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, str(cwd / "vit_tiny.safetensors"))
 
 
+def _hf_llama(cwd: Path) -> None:
+    """What docs/quickstart.md converts: ./my-llama-hf, a small HF Llama folder as downloaded (config,
+    weights, generation_config.json with a list of eos ids, tokenizer.json)."""
+    import transformers
+
+    folder = cwd / "my-llama-hf"
+    vocab = _tokenizer(folder)
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      bos_token_id=1, eos_token_id=[2, 3])
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+
+
 def _sentence_model(cwd: Path) -> None:
     """What docs/guide.md's commands read: a tiny sentence-transformers directory ./my-sentence-model
     (BertModel, a WordPiece tokenizer.json, mean pooling, normalised) and sentences.txt."""
@@ -258,7 +271,7 @@ def _my_model(cwd: Path) -> None:
     (cwd / "configs" / "my-model.yaml").write_text("family: decoder\nd_model: 64\nn_layers: 2\n", encoding="utf-8")
 
 
-SETUPS = {"lm_run": _lm_run, "mlm_run": _mlm_run, "convert_inputs": _convert_inputs, "my_yaml": _my_yaml,
+SETUPS = {"hf_llama": _hf_llama, "lm_run": _lm_run, "mlm_run": _mlm_run, "convert_inputs": _convert_inputs, "my_yaml": _my_yaml,
           "my_model": _my_model, "sentence_model": _sentence_model}
 
 
