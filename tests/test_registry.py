@@ -137,3 +137,22 @@ def test_builder_contexts_are_documented_as_builders_receive_them():
     for name, reg in REGISTRIES.items():
         assert set(reg.context_keys) == received[name], name
         assert documented[name] == received[name], name
+
+
+def test_package_docstrings_name_every_registered_kind():
+    """zoo's doctest prints the position registry as it is; zoo.spec's map of modules lists every
+    block kind and family; every registered spec class is exported from zoo.spec."""
+    import doctest
+
+    import zoo.spec
+
+    assert doctest.testmod(zoo, verbose=False).failed == 0
+    lines = {line.split()[0]: line for line in zoo.spec.__doc__.splitlines() if line.startswith("    zoo.spec.")}
+    listed = re.search(r"\(([^)]*)\)", lines["zoo.spec.blocks"]).group(1)
+    assert sorted(k.strip() for k in listed.split(",")) == zoo.registry("block").names()
+    families = lines["zoo.spec.families"].split(": ")[-1]
+    assert sorted(k.strip() for k in families.split(",")) == zoo.registry("family").names()
+    for name, reg in REGISTRIES.items():
+        for kind in reg.names():
+            cls = reg.spec(kind)
+            assert getattr(zoo.spec, cls.__name__, None) is cls and cls.__name__ in zoo.spec.__all__, (name, kind)
