@@ -311,3 +311,13 @@ def test_bad_arguments_fail_clearly():
         zoo.generate(dec, x, max_new_tokens=2, do_sample=True, temperature=0)
     with pytest.raises(ValueError, match="inputs must be token ids"):
         zoo.generate(dec, torch.zeros(3, dtype=torch.long), max_new_tokens=2)
+
+
+def test_the_family_says_how_it_decodes():
+    """generate asks the model's family (decodes_from), not which methods the model happens to have."""
+    assert tiny_model("decoder").decodes_from == "prompt" and tiny_model("encoder_decoder").decodes_from == "source"
+    for family in ("encoder", "vit"):
+        model = tiny_model(family)
+        assert model.decodes_from is None
+        with pytest.raises(ValueError, match=f"a {type(model).__name__} does not generate"):
+            zoo.generate(model, torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2)

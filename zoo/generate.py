@@ -36,7 +36,7 @@ import einops
 import torch
 from torch import Tensor, nn
 
-from zoo.decoding import StaticStepper, compile_mode
+from zoo.decoding import StaticStepper, compile_mode, decodes_from
 
 __all__ = ["generate", "Generation", "length_divisor"]
 
@@ -75,7 +75,7 @@ class _Stepper:
 
     def __init__(self, model: nn.Module, inputs: Tensor, mask: Tensor | None, *, repeat: int, capacity: int, bos_id: int | None):
         self.model = model
-        self.encdec = hasattr(model, "encode") and hasattr(model, "decode")
+        self.encdec = decodes_from(model) == "source"
         if self.encdec:
             if bos_id is None:
                 raise ValueError("generate: an encoder-decoder needs bos_id, the token the target starts with")
@@ -167,7 +167,7 @@ def generate(
     host's checks whether every row has ended (default 1 with the dynamic cache, 8 with the static);
     the tokens are the same, a check costs a device sync.
     """
-    encdec = hasattr(model, "encode") and hasattr(model, "decode")
+    encdec = decodes_from(model) == "source"
     stops = torch.tensor(sorted({*stop_tokens, *([eos_id] if eos_id is not None else [])}), dtype=torch.long)
     K = num_beams if num_beams is not None else (4 if encdec else 1)
     _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from, length_norm)

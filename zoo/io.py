@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from zoo._version import __version__
 from zoo.build import build
+from zoo.protocols import DerivedBuffers
 from zoo.shards import DEFAULT_MAX_SHARD_SIZE, DTYPES, Entry, Files, ShardError, read_files, tie_groups, write_files
 from zoo.spec import FamilySpec, SpecError, parse_spec
 
@@ -350,7 +351,7 @@ def _rebuild_needed(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         persistent = module.state_dict(keep_vars=True).keys() if any(True for _ in module.buffers(recurse=False)) else ()
         derived = [b for b, _ in module.named_buffers(recurse=False) if b not in persistent]
-        if derived and not callable(getattr(module, "reset_buffers", None)):
+        if derived and not isinstance(module, DerivedBuffers):
             out.append(name or type(module).__name__)
     return out
 
