@@ -61,7 +61,7 @@ def refusal(model: nn.Module, compiled: bool) -> str | None:
     stack = cached[0]
     if compiled:
         for pos in [model.position, *stack.positions]:
-            if getattr(pos, "kind", None) == "dynamic":
+            if pos.reads_host:
                 return ("a dynamic RoPE scaling sets its frequencies from the longest position on the host at every "
                         "step; use compile=False (the static cache itself works)")
     return None

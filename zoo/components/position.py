@@ -36,6 +36,12 @@ class Position(nn.Module, SummaryPart):
         """Whether it rotates queries and keys (which keeps copies of them for the backward pass)."""
         return type(self).rotate is not Position.rotate
 
+    @property
+    def reads_host(self) -> bool:
+        """Whether a forward pass reads its positions on the host (a dynamic RoPE scaling sets its
+        frequencies from the longest position seen), which a compiled decoding step cannot do."""
+        return False
+
     def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
         """What :meth:`add` adds for a ViT whose patch grid is ``grid`` instead of the ``trained``
         grid (``prefix`` table rows before the patches' rows): a table [rows, D], or None when

@@ -170,6 +170,10 @@ class RotaryPosition(Position, DerivedBuffers):
     def kind(self) -> str | None:
         return None if self.scaling is None else self.scaling.kind
 
+    @property
+    def reads_host(self) -> bool:
+        return self.kind == "dynamic"  # its frequencies follow the longest position, read on the host
+
     def _frequencies_for(self, seq_len: int | None) -> Tensor:
         return scaled_frequencies(self.rotary_dims, self.base, self.scaling, max_len=self.original_len,
                                   seq_len=seq_len)[0]
