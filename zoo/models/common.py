@@ -59,7 +59,7 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
     for layer in layers:
         b = layer.block
         blocks.append(build_part("block", b, dim=spec.d_model, dropout=spec.dropout, cross=cross))
-        windows.append(getattr(b.attention, "window", None))
+        windows.append(b.attention.window)  # every attention spec is an AttentionSpec
         position = layer.position or (spec.position if type(spec.position).per_stack else None)
         if position is None:
             positions.append(None)
