@@ -329,7 +329,7 @@ class HeadSpec(ComponentSpec):
     """What a model puts after its last block. ``takes``: the family outputs it reads, ``tokens``
     ([B, T, D]: text families) and/or ``pooled`` ([B, D]: a ViT's pooled tokens).
     ``passes_hidden_states``: the head returns what it takes unchanged, so the model's output is its
-    hidden states (what :func:`zoo.embed` pools)."""
+    hidden states (what ``zoo.embed`` pools)."""
 
     takes: ClassVar[frozenset[str]] = frozenset({"tokens"})
     passes_hidden_states: ClassVar[bool] = False
