@@ -215,6 +215,6 @@ PROTOCOLS: tuple[type, ...] = (
 
 def members(protocol: type) -> tuple[str, ...]:
     """The names a protocol asks for (its attributes and methods), in declaration order."""
-    names = [*getattr(protocol, "__annotations__", {})]
+    names = [*vars(protocol).get("__annotations__", {})]
     names += [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")]
     return tuple(dict.fromkeys(names))
