@@ -184,7 +184,7 @@ def translation_quality(*, minutes: float | None = None, out_dir: Path, peer_lrs
     zoo_scores["all"] = results["test/averaged"]
     report = {
         "budget_seconds": budget, "zoo": {"steps": results["step"], "params": results["params"],
-                                          "decode": {k: cfg["decode"][k] for k in ("beams", "length_penalty", "alpha")},
+                                          "decode": {k: cfg["decode"][k] for k in ("beams", "length_norm", "alpha")},
                                           "wall_seconds": results["wall_seconds"],
                                           "valid_nll": round(math.log(results["valid/averaged"]["ppl"]), 4),
                                           "scores": {d: {k: v[k] for k in ("bleu", "chrf")} for d, v in zoo_scores.items()}},
@@ -217,7 +217,7 @@ def markdown(report: dict, env: dict) -> str:
         (zb, pb), (zc, pc) = pair(a["bleu"], b.get("bleu")), pair(a["chrf"], b.get("chrf"))
         lines.append(f"| {d} | {zb} | {zc} | {pb} | {pc} |")
     lines += ["", f"zoo: `recipes/translate.py` defaults, {z['params']:,} parameters, {z['steps']:,} steps, checkpoint "
-              f"averaging, beam {dec.get('beams', 4)} ({dec.get('length_penalty', 'gnmt')} length penalty, alpha "
+              f"averaging, beam {dec.get('beams', 4)} ({dec.get('length_norm', dec.get('length_penalty', 'gnmt'))} length norm, alpha "
               f"{dec.get('alpha', 0.6)}). HF Marian: {p['params']:,} trained parameters, "
               f"{p['steps']:,} steps, AdamW lr {p['lr']} (picked on valid NLL among "
               + ", ".join(f"{c['lr']}: {c['valid_nll']} after {c['steps']:,} steps" for c in p["candidates"])

@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, NonNegativeFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveInt, model_validator
 
 from zoo.atomic import atomic_write_text
 from zoo.cli import positive_int
@@ -33,15 +33,17 @@ __all__ = ["DECODE_KEYS", "DecodeConfig", "decode_settings", "decode_batches", "
            "score_domains", "score_models", "cross_attention_weights", "plot_attention", "attention_picture",
            "export_model_dir", "Translator", "translate_stdin"]
 
-DECODE_KEYS = ("length_penalty", "alpha", "max_len_a", "max_len_b", "batch_tokens")
+DECODE_KEYS = ("length_norm", "alpha", "max_len_a", "max_len_b", "batch_tokens")
 
 
 class DecodeConfig(Config):
     """How the recipe decodes (its ``decode``): beam search, the BLEU curve during training, the final scores."""
 
     beams: PositiveInt = Field(4, description="beam size (1: greedy)")
-    length_penalty: Literal["gnmt", "hf", "none"] = Field("gnmt", description="gnmt: ((5 + |Y|) / 6)^alpha; hf: |Y|^alpha; none")
-    alpha: NonNegativeFloat = Field(0.6, description="the length penalty's exponent")
+    length_norm: Literal["gnmt", "power", "none"] = Field(
+        "gnmt", description="what beam search divides a score by: gnmt: ((5 + |Y|) / 6)^alpha; power: |Y|^alpha "
+        "(HF's length_penalty=alpha); none")
+    alpha: NonNegativeFloat = Field(0.6, description="the length norm's exponent")
     max_len_a: NonNegativeFloat = Field(1.0, description="at most a * source length + b tokens")
     max_len_b: int = Field(50, description="at most a * source length + b tokens")
     batch_tokens: PositiveInt = Field(4000, description="source tokens x beams per decoding batch")
@@ -57,6 +59,16 @@ class DecodeConfig(Config):
         "of training (the valid loss of the last and averaged models is always computed); an ablation grid that "
         "selects on dev needs only valid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """Older configs (and checkpoints) name ``length_norm`` ``length_penalty``, and ``power`` ``hf``."""
+        if isinstance(data, dict) and "length_penalty" in data and "length_norm" not in data:
+            data = dict(data)
+            old = data.pop("length_penalty")
+            data["length_norm"] = "power" if old == "hf" else old
+        return data
+
 
 def decode_settings(dcfg: DecodeConfig, beams: int | None = None) -> dict:
     """The keyword arguments of decode_batches for these decoding settings."""
@@ -64,7 +76,7 @@ def decode_settings(dcfg: DecodeConfig, beams: int | None = None) -> dict:
 
 
 @torch.no_grad()
-def decode_batches(model, src: Sequence[Sequence[int]], *, beams: int = 4, length_penalty: str = "gnmt",
+def decode_batches(model, src: Sequence[Sequence[int]], *, beams: int = 4, length_norm: str = "gnmt",
                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, batch_tokens: int = 4000,
                    device="cpu", precision: str = "auto", pad_id: int = 0, bos_id: int = 1, eos_id: int = 2,
                    cache: Literal["auto", "dynamic", "static"] = "auto", compile: bool | None = None) -> list[list[int]]:
@@ -93,7 +105,7 @@ def decode_batches(model, src: Sequence[Sequence[int]], *, beams: int = 4, lengt
             x[row, : lens[i]] = torch.tensor(src[i])
         x = x.to(device)
         with autocast(x.device, precision):
-            gen = generate(model, x, padding_mask=x != pad_id, num_beams=beams, length_penalty=length_penalty,
+            gen = generate(model, x, padding_mask=x != pad_id, num_beams=beams, length_norm=length_norm,
                                alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b, eos_id=eos_id, bos_id=bos_id,
                                pad_id=pad_id, **opts)
         for row, i in enumerate(b):

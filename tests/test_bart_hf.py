@@ -116,14 +116,14 @@ def test_greedy_and_beam_search_equal_hf_generate(kind):
 
     theirs, their_scores = hf_generate(hf, src, src_mask, beams=4, eos=None)
     ours = zoo.generate(model, src, padding_mask=src_mask, num_beams=4, bos_id=START, max_new_tokens=NEW,
-                        length_penalty="hf", alpha=1.0)
+                        length_norm="power", alpha=1.0)
     assert torch.equal(ours.tokens, theirs)
     torch.testing.assert_close(ours.scores, their_scores, atol=1e-4, rtol=1e-5)
 
     eos = int(theirs[0, 2])  # a token the beams produce: hypotheses now stop at different lengths
     theirs, their_scores = hf_generate(hf, src, src_mask, beams=4, eos=eos, penalty=0.0)  # no length penalty
     ours = zoo.generate(model, src, padding_mask=src_mask, num_beams=4, bos_id=START, eos_id=eos, max_new_tokens=NEW,
-                        length_penalty="none", finish_from="beams")
+                        length_norm="none", finish_from="beams")
     assert rows(ours.tokens, eos) == rows(theirs, eos)
     torch.testing.assert_close(ours.scores, their_scores, atol=1e-4, rtol=1e-5)
     assert any(row[-1] == eos for row in rows(theirs, eos))  # a stopped hypothesis wins somewhere

@@ -8,7 +8,7 @@ tokens past the window of 4.
 
 How HF is configured to zoo's beam search (tests compare sequences and scores, not weakened):
 
-- length penalty: zoo's ``length_penalty="hf"`` with ``alpha`` is HF's ``length_penalty=alpha``
+- length penalty: zoo's ``length_norm="power"`` with ``alpha`` is HF's ``length_penalty=alpha``
   (score / |Y|^alpha, |Y| the generated tokens with the stop token); zoo's ``"none"`` is HF's
   ``length_penalty=0.0``. zoo's default ``"gnmt"`` has no HF counterpart.
 - stopping: zoo stops a sentence when no live beam can beat its best finished hypothesis, each live
@@ -58,7 +58,8 @@ CASES = {  # (HF class, config fields): tiny, odd sizes; every window 4 < prompt
         "num_hidden_layers": 6, "sliding_window": WINDOW, "query_pre_attn_scalar": 24, "attn_implementation": "eager",
         "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
 }
-PENALTIES = {"hf, alpha 1 (HF's default)": ("hf", 1.0, 1.0), "none": ("none", 0.0, 0.0), "hf, alpha 0.6": ("hf", 0.6, 0.6)}
+PENALTIES = {"power, alpha 1 (HF's default)": ("power", 1.0, 1.0), "none": ("none", 0.0, 0.0),
+             "power, alpha 0.6": ("power", 0.6, 0.6)}
 
 
 def reference(kind: str, seed: int = 0, **kw) -> nn.Module:
@@ -105,7 +106,7 @@ def test_beam_search_equals_hf_past_the_window_with_and_without_eos(case):
     model = from_hf(hf)
     x, mask = prompt()
     theirs, their_scores = hf_beams(hf, x, mask, None, 1.0)
-    ours = zoo.generate(model, x, padding_mask=mask, num_beams=4, max_new_tokens=NEW, length_penalty="hf", alpha=1.0)
+    ours = zoo.generate(model, x, padding_mask=mask, num_beams=4, max_new_tokens=NEW, length_norm="power", alpha=1.0)
     assert theirs.shape == (2, NEW) and torch.equal(ours.tokens, theirs)
     torch.testing.assert_close(ours.scores, their_scores, atol=1e-4, rtol=1e-5)
 
@@ -113,7 +114,7 @@ def test_beam_search_equals_hf_past_the_window_with_and_without_eos(case):
     for name, (kind_, alpha, penalty) in PENALTIES.items():
         theirs, their_scores = hf_beams(hf, x, mask, eos, penalty)
         ours = zoo.generate(model, x, padding_mask=mask, num_beams=4, max_new_tokens=NEW, eos_id=eos,
-                            length_penalty=kind_, alpha=alpha, finish_from="beams")
+                            length_norm=kind_, alpha=alpha, finish_from="beams")
         assert rows(ours.tokens, eos) == rows(theirs, eos), f"length penalty {name}, eos {eos}"
         torch.testing.assert_close(ours.scores, their_scores, atol=1e-4, rtol=1e-5, msg=f"length penalty {name}")
         stopped += [row[-1] == eos for row in rows(theirs, eos)]
@@ -134,9 +135,9 @@ def test_the_default_finish_rule_parts_from_hfs_and_finds_the_better_hypothesis(
         first = hf(x[:1]).logits[0, -1].log_softmax(-1)
     assert int((first > first[eos]).sum()) == 5  # ranked 6th: among the 2K = 8, not among the K = 4
     theirs, their_scores = hf_beams(hf, x, mask, eos, 0.0)
-    hf_rule = zoo.generate(model, x, padding_mask=mask, num_beams=4, max_new_tokens=NEW, eos_id=eos, length_penalty="none",
+    hf_rule = zoo.generate(model, x, padding_mask=mask, num_beams=4, max_new_tokens=NEW, eos_id=eos, length_norm="none",
                            finish_from="beams")
-    default = zoo.generate(model, x, padding_mask=mask, num_beams=4, max_new_tokens=NEW, eos_id=eos, length_penalty="none")
+    default = zoo.generate(model, x, padding_mask=mask, num_beams=4, max_new_tokens=NEW, eos_id=eos, length_norm="none")
     assert rows(hf_rule.tokens, eos) == rows(theirs, eos) and rows(theirs, eos)[0] == [28, 40, 40, 56]
     torch.testing.assert_close(hf_rule.scores, their_scores, atol=1e-4, rtol=1e-5)
     assert rows(default.tokens, eos)[0] == [eos]

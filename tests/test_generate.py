@@ -11,7 +11,7 @@ import torch
 
 import zoo
 from conftest import tiny_model
-from zoo.generate import _beam_search, _filter, _Stepper, length_penalty
+from zoo.generate import _beam_search, _filter, _Stepper, length_divisor
 
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "relative_bias"]
 ATTENTION = {"mha": [], "gqa": ["block.attention.n_kv_heads=2"], "mqa": []}
@@ -141,12 +141,18 @@ def test_cache_capacity_and_position_table_limits_are_clear():
 
 
 def test_length_penalties_by_hand():
-    assert float(length_penalty(5, "gnmt", 0.6)) == pytest.approx((10 / 6) ** 0.6)
-    assert float(length_penalty(1, "gnmt", 0.6)) == pytest.approx(1.0)
-    assert float(length_penalty(5, "hf", 0.6)) == pytest.approx(5**0.6)
-    assert float(length_penalty(5, "none", 0.6)) == 1.0
+    assert float(length_divisor(5, "gnmt", 0.6)) == pytest.approx((10 / 6) ** 0.6)
+    assert float(length_divisor(1, "gnmt", 0.6)) == pytest.approx(1.0)
+    assert float(length_divisor(5, "power", 0.6)) == pytest.approx(5**0.6)
+    assert float(length_divisor(5, "none", 0.6)) == 1.0
     with pytest.raises(ValueError, match="unknown kind 'x'"):
-        length_penalty(3, "x")
+        length_divisor(3, "x")
+
+
+def test_an_hf_style_length_penalty_is_refused_with_its_translation():
+    model = tiny_model("decoder")
+    with pytest.raises(ValueError, match="length_norm='power', alpha=x"):
+        zoo.generate(model, torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2, num_beams=2, length_norm=0.6)
 
 
 def greedy_by_recomputation(model, prompt, n):
@@ -234,13 +240,13 @@ def exhaustive_best(model, prompt, vocab, eos, max_new, kind, alpha):
     best, best_seq = -math.inf, None
     for row, seq in enumerate(seqs.tolist()):
         n = seq.index(eos) + 1 if eos in seq else max_new
-        score = float(cum[row, n - 1]) / float(length_penalty(n, kind, alpha))
+        score = float(cum[row, n - 1]) / float(length_divisor(n, kind, alpha))
         if score > best:
             best, best_seq = score, seq[:n]
     return best, best_seq
 
 
-@pytest.mark.parametrize("kind,alpha", [("gnmt", 0.6), ("gnmt", 2.0), ("hf", 1.0), ("none", 0.0)])
+@pytest.mark.parametrize("kind,alpha", [("gnmt", 0.6), ("gnmt", 2.0), ("power", 1.0), ("none", 0.0)])
 def test_large_beam_finds_the_exhaustive_best(kind, alpha):
     V, eos, max_new = 5, 4, 4
     lengths = set()
@@ -257,7 +263,7 @@ def test_large_beam_finds_the_exhaustive_best(kind, alpha):
         prompt = torch.tensor([[0, 1]])
         best, best_seq = exhaustive_best(model, prompt, V, eos, max_new, kind, alpha)
         out = zoo.generate(model, prompt, num_beams=V**max_new, eos_id=eos, max_new_tokens=max_new,
-                           length_penalty=kind, alpha=alpha)
+                           length_norm=kind, alpha=alpha)
         got = out.tokens[0, : int(out.lengths[0])].tolist()
         assert got == best_seq, (seed, got, best_seq)
         assert float(out.scores[0]) == pytest.approx(best, abs=1e-4)
@@ -305,3 +311,13 @@ def test_bad_arguments_fail_clearly():
         zoo.generate(dec, x, max_new_tokens=2, do_sample=True, temperature=0)
     with pytest.raises(ValueError, match="inputs must be token ids"):
         zoo.generate(dec, torch.zeros(3, dtype=torch.long), max_new_tokens=2)
+
+
+def test_the_family_says_how_it_decodes():
+    """generate asks the model's family (decodes_from), not which methods the model happens to have."""
+    assert tiny_model("decoder").decodes_from == "prompt" and tiny_model("encoder_decoder").decodes_from == "source"
+    for family in ("encoder", "vit"):
+        model = tiny_model(family)
+        assert model.decodes_from is None
+        with pytest.raises(ValueError, match=f"a {type(model).__name__} does not generate"):
+            zoo.generate(model, torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2)

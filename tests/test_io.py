@@ -117,6 +117,45 @@ def test_tied_weights_are_stored_once_and_still_tied(tmp_path):
     assert not torch.equal(before, loaded.tok_emb.weight) and loaded.head.weight is loaded.tok_emb.weight
 
 
+def test_tie_groups_are_names_over_the_same_bytes():
+    base = torch.randn(4, 6)
+    a, b = nn.Parameter(base), nn.Parameter(base.detach())  # two objects, one storage
+    state = {"a": a, "b": b, "same": a, "row": base[1:], "copy": base.clone(), "t": base.t()}
+    assert zoo.shards.tie_groups(state) == {"a": ["a", "b", "same"], "row": ["row"], "copy": ["copy"], "t": ["t"]}
+    with pytest.raises(RuntimeError, match="share memory"):  # what safetensors refuses to write twice
+        save_file({"a": a.detach(), "b": b.detach()}, "unused.safetensors")
+    meta = torch.empty(3, device="meta")
+    assert zoo.shards.tie_groups({"x": meta, "y": torch.empty(3, device="meta"), "z": meta}) == {"x": ["x", "z"], "y": ["y"]}
+
+
+def test_parameters_over_one_storage_are_stored_once(tmp_path):
+    model = tiny_model("decoder").eval()  # head tied to the embedding: one object; now two over one storage
+    model.head.weight = nn.Parameter(model.tok_emb.weight.detach())
+    path = save(model, tmp_path / "gpt.safetensors")
+    assert read_header(path).tied == {"head.weight": "tok_emb.weight"} and "head.weight" not in _file_keys(path)
+    tokens = example_inputs(model)[0]
+    loaded = load(path).eval()
+    assert loaded.head.weight is loaded.tok_emb.weight and torch.equal(loaded(tokens), model(tokens))
+    # a spec that does not tie them: both names stored, loaded apart
+    untied = tiny_model("decoder", ["head.tied=false"]).eval()
+    untied.head.weight = nn.Parameter(untied.tok_emb.weight.detach())
+    path = save(untied, tmp_path / "untied.safetensors")
+    assert {"head.weight", "tok_emb.weight"} <= _file_keys(path) and read_header(path).tied == {}
+    loaded = load(path).eval()
+    assert loaded.head.weight is not loaded.tok_emb.weight and torch.equal(loaded(tokens), untied(tokens))
+
+
+def test_conversion_checks_parameters_over_one_storage_as_tied():
+    from zoo.interop.common import ConversionError, load_exact
+    target = nn.Module()
+    target.a = nn.Parameter(torch.zeros(3))
+    target.b = nn.Parameter(target.a.detach())  # another object over the same bytes: one tensor
+    with pytest.raises(ConversionError, match="'a' and 'b' are one tied tensor"):
+        load_exact(target, {"a": torch.ones(3), "b": torch.full((3,), 2.0)}, "test")
+    load_exact(target, {"a": torch.ones(3), "b": torch.ones(3)}, "test")
+    assert torch.equal(target.b, torch.ones(3))
+
+
 def test_encoder_decoder_shares_one_matrix_three_ways(tmp_path):
     model = tiny_model("encoder_decoder")
     path = save(model, tmp_path / "t.safetensors")

@@ -115,7 +115,7 @@ def _compare(q, k, v, m: Mask, backend: str, tol: float):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_blocked_attention_equals_the_dense_mask_forward_and_backward(seed, monkeypatch):
-    monkeypatch.setattr(blocked, "_MIN_BLOCK", 4)  # several blocks at test sizes
+    monkeypatch.setattr(blocked, "MIN_BLOCK", 4)  # several blocks at test sizes
     rng = random.Random(100 + seed)
     T = rng.randint(9, 41)
     B = 2
@@ -131,7 +131,7 @@ def test_blocked_attention_equals_the_dense_mask_forward_and_backward(seed, monk
 
 @pytest.mark.parametrize("seed", range(9))
 def test_blocked_attention_with_a_bias_equals_the_dense_mask_and_trains_the_bias(seed, monkeypatch):
-    monkeypatch.setattr(blocked, "_MIN_BLOCK", 4)
+    monkeypatch.setattr(blocked, "MIN_BLOCK", 4)
     rng = random.Random(200 + seed)
     T, B, H = rng.randint(9, 41), 2, 4
     g = torch.Generator().manual_seed(seed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -100,3 +102,57 @@ def test_spec_without_builder_says_how_to_register():
     zoo.registry("ffn").add_spec("lonely", LonelySpec)
     with pytest.raises(RegistryError, match=r"has a spec but no builder; register one with @zoo.register\('ffn', 'lonely'\)"):
         zoo.build("gpt2-small", ["d_model=16", "n_layers=1", "block.attention.n_heads=2", "block.ffn.kind=lonely"])
+
+
+def _documented_contexts() -> dict[str, set[str]]:
+    """Each registry's builder arguments as docs/extending.md's table of rules names them (the
+    backquoted names of its third column, outside parentheses)."""
+    text = (Path(__file__).parent.parent / "docs" / "extending.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and re.fullmatch(r"`\w+`", cells[0]) and cells[0].strip("`") in REGISTRIES:
+            rows[cells[0].strip("`")] = set(re.findall(r"`(\w+)`", re.sub(r" \([^()]*\)", "", cells[2])))
+    return rows
+
+
+def test_builder_contexts_are_documented_as_builders_receive_them():
+    """Build tiny models of every family and many kinds, recording the keyword arguments each
+    registry's builders really receive; the registry's ``context`` and the docs name exactly those."""
+    received: dict[str, set[str]] = {name: set() for name in REGISTRIES}
+    for name, reg in REGISTRIES.items():
+        for kind in reg.names():
+            original = reg.builder(kind)
+
+            def record(spec, *args, _name=name, _original=original, **context):
+                received[_name].update(context)
+                return _original(spec, *args, **context)
+
+            reg.register(kind, replace=True)(record)
+    presets = Path(zoo.__file__).parent / "presets"
+    for path in sorted(presets.glob("*-tiny*.yaml")) + sorted(presets.glob("*-mini.yaml")):
+        zoo.build(zoo.load_spec(str(path)), device="meta")
+    documented = _documented_contexts()
+    assert set(documented) == set(REGISTRIES)
+    for name, reg in REGISTRIES.items():
+        assert set(reg.context_keys) == received[name], name
+        assert documented[name] == received[name], name
+
+
+def test_package_docstrings_name_every_registered_kind():
+    """zoo's doctest prints the position registry as it is; zoo.spec's map of modules lists every
+    block kind and family; every registered spec class is exported from zoo.spec."""
+    import doctest
+
+    import zoo.spec
+
+    assert doctest.testmod(zoo, verbose=False).failed == 0
+    lines = {line.split()[0]: line for line in zoo.spec.__doc__.splitlines() if line.startswith("    zoo.spec.")}
+    listed = re.search(r"\(([^)]*)\)", lines["zoo.spec.blocks"]).group(1)
+    assert sorted(k.strip() for k in listed.split(",")) == zoo.registry("block").names()
+    families = lines["zoo.spec.families"].split(": ")[-1]
+    assert sorted(k.strip() for k in families.split(",")) == zoo.registry("family").names()
+    for name, reg in REGISTRIES.items():
+        for kind in reg.names():
+            cls = reg.spec(kind)
+            assert getattr(zoo.spec, cls.__name__, None) is cls and cls.__name__ in zoo.spec.__all__, (name, kind)

@@ -1,7 +1,9 @@
 """The package's shape, read from its source with ``ast`` (nothing is imported):
 
 - no import circle: modules form layers, ``zoo.registry`` at the bottom, ``zoo.cli`` at the top;
-- no module takes another module's private name (``from zoo.x import _name``);
+- no module takes another module's private name: ``from zoo.x import _name``, ``x._name`` with ``x``
+  an imported zoo module or a name imported from one (``Mask._cache``), nor writes an attribute
+  ``obj._name = ...`` (``obj._name[key] = ...``) that the module itself never defines;
 - the spec modules stay torch-free, so a spec can be read and validated cheaply;
 - nothing in zoo imports a recipe or the modules beside the recipes.
 
@@ -122,6 +124,84 @@ def private_imports(root: Path, name: str = PACKAGE) -> list[str]:
     return out
 
 
+def _private(attr: str) -> bool:
+    return attr.startswith("_") and not attr.startswith("__") and attr != "_"
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _written(target: ast.AST) -> Iterator[ast.Attribute]:
+    """The attributes a store to ``target`` writes into: ``o._a = ``, ``o._a[k] = ``, ``o._a.b = ``."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for t in target.elts:
+            yield from _written(t)
+        return
+    while isinstance(target, (ast.Attribute, ast.Subscript, ast.Starred)):
+        if isinstance(target, ast.Attribute):
+            yield target
+        target = target.value
+
+
+def private_attributes(root: Path, name: str = PACKAGE) -> list[str]:
+    """``module: what`` for each private name of another module reached by attribute: ``m._name``
+    (``m`` an imported module of the package), ``Name._name`` (``Name`` imported from one), and
+    writes ``obj._name = ...`` to a private attribute the module never defines (``self._name = ...``,
+    a class body's ``_name``, a ``def _name``)."""
+    known = modules(root, name)
+    out = []
+    for module, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        bound: dict[str, str] = {}  # local name -> the package's module it is, or the module it came from
+        for source, imported in imports(module, path):
+            if imported is None and source.split(".")[0] == name:
+                bound[source.split(".")[0]] = name  # import pkg.x.y binds pkg: chains resolve below
+            elif imported is not None and (source == name or source.startswith(name + ".")):
+                bound[imported] = source
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name in known:
+                        bound[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.asname and alias.name in bound:
+                        bound[alias.asname] = bound.pop(alias.name)
+        defined = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                defined.add(node.attr)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = _dotted(node.value)
+                if owner is None or owner.split(".")[0] not in bound:
+                    continue
+                head, _, rest = owner.partition(".")
+                full = f"{bound[head]}.{head}" if f"{bound[head]}.{head}" in known else bound[head]
+                full = f"{full}.{rest}" if rest else full
+                if full in known and full != module:
+                    out.append(f"{module}: {owner}.{node.attr} (a private name of {full})")
+            targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for target in targets:
+                for attr in _written(target):
+                    receiver = attr.value.id if isinstance(attr.value, ast.Name) else None
+                    if _private(attr.attr) and receiver not in ("self", "cls") and attr.attr not in defined:
+                        out.append(f"{module}: writes {_dotted(attr) or attr.attr} (not defined in {module})")
+    return sorted(set(out))
+
+
 def _describe(graph: dict[str, set[str]], component: list[str]) -> str:
     members = set(component)
     ties = [f"{a} -> {b}" for a in component for b in sorted(graph[a] & members)]
@@ -143,6 +223,12 @@ def test_the_registry_is_the_bottom():
 def test_no_private_names_across_modules():
     found = private_imports(package_dir())
     assert not found, "private names imported from another module (give them a public name):\n" + "\n".join(found)
+
+
+def test_no_private_attributes_across_modules():
+    found = private_attributes(package_dir())
+    assert not found, ("private names of another module reached by attribute (make them public, or give the "
+                       "owner a method):\n" + "\n".join(found))
 
 
 def test_specs_do_not_import_torch():
@@ -202,3 +288,20 @@ def test_the_checker_sees_private_imports(tmp_path):
         "c.py": "from os import _exit\n",
     })
     assert private_imports(root, "pkg") == ["pkg.b: from pkg.a import _hidden"]
+
+
+def test_the_checker_sees_private_attributes(tmp_path):
+    root = _package(tmp_path, {
+        "a.py": "_LIMIT = 1\nclass Box:\n    _cache = {}\n    def get(self):\n        self._seen = 1\n        return self._cache\n",
+        "b.py": ("from pkg import a\nimport pkg.a\nimport pkg.a as alias\nfrom pkg.a import Box\n"
+                 "def f(box):\n    box._cache['k'] = a._LIMIT + pkg.a._LIMIT + alias._LIMIT\n    Box._cache = {}\n"
+                 "    box._seen.x = 1\n    box.public = a.Box\n    return box._cache\n"),
+        "c.py": "import os\nclass C:\n    def __init__(self):\n        self._own = 1\n    def copy(self, other):\n"
+                "        other._own = self._own\n        return os._exit\n",
+    })
+    assert private_attributes(root, "pkg") == [
+        "pkg.b: Box._cache (a private name of pkg.a)", "pkg.b: a._LIMIT (a private name of pkg.a)",
+        "pkg.b: alias._LIMIT (a private name of pkg.a)", "pkg.b: pkg.a._LIMIT (a private name of pkg.a)",
+        "pkg.b: writes Box._cache (not defined in pkg.b)", "pkg.b: writes box._cache (not defined in pkg.b)",
+        "pkg.b: writes box._seen (not defined in pkg.b)",
+    ]

@@ -98,7 +98,7 @@ def test_t5_greedy_and_beam_search_equal_hfs_through_the_cache():
     out = hf.generate(src, num_beams=4, eos_token_id=eos, length_penalty=0.6, early_stopping="never",
                       return_dict_in_generate=True, output_scores=True, **hf_kw)
     beams = zoo.generate(model, src, padding_mask=mask, num_beams=4, max_new_tokens=10, bos_id=0, eos_id=eos,
-                         length_penalty="hf", alpha=0.6, finish_from="beams")
+                         length_norm="power", alpha=0.6, finish_from="beams")
     got = [row[: row.index(eos) + 1] if eos in row else row for row in beams.tokens.tolist()]
     assert got == [row[: row.index(eos) + 1] if eos in row else row for row in out.sequences[:, 1:].tolist()]
     torch.testing.assert_close(beams.scores, out.sequences_scores, atol=1e-4, rtol=1e-5)

@@ -250,3 +250,9 @@ def test_torchrun_two_processes_gloo(data, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["step"] == 4 and "test/averaged" in results
     assert zoo.load(out / "model" / "model.safetensors").spec.d_model == 32
+
+
+def test_decode_config_reads_the_old_length_penalty_name():
+    from translate_eval import DecodeConfig
+    assert DecodeConfig(length_penalty="hf").length_norm == "power"
+    assert DecodeConfig.model_validate({"length_penalty": "gnmt", "alpha": 0.6}).length_norm == "gnmt"

@@ -21,7 +21,7 @@ def _components(spec) -> str:
 def _layer_text(layer, model_position) -> str:
     b, att = layer.block, layer.block.attention
     heads = f"{att.kind} {att.n_heads}h" + (f"/{att.n_kv_heads}kv" if att.n_kv_heads != att.n_heads else "")
-    window = f" window {att.window}" if getattr(att, "window", None) is not None else ""
+    window = f" window {att.window}" if att.window is not None else ""  # every attention spec is an AttentionSpec
     pos = layer.position or model_position
     own = "" if layer.position is None else " (its own)"
     base = f" base {pos.base:g}" if hasattr(pos, "base") else ""

@@ -24,7 +24,19 @@ import einops
 import torch
 from torch import Tensor, nn
 
-__all__ = ["StaticStepper", "compile_mode"]
+from zoo.protocols import Generates
+
+__all__ = ["StaticStepper", "compile_mode", "decodes_from"]
+
+
+def decodes_from(model: nn.Module) -> str:
+    """How ``model`` generates, as its family declares (:class:`zoo.protocols.Generates`): ``"prompt"``
+    (a decoder continues its input) or ``"source"`` (an encoder-decoder encodes it, then decodes)."""
+    how = model.decodes_from if isinstance(model, Generates) else None
+    if how not in ("prompt", "source"):
+        raise ValueError(f"generate: a {type(model).__name__} does not generate (it declares decodes_from "
+                         f"{how!r}); generate from a decoder or an encoder-decoder")
+    return how
 
 
 def compile_mode(compile: bool | str, device: torch.device) -> str | None:
@@ -42,13 +54,14 @@ def compile_mode(compile: bool | str, device: torch.device) -> str | None:
 
 def refusal(model: nn.Module, compiled: bool) -> str | None:
     """Why ``model`` cannot decode with a static cache (compiled: or compile its step), or None."""
-    encdec = hasattr(model, "encode") and hasattr(model, "decode")
-    stack = getattr(model, "decoder" if encdec else "stack", None)
-    if stack is None or not hasattr(stack, "new_static_cache"):
+    decodes_from(model)
+    cached = model.kv_cache()  # the stack whose keys and values decoding caches (zoo.models.Family)
+    if cached is None:
         return f"{type(model).__name__} has no decoder stack to cache"
+    stack = cached[0]
     if compiled:
         for pos in [model.position, *stack.positions]:
-            if getattr(pos, "kind", None) == "dynamic":
+            if pos.reads_host:
                 return ("a dynamic RoPE scaling sets its frequencies from the longest position on the host at every "
                         "step; use compile=False (the static cache itself works)")
     return None
@@ -76,10 +89,10 @@ class StaticStepper:
         if why:
             raise ValueError(f"generate: cache='static'{' with compile' if mode else ''}: {why}")
         self.model = model
-        self.encdec = hasattr(model, "encode") and hasattr(model, "decode")
+        self.encdec = decodes_from(model) == "source"
         device = inputs.device
         rows = inputs.shape[0] * repeat
-        stack = model.decoder if self.encdec else model.stack
+        stack = model.kv_cache()[0]
         if self.encdec:
             if bos_id is None:
                 raise ValueError("generate: an encoder-decoder needs bos_id, the token the target starts with")

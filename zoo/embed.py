@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.models.family import Family
+
 __all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "load_tokenizer", "stored_settings"]
 
 POOLINGS = ("mean", "cls", "max")
@@ -43,10 +45,9 @@ TOKENIZER = "tokenizer.json"
 
 
 def _refused(model: nn.Module) -> str | None:
-    check = getattr(model, "hidden_states_refused", None)
-    if check is None:
+    if not isinstance(model, Family):
         return f"a {type(model).__name__} is not a zoo model (build it with zoo.build or zoo.load)"
-    return check()
+    return model.hidden_states_refused()
 
 
 def embed(model: nn.Module, tokens: Tensor, padding_mask: Tensor | None = None, *, pooling: str = "mean",

@@ -13,9 +13,10 @@ beam's best reachable score is its score / lp(max length).
 Each step keeps the 2K best candidates (beam, token); the K best that do not stop go on. A stop
 token finishes a hypothesis wherever it ranks among the 2K (``finish_from="candidates"``, as
 tensor2tensor, the paper's code, does), or only among the K best (``finish_from="beams"``: HF
-transformers' rule). With ``finish_from="beams"``, ``length_penalty="hf"`` (or ``"none"``) and HF's
+transformers' rule). With ``finish_from="beams"``, ``length_norm="power"`` (or ``"none"``) and HF's
 ``early_stopping="never"`` (whose bound is the one above), zoo returns HF's ``generate(num_beams=K)``
-sequences and scores (tests/test_beam_hf.py).
+sequences and scores (tests/test_beam_hf.py): HF's ``length_penalty=x`` is the exponent, zoo's
+``length_norm="power", alpha=x``.
 
 Caches: ``cache="dynamic"`` (:class:`zoo.components.cache.KVCache`: the keys so far, a sliding
 window's layers keep only the window) or ``cache="static"`` (:mod:`zoo.decoding`: buffers preallocated
@@ -35,11 +36,11 @@ import einops
 import torch
 from torch import Tensor, nn
 
-from zoo.decoding import StaticStepper, compile_mode
+from zoo.decoding import StaticStepper, compile_mode, decodes_from
 
-__all__ = ["generate", "Generation", "length_penalty"]
+__all__ = ["generate", "Generation", "length_divisor"]
 
-Penalty = Literal["gnmt", "hf", "none"]
+LengthNorm = Literal["gnmt", "power", "none"]  # how beam search divides a score by the length
 Finish = Literal["candidates", "beams"]
 Cache = Literal["dynamic", "static"]
 
@@ -55,16 +56,18 @@ class Generation:
     lengths: Tensor
 
 
-def length_penalty(length: Tensor | int, kind: Penalty = "gnmt", alpha: float = 0.6) -> Tensor:
-    """``gnmt``: ((5 + L) / 6)^alpha (Wu et al. 2016, the paper's); ``hf``: L^alpha; ``none``: 1."""
+def length_divisor(length: Tensor | int, kind: LengthNorm = "gnmt", alpha: float = 0.6) -> Tensor:
+    """What beam search divides a hypothesis's log-probability by: ``gnmt``: ((5 + L) / 6)^alpha (Wu
+    et al. 2016, the paper's); ``power``: L^alpha (HF's ``length_penalty=alpha``; 1.0: the mean
+    log-probability per token); ``none``: 1."""
     length = torch.as_tensor(length, dtype=torch.float32)
     if kind == "gnmt":
         return ((5.0 + length) / 6.0) ** alpha
-    if kind == "hf":
+    if kind == "power":
         return length**alpha
     if kind == "none":
         return torch.ones_like(length)
-    raise ValueError(f"length_penalty: unknown kind {kind!r}; use 'gnmt', 'hf' or 'none'")
+    raise ValueError(f"length_norm: unknown kind {kind!r}; use 'gnmt', 'power' (HF's length_penalty is its alpha) or 'none'")
 
 
 class _Stepper:
@@ -72,7 +75,7 @@ class _Stepper:
 
     def __init__(self, model: nn.Module, inputs: Tensor, mask: Tensor | None, *, repeat: int, capacity: int, bos_id: int | None):
         self.model = model
-        self.encdec = hasattr(model, "encode") and hasattr(model, "decode")
+        self.encdec = decodes_from(model) == "source"
         if self.encdec:
             if bos_id is None:
                 raise ValueError("generate: an encoder-decoder needs bos_id, the token the target starts with")
@@ -135,7 +138,7 @@ def generate(
     stop_tokens: Iterable[int] = (),
     bos_id: int | None = None,
     pad_id: int = 0,
-    length_penalty: Penalty = "gnmt",
+    length_norm: LengthNorm = "gnmt",
     alpha: float = 0.6,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
@@ -154,7 +157,9 @@ def generate(
     Length: ``max_new_tokens``, or for encoder-decoders by default ``max_len_a * source length +
     max_len_b`` per sentence (the paper: source + 50). ``finish_from``: where among a beam step's
     candidates a stop token finishes a hypothesis, any of the 2K kept (``candidates``, the paper's)
-    or the K best only (``beams``, HF transformers').
+    or the K best only (``beams``, HF transformers'). ``length_norm``: what beam search divides a
+    hypothesis's log-probability by, with exponent ``alpha`` (:func:`length_divisor`): ``gnmt`` (the
+    paper's), ``power`` (|Y|^alpha, HF's ``length_penalty=alpha``) or ``none``.
 
     ``cache``: ``dynamic`` (the default) or ``static`` (preallocated, the same shapes at every step);
     ``compile`` (static only): compile the step, True for ``torch.compile``'s default mode on CPU and
@@ -162,10 +167,10 @@ def generate(
     host's checks whether every row has ended (default 1 with the dynamic cache, 8 with the static);
     the tokens are the same, a check costs a device sync.
     """
-    encdec = hasattr(model, "encode") and hasattr(model, "decode")
+    encdec = decodes_from(model) == "source"
     stops = torch.tensor(sorted({*stop_tokens, *([eos_id] if eos_id is not None else [])}), dtype=torch.long)
     K = num_beams if num_beams is not None else (4 if encdec else 1)
-    _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from)
+    _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from, length_norm)
     B, device = inputs.shape[0], inputs.device
     if cache not in ("dynamic", "static"):
         raise ValueError(f"generate: cache must be 'dynamic' or 'static', got {cache!r}")
@@ -192,7 +197,7 @@ def generate(
         else:
             stepper = _Stepper(model, inputs, padding_mask, repeat=K, capacity=N + 1, bos_id=bos_id)
         if K > 1:
-            return _beam_search(stepper, B, K, max_len, stops, pad_id, length_penalty, alpha, min_new_tokens,
+            return _beam_search(stepper, B, K, max_len, stops, pad_id, length_norm, alpha, min_new_tokens,
                                 finish_from, check_every)
         return _sample(stepper, B, max_len, stops, pad_id, min_new_tokens, do_sample, temperature, top_k, top_p, generator,
                        check_every)
@@ -200,7 +205,7 @@ def generate(
         model.train(was_training)
 
 
-def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from) -> None:
+def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from, length_norm) -> None:
     if not isinstance(inputs, Tensor) or inputs.dim() != 2:
         raise ValueError(f"generate: inputs must be token ids [batch, length], got {getattr(inputs, 'shape', type(inputs))}")
     if K < 1:
@@ -213,6 +218,9 @@ def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_f
         raise ValueError(f"generate: need top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
     if alpha < 0:
         raise ValueError(f"generate: alpha must be >= 0 (the early stop relies on it), got {alpha}")
+    if length_norm not in ("gnmt", "power", "none"):
+        raise ValueError(f"generate: length_norm must be 'gnmt', 'power' or 'none', got {length_norm!r}; HF's "
+                         f"length_penalty=x is length_norm='power', alpha=x")
     if finish_from not in ("candidates", "beams"):
         raise ValueError(f"generate: finish_from must be 'candidates' (a stop among the 2K candidates finishes, the "
                          f"paper's) or 'beams' (among the K best only, HF's), got {finish_from!r}")
@@ -263,7 +271,7 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new, fi
     best_tokens = torch.full((B, N), pad_id, dtype=torch.long, device=device)
     best_len = torch.zeros(B, dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    max_lp = length_penalty(max_len, kind, alpha).to(device)
+    max_lp = length_divisor(max_len, kind, alpha).to(device)
     columns = torch.arange(N, device=device)
     logits = stepper.first()
     for t in range(N):
@@ -278,7 +286,7 @@ def _beam_search(stepper, B, K, max_len, stops, pad_id, kind, alpha, min_new, fi
         beam, tok = top_i // V, top_i % V
         is_stop = torch.isin(tok, stops)
         may_finish = is_stop if finish_from == "candidates" else is_stop & (torch.arange(tok.shape[1], device=device) < K)
-        lp = float(length_penalty(L, kind, alpha))
+        lp = float(length_divisor(L, kind, alpha))
 
         def finish(raw: Tensor, pos: Tensor, allowed: Tensor) -> None:
             """Make candidate ``pos`` of each sentence its best hypothesis where it beats the old one."""

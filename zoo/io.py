@@ -50,7 +50,8 @@ from torch import Tensor, nn
 
 from zoo._version import __version__
 from zoo.build import build
-from zoo.shards import DEFAULT_MAX_SHARD_SIZE, DTYPES, Entry, Files, ShardError, read_files, write_files
+from zoo.protocols import DerivedBuffers
+from zoo.shards import DEFAULT_MAX_SHARD_SIZE, DTYPES, Entry, Files, ShardError, read_files, tie_groups, write_files
 from zoo.spec import FamilySpec, SpecError, parse_spec
 
 __all__ = [
@@ -78,21 +79,20 @@ class SaveError(ValueError):
 
 
 # ------------------------------------------------------------------------------------ tied tensors
-def tie_groups(state: Mapping[str, Tensor]) -> dict[str, list[str]]:
-    """Names that hold one tensor: {first name: [first name, aliases...]}, in ``state`` order.
-
-    ``state`` is ``module.state_dict(keep_vars=True)``: a tied parameter is one object under
-    several names (``head.weight = tok_emb.weight``).
-    """
-    groups: dict[int, list[str]] = {}
-    for name, tensor in state.items():
-        groups.setdefault(id(tensor), []).append(name)
-    return {names[0]: names for names in groups.values()}
-
-
-def _stored(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
+def _stored(model: nn.Module, spec_model: nn.Module | None = None) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
+    """``model``'s state and its tie groups (:func:`zoo.shards.tie_groups`: names over the same
+    bytes). With ``spec_model`` (what the spec builds), a group splits where the spec does not tie
+    its names, so that a file of an untied spec holds every name its model loads."""
     state = model.state_dict(keep_vars=True)
-    return state, tie_groups(state)
+    groups = tie_groups(state)
+    if spec_model is None:
+        return state, groups
+    owner = {n: canon for canon, names in tie_groups(spec_model.state_dict(keep_vars=True)).items() for n in names}
+    split: dict[str, list[str]] = {}
+    for names in groups.values():
+        for n in names:
+            split.setdefault(names[0] + "\0" + owner.get(n, n), []).append(n)
+    return state, {names[0]: names for names in split.values()}
 
 
 # ------------------------------------------------------------------------------------------- save
@@ -119,10 +119,11 @@ def save(model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None
         parse_spec(spec_json)
     except SpecError as e:
         raise SaveError(f"the model's spec does not read back from JSON: {one_line(e)}") from None
-    state, groups = _stored(model)
+    spec_model = build(spec, device="meta")
+    state, groups = _stored(model, spec_model)
     if any(t.is_meta for t in state.values()):
         raise SaveError("the model is on the meta device and has no weights to save; materialise it first")
-    problems = _mismatch(build(spec, device="meta"), {n: tuple(state[n].shape) for n in groups})
+    problems = _mismatch(spec_model, {n: tuple(state[n].shape) for n in groups})
     if problems:
         raise SaveError(f"the model does not match its spec ({spec.name or spec.family}): {problems}")
 
@@ -350,7 +351,7 @@ def _rebuild_needed(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         persistent = module.state_dict(keep_vars=True).keys() if any(True for _ in module.buffers(recurse=False)) else ()
         derived = [b for b, _ in module.named_buffers(recurse=False) if b not in persistent]
-        if derived and not callable(getattr(module, "reset_buffers", None)):
+        if derived and not isinstance(module, DerivedBuffers):
             out.append(name or type(module).__name__)
     return out
 

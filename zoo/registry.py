@@ -46,6 +46,11 @@ class Registry:
         self._builders: dict[str, Callable[..., Any]] = {}
         self.spec_base: type | None = None  # set by zoo.spec: every spec must subclass it
 
+    @property
+    def context_keys(self) -> tuple[str, ...]:
+        """The names in :attr:`context`: every keyword argument a builder of this part receives."""
+        return tuple(k.strip() for k in self.context.split(",") if k.strip())
+
     def names(self) -> list[str]:
         """Every registered kind, sorted."""
         return sorted(self._specs)
@@ -114,8 +119,8 @@ class Registry:
 
 REGISTRIES: dict[str, Registry] = {
     "attention": Registry("attention", context="dim, kv_dim, d_model, dropout, cross"),
-    "position": Registry("position", context="dim, max_len, n_heads, head_dim, grid"),
-    "ffn": Registry("ffn", context="dim, dropout"),
+    "position": Registry("position", context="dim, max_len, n_heads, head_dim, grid, causal"),
+    "ffn": Registry("ffn", context="dim, dropout, norm"),
     "norm": Registry("norm", context="dim"),
     "pool": Registry("pool", context="dim, block"),
     "block": Registry("block", context="dim, dropout, cross"),

@@ -27,7 +27,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,7 @@ from zoo.atomic import atomic_path, atomic_write_text
 
 __all__ = [
     "DEFAULT_MAX_SHARD_SIZE", "DTYPES", "Entry", "Files", "ShardError", "index_path", "parse_size", "read_files",
-    "resolve", "shard_paths", "write_files",
+    "resolve", "shard_paths", "tie_groups", "write_files",
 ]
 
 # safetensors dtype names -> torch names and sizes in bytes
@@ -289,3 +289,22 @@ def read_files(path: str | os.PathLike) -> Files:
     metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
     ordered = {t: tensors[t] for t in weight_map}
     return Files(path, size, metadata, ordered, {t: where[t] for t in weight_map}, shard_meta)
+
+
+def tie_groups(state: Mapping[str, Tensor]) -> dict[str, list[str]]:
+    """Names that hold one tensor: {first name: [first name, aliases...]}, in ``state`` order.
+
+    ``state`` is ``module.state_dict(keep_vars=True)``. Two names hold one tensor when they view
+    the same bytes the same way: one storage, the same offset, shape, strides and dtype. That covers
+    a tied parameter (one object under several names, ``head.weight = tok_emb.weight``) and two
+    parameter objects over one storage; both are what safetensors refuses to write twice, and what
+    is stored once. Different views of one storage (slices of a fused weight) are stored apart.
+    A tensor without storage (the meta device, or empty) is one with itself only.
+    """
+    groups: dict[tuple, list[str]] = {}
+    for name, tensor in state.items():
+        ptr = 0 if tensor.is_meta else tensor.untyped_storage().data_ptr()
+        key = (("object", id(tensor)) if ptr == 0 else
+               (str(tensor.device), ptr, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype))
+        groups.setdefault(key, []).append(name)
+    return {names[0]: names for names in groups.values()}

@@ -49,6 +49,7 @@ from torch import nn
 from zoo.build import build, count_parameters
 from zoo.components import parts
 from zoo.models.family import Family
+from zoo.protocols import Experts
 from zoo.spec import FamilySpec
 
 __all__ = ["PARTS", "Summary", "summarize", "parameter_parts", "active_parameters", "expert_parameters", "forward_flops",
@@ -128,7 +129,7 @@ def active_parameters(model: nn.Module) -> int:
     """The parameters one token's forward pass uses: all, less the experts a mixture of experts leaves
     idle (what its ``active_parameters()`` declaration leaves out)."""
     idle = sum(sum(p.numel() for p in m.parameters()) - m.active_parameters() for m in model.modules()
-               if callable(getattr(m, "active_parameters", None)))
+               if isinstance(m, Experts))
     return count_parameters(model) - idle
 
 
@@ -136,7 +137,7 @@ def expert_parameters(model: nn.Module) -> list[tuple[int, int]]:
     """(experts, parameters of one expert) of each mixture of experts in ``model`` (its
     ``n_experts`` and ``expert_parameters()`` declarations), in module order."""
     return [(m.n_experts, m.expert_parameters() // m.n_experts) for m in model.modules()
-            if callable(getattr(m, "expert_parameters", None))]
+            if isinstance(m, Experts)]
 
 
 def _tied(model: nn.Module) -> dict[str, str]:

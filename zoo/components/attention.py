@@ -23,6 +23,7 @@ from zoo.components.norm import RMSNorm
 from zoo.components.parts import linear_flops
 from zoo.components.position import Position
 from zoo.kernels import Mask
+from zoo.protocols import CountsFlops, HeadSizes, ResidualWriter, SavesActivations, SummaryPart
 from zoo.registry import register
 
 
@@ -36,7 +37,7 @@ def qk_norm_layer(kind: str, size: int, eps: float, unit_offset: bool = False) -
     raise ValueError(f"qk_norm: kind must be layernorm or rmsnorm (unit_offset: rmsnorm only), got {kind!r}")
 
 
-class Attention(nn.Module):
+class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActivations, HeadSizes):
     """Multi-head attention with ``n_kv_heads`` key/value heads shared by groups of query heads.
 
     Self-attention fuses the q, k, v projections into one ``qkv`` linear; cross-attention has ``q``

@@ -36,6 +36,7 @@ from zoo.components.cache import LayerCache
 from zoo.components.dropout import Dropout
 from zoo.components.position import Position
 from zoo.kernels import Mask
+from zoo.protocols import HasSublayers, LayerCosts, SummaryPart, SummaryParts
 from zoo.registry import register, registry
 
 
@@ -58,7 +59,7 @@ class BlockContext:
     memory_mask: Tensor | Mask | None = None
 
 
-class LayerScale(nn.Module):
+class LayerScale(nn.Module, SummaryPart):
     """x [..., D] -> x * gamma, a learned per-channel scale initialised to ``init`` (Touvron et al.
     2021, CaiT; timm's ``LayerScale``)."""
 
@@ -76,7 +77,7 @@ class LayerScale(nn.Module):
         return f"{self.gamma.shape[0]}, init={self.init}"
 
 
-class Block(nn.Module):
+class Block(nn.Module, SummaryParts, HasSublayers, LayerCosts):
     """The parts of one layer. ``cross_attn`` (with ``cross_norm``) only in encoder-decoder decoders.
     ``ls_attn``, ``ls_cross``, ``ls_ffn``: layer scales on the sub-layers' outputs (identities when None).
     Subclasses define ``forward`` and, where their norms sit otherwise, ``branches``."""

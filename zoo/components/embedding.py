@@ -12,8 +12,10 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from zoo.protocols import SummaryPart
 
-class TokenEmbedding(nn.Embedding):
+
+class TokenEmbedding(nn.Embedding, SummaryPart):
     """Token ids [B, T] -> vectors [B, T, D], times sqrt(D) when ``scale`` (the paper, sec. 3.4).
 
     ``round_scale``: sqrt(D) is first rounded to the weights' dtype, as HF Gemma casts its normalizer
@@ -41,7 +43,7 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
     return float(torch.tensor(value, dtype=torch.float64, device="cpu").to(dtype))  # not on a meta default device
 
 
-class PatchEmbedding(nn.Module):
+class PatchEmbedding(nn.Module, SummaryPart):
     """Images [B, C, H, W] -> patch vectors [B, N, D] by a stride-P convolution (one linear map of
     each non-overlapping P x P patch), optionally after a convolutional stem.
 
@@ -67,7 +69,7 @@ class PatchEmbedding(nn.Module):
         x = self.stem(images) if self.stem is not None else images
         return rearrange(self.proj(x), "b d h w -> b (h w) d")  # N = H/P * W/P patches, row by row
 
-    def flops(self, side: int) -> int:
+    def image_flops(self, side: int) -> int:
         """Forward FLOPs for one image of ``side`` x ``side`` pixels: each convolution's
         multiply-adds at its output resolution."""
         total = 0
@@ -76,7 +78,7 @@ class PatchEmbedding(nn.Module):
             total += 2 * conv.weight.numel() * side * side
         return total
 
-    def saved(self, side: int) -> int:
+    def image_saved(self, side: int) -> int:
         """Elements one image keeps: each stem layer's conv output (BatchNorm's input) and ReLU output."""
         total = 0
         for conv in [m for m in (self.stem or []) if isinstance(m, nn.Conv2d)]:

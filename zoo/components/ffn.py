@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
 from zoo.components.parts import linear_flops
+from zoo.protocols import CountsFlops, KeepsMasks, ResidualWriter, SavesPerToken, SummaryPart
 from zoo.registry import register, registry
 
 
@@ -26,7 +27,7 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
-class MLP(nn.Module):
+class MLP(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesPerToken, KeepsMasks):
     residual_out = ("fc2",)  # writes into the residual stream (zoo.components.parts)
     summary_part = "ffn"
 
@@ -58,7 +59,7 @@ class MLP(nn.Module):
         return self.fc1.out_features if self.drop.p else 0
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesPerToken, KeepsMasks):
     residual_out = ("fc2",)
     summary_part = "ffn"
 

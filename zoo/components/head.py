@@ -25,12 +25,13 @@ from torch import Tensor, nn
 
 from zoo.components.linear import Linear
 from zoo.kernels.loss import linear_cross_entropy
+from zoo.protocols import SavesPerToken, SummaryPart, VocabularyLoss
 from zoo.registry import register, registry
 
 __all__ = ["ClassifierHead", "LMHead", "MLMHead"]
 
 
-class LMHead(Linear):
+class LMHead(Linear, SummaryPart, VocabularyLoss, SavesPerToken):
     """[..., D] -> [..., V] logits; with ``softcap``, ``softcap * tanh(logits / softcap)``; with
     ``input_scale``, of the input times that number (T5 v1.0's d_model^-0.5)."""
 
@@ -50,7 +51,8 @@ class LMHead(Linear):
         return torch.tanh(logits / self.softcap) * self.softcap
 
     def loss(self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, reduction: str = "sum",
-             ignore_index: int = -100, chunk_rows: int | None = None, return_nll: bool = False):
+             ignore_index: int = -100, chunk_rows: int | None = None,
+             return_nll: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """``F.cross_entropy(self(x).float(), targets, ...)`` for x [..., D] and targets [...], without
         the logits (:func:`zoo.kernels.linear_cross_entropy`): summed, or ``reduction="mean"`` over the
         targets that are not ``ignore_index``; ``return_nll``: (loss, its unsmoothed NLL without gradient)."""
@@ -71,7 +73,7 @@ class ClassifierHead(LMHead):
     """[B, D] pooled tokens -> [B, C] logits."""
 
 
-class MLMHead(nn.Module):
+class MLMHead(nn.Module, SummaryPart, VocabularyLoss, SavesPerToken):
     """[transform: linear -> GELU -> norm ->] projection to the vocabulary (+ bias)."""
 
     summary_part = "head"
@@ -89,7 +91,8 @@ class MLMHead(nn.Module):
         return self.proj(self.transform(x))
 
     def loss(self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, reduction: str = "sum",
-             ignore_index: int = -100, chunk_rows: int | None = None, return_nll: bool = False):
+             ignore_index: int = -100, chunk_rows: int | None = None,
+             return_nll: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """The transform, then the projection's cross-entropy without its logits (as :meth:`LMHead.loss`)."""
         return linear_cross_entropy(self.transform(x), self.proj.weight, targets, self.proj.bias,
                                     ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
@@ -102,12 +105,11 @@ class MLMHead(nn.Module):
         kept = d
         if isinstance(self.transform, nn.Sequential):
             norm = self.transform[-1]
-            extra = getattr(norm, "saved_per_token", None)
-            kept += 3 * d + (extra() if callable(extra) else 0)
+            kept += 3 * d + (norm.saved_per_token() if isinstance(norm, SavesPerToken) else 0)
         return kept + self.proj.out_features
 
 
-class NoHead(nn.Identity):
+class NoHead(nn.Identity, SummaryPart, SavesPerToken):
     """The hidden states themselves."""
 
     summary_part = "head"

@@ -39,6 +39,7 @@ from zoo.components.dropout import Dropout
 from zoo.components.ffn import GatedMLP
 from zoo.components.linear import Linear
 from zoo.kernels.grouped import compute_dtype, expert_rows, gated, gather_rows, grouped_mm, row_block, scatter_rows
+from zoo.protocols import CountsFlops, Experts, InitNormal, InitResidual, KeepsMasks, ResidualWriter, SavesPerToken, SummaryPart
 from zoo.registry import register
 
 __all__ = ["MoE", "load_balancing_loss", "router_z_loss"]
@@ -48,7 +49,8 @@ __all__ = ["MoE", "load_balancing_loss", "router_z_loss"]
 FIXED_SHAPE_TOKENS = 256
 
 
-class MoE(nn.Module):
+class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, CountsFlops, SavesPerToken, KeepsMasks,
+          Experts):
     residual_out = ()  # the experts' w_down is drawn with the residual std (init_residual)
     summary_part = "ffn"
     init_normal = ("w_gate_up",)

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.protocols import SavesPerToken, SummaryPart
 from zoo.registry import register
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(nn.Module, SummaryPart, SavesPerToken):
     """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as LLaMA) and cast back.
 
     ``unit_offset``: the scale is (1 + weight) with the weight initialised to zero (Gemma), so weight

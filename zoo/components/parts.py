@@ -1,20 +1,11 @@
-"""What model code asks of a block's parts (attention, FFN): declarations, not ``isinstance``.
+"""What model code asks of a block's parts (attention, FFN): their declarations, else a fallback.
 
-A part may declare:
-
-* ``residual_out: tuple[str, ...]``, a class attribute: the names of its linears whose outputs are
-  added to the residual stream (``Attention``: ``("out",)``; ``MLP``, ``GatedMLP``: ``("fc2",)``).
-  With ``init.scaled_residual`` their weights are drawn with std / sqrt(2 * n_layers) (GPT-2).
-* ``flops(tokens, memory=None) -> int``: the FLOPs of its forward pass over one sequence of
-  ``tokens`` tokens (cross-attention: keys and values from ``memory`` tokens), counting a
-  multiply-add as two and only matrix products, as ``zoo.summary`` and ``torch.utils.flop_counter`` do.
-* ``saved(tokens, memory=None, *, rotates=False) -> int``: the elements its forward pass over
-  ``tokens`` tokens keeps for the backward pass besides its input (``rotates``: a position rotates
-  its queries and keys, which keeps copies of them), for ``zoo.summary``'s activation memory; or
-  ``saved_per_token() -> int`` (FFNs, norms, heads) for the same per token.
-* ``mask_per_token() -> int``: the bytes of dropout masks it keeps per token.
-* ``n_heads``, ``n_kv_heads``, ``head_dim``, ``v_head_dim`` (attention): head counts and sizes, for
-  ``zoo.summary``'s KV cache.
+A part declares what it can say about itself by having the members of a protocol of
+:mod:`zoo.protocols` (zoo's parts subclass them): the linears it writes into the residual stream
+(``ResidualWriter``), its FLOPs (``CountsFlops``), the activations it keeps for the backward pass
+(``SavesActivations``, ``SavesPerToken``), its dropout masks (``KeepsMasks``) and an attention's head
+sizes (``HeadSizes``). The functions here ask with ``isinstance`` (a structural check: a part a user
+registers need not subclass anything) and count alike for every part.
 
 A registered part that declares nothing gets these fallbacks:
 
@@ -31,6 +22,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from zoo.protocols import CountsFlops, HeadSizes, KeepsMasks, ResidualWriter, SavesActivations, SavesPerToken
+
 __all__ = ["flops", "has_parameters", "head_sizes", "linear_flops", "mask_per_token", "norm_saved", "residual_linears",
            "residual_out", "saved", "saved_per_token"]
 
@@ -42,9 +35,8 @@ def _linear(part: nn.Module, name: str) -> bool:
 def residual_out(part: nn.Module) -> tuple[str, ...]:
     """The names of ``part``'s linears that write into the residual stream: its declaration, else the
     fallback above."""
-    declared = getattr(part, "residual_out", None)
-    if declared is not None:
-        return tuple(declared)
+    if isinstance(part, ResidualWriter):
+        return tuple(part.residual_out)
     if _linear(part, "fc1") and _linear(part, "fc2"):
         return ("fc2",)
     if _linear(part, "out") and (_linear(part, "qkv") or _linear(part, "kv")):
@@ -69,17 +61,15 @@ def flops(part: nn.Module | None, tokens: int, memory: int | None = None) -> int
     declaration, else :func:`linear_flops`."""
     if part is None:
         return 0
-    declared = getattr(part, "flops", None)
-    if callable(declared):
-        return declared(tokens, memory)
+    if isinstance(part, CountsFlops):
+        return part.flops(tokens, memory)
     return linear_flops(part, tokens)
 
 
 def saved_per_token(part: nn.Module) -> int:
     """Elements per token an FFN keeps for the backward pass besides its input."""
-    declared = getattr(part, "saved_per_token", None)
-    if callable(declared):
-        return declared()
+    if isinstance(part, SavesPerToken):
+        return part.saved_per_token()
     linears = [m for m in part.modules() if isinstance(m, nn.Linear)]
     return 2 * sum(m.out_features for m in linears[:-1])
 
@@ -89,23 +79,20 @@ def saved(part: nn.Module | None, tokens: int, memory: int | None = None, *, rot
     tokens): its ``saved`` declaration, else ``tokens * saved_per_token(part)``."""
     if part is None:
         return 0
-    declared = getattr(part, "saved", None)
-    if callable(declared):
-        return declared(tokens, memory, rotates=rotates)
+    if isinstance(part, SavesActivations):
+        return part.saved(tokens, memory, rotates=rotates)
     return tokens * saved_per_token(part)
 
 
 def norm_saved(norm: nn.Module) -> int:
     """Elements per token a norm keeps besides its input (RMSNorm: its normalised input); 0 if it
     declares nothing."""
-    declared = getattr(norm, "saved_per_token", None)
-    return declared() if callable(declared) else 0
+    return norm.saved_per_token() if isinstance(norm, SavesPerToken) else 0
 
 
 def mask_per_token(part: nn.Module | None) -> int:
     """Bytes of dropout masks ``part`` keeps per token, as it declares; 0 if it declares nothing."""
-    declared = getattr(part, "mask_per_token", None)
-    return declared() if callable(declared) else 0
+    return part.mask_per_token() if isinstance(part, KeepsMasks) else 0
 
 
 def has_parameters(module: nn.Module | None) -> bool:
@@ -114,7 +101,6 @@ def has_parameters(module: nn.Module | None) -> bool:
 
 def head_sizes(part: nn.Module, dim: int) -> tuple[int, int, int, int]:
     """An attention's (n_heads, n_kv_heads, head_dim, v_head_dim); (1, 1, dim, dim) if undeclared."""
-    names = ("n_heads", "n_kv_heads", "head_dim", "v_head_dim")
-    if all(isinstance(getattr(part, n, None), int) for n in names):
-        return tuple(getattr(part, n) for n in names)
+    if isinstance(part, HeadSizes):
+        return part.n_heads, part.n_kv_heads, part.head_dim, part.v_head_dim
     return 1, 1, dim, dim

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from zoo.components.attention import Attention
 from zoo.components.parts import flops
+from zoo.protocols import CountsFlops, SavesPerToken, SummaryPart
 from zoo.registry import register, registry
 
 
@@ -32,7 +33,7 @@ class MeanPool(nn.Module):
         return x[:, prefix:].mean(dim=1)
 
 
-class AttentionPool(nn.Module):
+class AttentionPool(nn.Module, SummaryPart, CountsFlops, SavesPerToken):
     """Multihead attention pooling (MAP; timm's ``AttentionPoolLatent`` with one latent): a learned
     query ``latent`` [1, 1, D] attends over the patch tokens (cross-attention ``attn``: ``q`` on the
     latent, ``kv`` on the patches, ``out``), then ``y = y + ffn(norm(y))``."""

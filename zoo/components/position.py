@@ -21,10 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from zoo.kernels.mask import AlibiBias, RelativeBias
+from zoo.protocols import DerivedBuffers, InitNormal, SummaryPart
 from zoo.registry import register
 
 
-class Position(nn.Module):
+class Position(nn.Module, SummaryPart):
     """Identity hooks; subclasses override the ones their mechanism uses."""
 
     max_len: int | None = None  # the longest sequence a table covers; None: any length
@@ -34,6 +35,12 @@ class Position(nn.Module):
     def rotates(self) -> bool:
         """Whether it rotates queries and keys (which keeps copies of them for the backward pass)."""
         return type(self).rotate is not Position.rotate
+
+    @property
+    def reads_host(self) -> bool:
+        """Whether a forward pass reads its positions on the host (a dynamic RoPE scaling sets its
+        frequencies from the longest position seen), which a compiled decoding step cannot do."""
+        return False
 
     def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
         """What :meth:`add` adds for a ViT whose patch grid is ``grid`` instead of the ``trained``
@@ -87,7 +94,7 @@ class TablePosition(Position):
         return resample_grid_table(self.weight, trained, grid, prefix=prefix)
 
 
-class LearnedPosition(TablePosition):
+class LearnedPosition(TablePosition, InitNormal):
     """A learned table. With an ``offset``, position p reads row p + offset (BART's table starts at 2)
     and the first ``offset`` rows are weights no position reads. With ``padding_idx`` (fairseq's
     positions: RoBERTa, XLM-R) the offset is padding_idx + 1 and padding tokens read row padding_idx
@@ -137,7 +144,7 @@ def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str
     return table.float()
 
 
-class SinusoidalPosition(TablePosition):
+class SinusoidalPosition(TablePosition, DerivedBuffers):
     def __init__(self, dim: int, max_len: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
         self.base, self.layout = base, layout
@@ -180,7 +187,7 @@ def resample_grid_table(table: Tensor, old: tuple[int, int], new: tuple[int, int
     return torch.cat([head, grid.permute(0, 2, 3, 1).reshape(-1, d).to(table.dtype)])
 
 
-class SinCos2dPosition(TablePosition):
+class SinCos2dPosition(TablePosition, DerivedBuffers):
     def __init__(self, dim: int, grid: tuple[int, int], *, base: float = 10000.0, extra_tokens: int = 0) -> None:
         super().__init__()
         self.grid, self.base, self.extra_tokens = grid, base, extra_tokens
@@ -242,7 +249,7 @@ def relative_buckets(relative: Tensor, *, num_buckets: int, max_distance: int, b
     return buckets + torch.where(distance < exact, distance, far)
 
 
-class RelativeBiasPosition(Position):
+class RelativeBiasPosition(Position, InitNormal):
     """T5's relative position bias: score(i, j) += weight[bucket(j - i), h], a learned scalar per
     bucket of distance and head (see :func:`relative_buckets`). ``bidirectional``: an encoder's
     buckets (keys before and after apart); else a causal stack's. Each stack has its own table

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from zoo.components.position import Position
+from zoo.protocols import DerivedBuffers
 from zoo.registry import register
 
 __all__ = ["RotaryPosition", "rope_frequencies", "rotate_half", "scaled_frequencies"]
@@ -132,7 +133,7 @@ def scaled_frequencies(dim: int, base: float, scaling=None, *, max_len: int | No
     return _SCALED[scaling.kind](dim, base, scaling, max_len=max_len, seq_len=seq_len)
 
 
-class RotaryPosition(Position):
+class RotaryPosition(Position, DerivedBuffers):
     """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX and HF LLaMA: dimension i pairs
     with i + K/2, and the pair turns by angle position * base^(-2i/K).
 
@@ -168,6 +169,10 @@ class RotaryPosition(Position):
     @property
     def kind(self) -> str | None:
         return None if self.scaling is None else self.scaling.kind
+
+    @property
+    def reads_host(self) -> bool:
+        return self.kind == "dynamic"  # its frequencies follow the longest position, read on the host
 
     def _frequencies_for(self, seq_len: int | None) -> Tensor:
         return scaled_frequencies(self.rotary_dims, self.base, self.scaling, max_len=self.original_len,

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from zoo.components.position import Position
+from zoo.protocols import DerivedBuffers
 from zoo.registry import register
 
 __all__ = ["GridRotaryPosition", "grid_positions"]
@@ -33,7 +34,7 @@ def _turn_pairs(x: Tensor) -> Tensor:
     return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)
 
 
-class GridRotaryPosition(Position):
+class GridRotaryPosition(Position, DerivedBuffers):
     """2-D RoPE over (row, column) grid positions (see the module docstring); ``ref_grid``: the side
     the coordinates of any grid are stretched to (timm's ``ref_feat_shape``), None: raw indices."""
 

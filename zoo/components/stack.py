@@ -20,10 +20,11 @@ from torch.utils.checkpoint import checkpoint
 from zoo.components import parts
 from zoo.components.block import Block, BlockContext
 from zoo.components.cache import KVCache
-from zoo.components.static_cache import StaticKVCache
 from zoo.components.dropout import Dropout
 from zoo.components.position import Position
+from zoo.components.static_cache import StaticKVCache
 from zoo.kernels import Mask, document_positions
+from zoo.protocols import LayerCosts, SummaryParts
 
 __all__ = ["Stack", "StackContext", "positions_for"]
 
@@ -56,7 +57,7 @@ class StackContext:
         return replace(self, layers=layers)
 
 
-class Stack(nn.Module):
+class Stack(nn.Module, SummaryParts, LayerCosts):
     """Blocks in sequence, then the final norm (or nothing, where the block kind ends in a norm).
 
     ``windows``: each layer's sliding window (None: every token it may see; see ``zoo.kernels.Mask``);

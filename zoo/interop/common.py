@@ -19,6 +19,8 @@ from typing import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
+from zoo.shards import tie_groups
+
 __all__ = ["ConversionError", "Rule", "zoo_state", "zoo_tensor", "reference_state", "reference_tensors", "check_covered",
            "check_used", "load_exact", "device_dtype", "name_list"]
 
@@ -128,13 +130,8 @@ def check_used(names: Iterable[str], rules: Iterable[Rule], where: str) -> None:
 
 
 def _tie_groups(module: nn.Module) -> list[list[str]]:
-    """State-dict names that share one tensor (tied weights)."""
-    groups: dict[int, list[str]] = {}
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        if tensor.device.type == "meta":
-            return []
-        groups.setdefault(tensor.untyped_storage().data_ptr() + tensor.storage_offset(), []).append(name)
-    return [names for names in groups.values() if len(names) > 1]
+    """State-dict names that share one tensor (tied weights; parameters over one storage)."""
+    return [names for names in tie_groups(module.state_dict(keep_vars=True)).values() if len(names) > 1]
 
 
 def load_exact(module: nn.Module, state: Mapping[str, Tensor], where: str) -> None:

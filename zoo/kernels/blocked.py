@@ -25,10 +25,10 @@ from torch import Tensor
 
 from zoo.kernels.mask import Mask
 
-__all__ = ["attention", "band", "worth_it"]
+__all__ = ["MIN_BLOCK", "MIN_KEYS", "attention", "band", "worth_it"]
 
-_MIN_BLOCK = 64
-_MIN_KEYS = 512  # below this the dense call is as fast (measured: bench --only window)
+MIN_BLOCK = 64  # the smallest block of queries and keys
+MIN_KEYS = 512  # below this the dense call is as fast (measured: bench --only window)
 
 
 def band(mask: Mask) -> tuple[int, int, int] | None:
@@ -40,12 +40,12 @@ def band(mask: Mask) -> tuple[int, int, int] | None:
     if back is None or ahead is None:
         return None
     reach = max(back, ahead, 1)
-    C = max(_MIN_BLOCK, 16 * math.ceil(reach / 2 / 16))  # about two blocks back: (2 + 1) * C ~ 1.5 reach
+    C = max(MIN_BLOCK, 16 * math.ceil(reach / 2 / 16))  # about two blocks back: (2 + 1) * C ~ 1.5 reach
     C = min(C, 16 * math.ceil(mask.q_len / 16))
     return C, math.ceil(back / C), math.ceil(ahead / C)
 
 
-def worth_it(mask: Mask, min_keys: int = _MIN_KEYS, *, gathered_bias: bool = True,
+def worth_it(mask: Mask, min_keys: int = MIN_KEYS, *, gathered_bias: bool = True,
              dtype: torch.dtype = torch.float32) -> bool:
     """Whether the band is a small enough share of the keys (at least ``min_keys``) to beat one dense
     call: at most half of them; with a bias, whose bands this kernel reads or computes

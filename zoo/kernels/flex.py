@@ -46,8 +46,8 @@ def _kernel():
 
 def block_mask(mask: Mask, batch: int, device) -> object:
     """The mask's FlexAttention block mask (cached on the mask)."""
-    key = f"flex-{device}"
-    if key not in mask._cache:
+
+    def make() -> object:
         from torch.nn.attention.flex_attention import create_block_mask
 
         per_row = any(t is not None for t in (mask.padding, mask.documents, mask.prefix))
@@ -56,9 +56,9 @@ def block_mask(mask: Mask, batch: int, device) -> object:
         def mask_mod(b, h, q_idx, kv_idx):
             return mask.allowed(b if per_row else 0, q_idx + off, kv_idx)
 
-        mask._cache[key] = create_block_mask(mask_mod, batch if per_row else None, None, mask.q_len, mask.k_len,
-                                             device=device)
-    return mask._cache[key]
+        return create_block_mask(mask_mod, batch if per_row else None, None, mask.q_len, mask.k_len, device=device)
+
+    return mask.cached(f"flex-{device}", make)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, scale: float | None = None,

@@ -245,25 +245,31 @@ class Mask:
             ahead = longest if ahead is None else min(ahead, longest)
         return back, ahead
 
+    def cached(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``, called once per mask and ``key``: what a backend derives from the mask (its
+        dense form, a FlexAttention block mask) is made once a forward pass, for every layer."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
     def _longest_document(self) -> int:
-        if "longest" not in self._cache:
+        def longest() -> int:
             d = self.documents
             change = torch.ones_like(d, dtype=torch.bool)
             change[:, 1:] = d[:, 1:] != d[:, :-1]
             starts = change.flatten().nonzero().squeeze(1)
             ends = torch.cat([starts[1:], starts.new_tensor([d.numel()])])
             row_ends = (starts // d.shape[1] + 1) * d.shape[1]  # a run never spans two rows
-            self._cache["longest"] = int((torch.minimum(ends, row_ends) - starts).max())
-        return self._cache["longest"]
+            return int((torch.minimum(ends, row_ends) - starts).max())
+
+        return self.cached("longest", longest)
 
     # ------------------------------------------------------------------------------ dense form
     def dense(self) -> tuple[Tensor | None, bool]:
         """``(attn_mask, is_causal)`` for SDPA: None and SDPA's own causal flag where nothing needs
         combining; else a boolean [B|1, 1, T, S] (True = may attend), or with a bias the bias with
         -inf on the pairs not allowed. Computed once per mask."""
-        if "dense" not in self._cache:
-            self._cache["dense"] = self._dense()
-        return self._cache["dense"]
+        return self.cached("dense", self._dense)
 
     def _dense(self) -> tuple[Tensor | None, bool]:
         T, S = self.q_len, self.k_len

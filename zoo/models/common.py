@@ -13,6 +13,7 @@ from zoo.components.embedding import TokenEmbedding
 from zoo.components.parts import residual_linears
 from zoo.components.position import NoPosition, Position
 from zoo.components.stack import Stack
+from zoo.protocols import HasSublayers, InitNormal, InitResidual, ResidualWriter
 from zoo.registry import registry
 from zoo.spec import FamilySpec
 
@@ -58,7 +59,7 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
     for layer in layers:
         b = layer.block
         blocks.append(build_part("block", b, dim=spec.d_model, dropout=spec.dropout, cross=cross))
-        windows.append(getattr(b.attention, "window", None))
+        windows.append(b.attention.window)  # every attention spec is an AttentionSpec
         position = layer.position or (spec.position if type(spec.position).per_stack else None)
         if position is None:
             positions.append(None)
@@ -102,10 +103,9 @@ def _residual_parts(model: nn.Module) -> list[nn.Module]:
     """The blocks' sub-layers, and any other module that declares ``residual_out``."""
     found = {}
     for m in model.modules():
-        sublayers = getattr(m, "sublayers", None)
-        if callable(sublayers):
-            found.update((id(p), p) for p in sublayers())
-        if getattr(m, "residual_out", None) is not None:
+        if isinstance(m, HasSublayers):
+            found.update((id(p), p) for p in m.sublayers())
+        if isinstance(m, ResidualWriter):
             found[id(m)] = m
     return list(found.values())
 
@@ -138,7 +138,7 @@ def init_weights(model: nn.Module, spec: FamilySpec) -> None:
     for m in model.modules():
         if isinstance(m, nn.Embedding):
             normal(m.weight, d**-0.5 if init.scheme == "xavier" else init.std)
-        for name in getattr(m, "init_normal", ()):
+        for name in m.init_normal if isinstance(m, InitNormal) else ():
             normal(getattr(m, name), init.std)
-        for name in getattr(m, "init_residual", ()):
+        for name in m.init_residual if isinstance(m, InitResidual) else ():
             normal(getattr(m, name), residual_std)

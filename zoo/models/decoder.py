@@ -25,6 +25,7 @@ class DecoderLM(Family):
     """
 
     is_causal = True
+    decodes_from = "prompt"  # generate continues the prompt
 
     def __init__(self, spec: DecoderSpec) -> None:
         super().__init__()
@@ -70,7 +71,7 @@ class DecoderLM(Family):
         return self.head(x[:, -1:] if last_only else x)  # (B, T, V)
 
     def hidden_states_refused(self) -> str | None:
-        if self.spec.head.kind == "none":
+        if self.spec.head.passes_hidden_states:
             return None
         return (f"this decoder's {self.spec.head.kind} head gives logits, not hidden states; embeddings come from "
                 f"a decoder with head: none (a backbone such as HF's LlamaModel)")

@@ -25,11 +25,12 @@ from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
 from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, token_embedding
 from zoo.models.family import Family
+from zoo.protocols import SummaryPart
 from zoo.registry import register
 from zoo.spec import EncoderSpec
 
 
-class Classifier(nn.Module):
+class Classifier(nn.Module, SummaryPart):
     """First token [-> linear -> tanh (BERT's pooler)] -> dropout -> linear to the labels."""
 
     summary_part = "head"
@@ -44,7 +45,7 @@ class Classifier(nn.Module):
         return self.out(self.drop(self.pooler(x[:, 0])))
 
 
-class Pooler(nn.Module):
+class Pooler(nn.Module, SummaryPart):
     """BERT's pooler: the first token's hidden state -> linear -> tanh. [B, T, D] -> [B, D]."""
 
     summary_part = "head"

@@ -31,6 +31,7 @@ class EncoderDecoder(Family):
     """
 
     is_causal = True
+    decodes_from = "source"  # generate encodes the source, then decodes from bos_id
 
     def __init__(self, spec: EncoderDecoderSpec) -> None:
         super().__init__()

@@ -16,14 +16,16 @@ from torch import Tensor, nn
 
 from zoo.components import parts
 from zoo.components.stack import Stack
+from zoo.protocols import Generates, ModelCosts, SummaryPart, SummaryParts, VocabularyLoss
 
 __all__ = ["Family"]
 
 
-class Family(nn.Module):
+class Family(nn.Module, SummaryParts, ModelCosts, Generates):
     """The base of a model family's module. ``spec`` is set by the builder (``zoo.build``)."""
 
     is_causal: ClassVar[bool] = False  # position t sees tokens <= t only (and decodes with a KV cache)
+    decodes_from: ClassVar[str | None] = None  # how zoo.generate feeds it: "prompt", "source" or not at all
     unit: ClassVar[str] = "token"  # costs per token of a sequence, or per "image"
     summary_parts: ClassVar[dict[str, str]] = {}  # top-level attributes' parts, beyond what modules declare
 
@@ -74,11 +76,10 @@ class Family(nn.Module):
         ``forward(..., targets=...)`` returns this loss instead of the logits."""
         if targets is None:
             return self.head(x)
-        loss = getattr(self.head, "loss", None)
-        if not callable(loss):
+        if not isinstance(self.head, VocabularyLoss):
             raise ValueError(f"targets: this model's head ({type(self.head).__name__}) has no vocabulary projection whose "
                              "cross-entropy it computes; pass no targets and score its output yourself")
-        return loss(x, targets, label_smoothing=label_smoothing, reduction=reduction, return_nll=return_nll)
+        return self.head.loss(x, targets, label_smoothing=label_smoothing, reduction=reduction, return_nll=return_nll)
 
     def embedding_saved(self, tokens: int) -> tuple[int, int]:
         """(elements, mask bytes) of one embedding pass over ``tokens`` tokens: an ``emb_norm``'s
@@ -103,15 +104,13 @@ class Family(nn.Module):
         path = name.split(".")
         node: nn.Module = self
         for attr in path[:-1]:
-            declared = getattr(node, "summary_parts", {})
+            declared = node.summary_parts if isinstance(node, SummaryParts) else {}
             if attr in declared or "*" in declared:
                 child = getattr(node, attr)
-                own = getattr(child, "summary_part", None)
-                return own or declared.get(attr, declared.get("*"))
+                return child.summary_part if isinstance(child, SummaryPart) else declared.get(attr, declared.get("*"))
             node = getattr(node, attr)
-            own = getattr(node, "summary_part", None)
-            if own:
-                return own
+            if isinstance(node, SummaryPart):
+                return node.summary_part
         if len(path) == 1:
             return self.summary_parts.get(path[0], "embeddings")  # a bare parameter: the class token
         if isinstance(node, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)):

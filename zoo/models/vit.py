@@ -190,7 +190,7 @@ class VisionTransformer(Family):
         reads every patch) and the head on one vector."""
         s = self.spec
         patches = s.grid[0] * s.grid[1]
-        return (self.patch_embed.flops(s.image_size) + self.stack.flops(s.n_tokens) + parts.flops(self.pool, patches)
+        return (self.patch_embed.image_flops(s.image_size) + self.stack.flops(s.n_tokens) + parts.flops(self.pool, patches)
                 + parts.flops(self.head, 1))
 
     def saved(self, seq: int) -> tuple[int, int]:
@@ -199,7 +199,7 @@ class VisionTransformer(Family):
         s = self.spec
         n, patches = s.n_tokens, s.grid[0] * s.grid[1]
         elements, masks = self.stack.saved(n, rotates=self.position.rotates)
-        elements += s.in_channels * s.image_size**2 + self.patch_embed.saved(s.image_size) + s.pre_norm * n * s.d_model
+        elements += s.in_channels * s.image_size**2 + self.patch_embed.image_saved(s.image_size) + s.pre_norm * n * s.d_model
         elements += s.d_model + parts.saved_per_token(self.head) + patches * parts.saved_per_token(self.pool)
         return elements, masks + (n * s.d_model if s.dropout.embedding else 0)
 

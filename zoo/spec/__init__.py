@@ -12,7 +12,7 @@ fix; nothing is rewritten behind the user's back (derived sizes are properties).
     zoo.spec.parts      the specs of attention, positions, FFNs, norms, heads and ViT pools
     zoo.spec.moe        the mixture-of-experts FFN (ffn.kind: moe): experts, router, shared expert
     zoo.spec.rope       the scalings of RoPE's frequencies (linear, dynamic, llama3, yarn, longrope)
-    zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel) and per-layer patterns
+    zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel, sandwich) and per-layer patterns
     zoo.spec.families   FamilySpec and the four families: decoder, encoder, encoder_decoder, vit
     zoo.spec.migrate    0.1's field names (norm.placement, head options) read as today's, with a note
     zoo.spec.load       YAML files, presets, dotted overrides, validation errors (SpecError), JSON Schema
@@ -28,6 +28,7 @@ from zoo.spec.blocks import (
     PostBlockSpec,
     PostSublayerBlockSpec,
     PreBlockSpec,
+    SandwichBlockSpec,
     select_layers,
 )
 from zoo.spec.families import (
@@ -117,7 +118,7 @@ __all__ = [
     "Llama3ScalingSpec", "LongRopeScalingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
     "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
     "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "Rate", "RelativeBiasSpec", "ReluFFNSpec",
-    "Rope2dSpec", "RopeScalingSpec", "RopeSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",
+    "Rope2dSpec", "RopeScalingSpec", "RopeSpec", "SandwichBlockSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",
     "TextSpec", "VitSpec", "YarnScalingSpec", "apply_overrides", "json_schema", "load_spec", "parse_spec",
     "preset_names", "preset_path", "read_yaml", "select_layers", "to_yaml",
 ]

@@ -16,7 +16,6 @@ from zoo.spec.parts import (
     AnyHead,
     AnyPool,
     AnyPosition,
-    AttentionSpec,
     ClsPoolSpec,
     LearnedSpec,
     LinearHeadSpec,
@@ -165,10 +164,9 @@ class FamilySpec(Spec):
         return list(dict.fromkeys(problems))
 
     def _head_dim(self, block: BlockSpec) -> int:
-        """The query/key head size of ``block``'s attention (d_model for an attention spec that
-        has none)."""
-        att = block.attention
-        return att.qk_size(self.d_model) if isinstance(att, AttentionSpec) else self.d_model
+        """The query/key head size of ``block``'s attention (every attention spec subclasses
+        AttentionSpec: the attention registry's spec base)."""
+        return block.attention.qk_size(self.d_model)
 
     def _origins(self, stack: str, n: int) -> list[str]:
         """For each layer, the field its spec comes from: ``block``, or the last pattern selecting it."""
@@ -186,7 +184,7 @@ class FamilySpec(Spec):
         blk = "block" if where == "block" else f"{where}.block"
         problems = []
         for field, spec in (("attention", b.attention), ("cross_attention", b.cross_attention)):
-            if not isinstance(spec, AttentionSpec):
+            if spec is None:  # no cross-attention
                 continue
             if (spec.head_dim is None or spec.v_head_dim is None) and d % spec.n_heads:
                 divisors = [h for h in range(1, min(d, 64) + 1) if d % h == 0]

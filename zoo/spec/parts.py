@@ -327,9 +327,12 @@ class MapPoolSpec(PoolSpec):
 # -------------------------------------------------------------------------------------------- heads
 class HeadSpec(ComponentSpec):
     """What a model puts after its last block. ``takes``: the family outputs it reads, ``tokens``
-    ([B, T, D]: text families) and/or ``pooled`` ([B, D]: a ViT's pooled tokens)."""
+    ([B, T, D]: text families) and/or ``pooled`` ([B, D]: a ViT's pooled tokens).
+    ``passes_hidden_states``: the head returns what it takes unchanged, so the model's output is its
+    hidden states (what ``zoo.embed`` pools)."""
 
     takes: ClassVar[frozenset[str]] = frozenset({"tokens"})
+    passes_hidden_states: ClassVar[bool] = False
 
 
 class NoHeadSpec(HeadSpec):
@@ -338,6 +341,7 @@ class NoHeadSpec(HeadSpec):
 
     kind: Literal["none"] = "none"
     takes: ClassVar[frozenset[str]] = frozenset({"tokens", "pooled"})
+    passes_hidden_states: ClassVar[bool] = True
 
 
 class LMHeadSpec(HeadSpec):

@@ -49,7 +49,7 @@ def prefers_blocked(mask: Mask, q: Tensor, dense: Callable[..., Tensor]) -> bool
     dropout_p, enable_gqa, scale)`` is the dispatcher's dense attention (SDPA or zoo's kernel)."""
     rule = blocked.worth_it(mask, dtype=q.dtype)
     shape = blocked.band(mask)
-    if shape is None or mask.k_len < blocked._MIN_KEYS or q.device.type != "cpu" or torch.compiler.is_compiling():
+    if shape is None or mask.k_len < blocked.MIN_KEYS or q.device.type != "cpu" or torch.compiler.is_compiling():
         return rule
     C, back, ahead = shape
     keys = (back + ahead + 1) * C
@@ -71,7 +71,7 @@ def _timing_calls(cls: tuple, dense: Callable[..., Tensor]) -> dict:
     class: a causal window whose band has the class's keys, with the class's kind of bias."""
     dtype_name, mode, bh, t, keys, k, bias = cls
     dtype, training = getattr(torch, dtype_name), mode == "train"
-    C = max(blocked._MIN_BLOCK, 16 * -(-keys // 48))  # a reach of 2C: blocks of C, two back, the band 3C
+    C = max(blocked.MIN_BLOCK, 16 * -(-keys // 48))  # a reach of 2C: blocks of C, two back, the band 3C
     made: dict = {}
 
     def inputs():
