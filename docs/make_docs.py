@@ -240,10 +240,23 @@ def zoo_commands() -> str:
     return "\n".join(lines)
 
 
+def suite_times(path: str) -> str:
+    """The test tiers' wall times as ``python -m bench.suite`` measured them, and on what."""
+    data = json.loads((ROOT / path).read_text(encoding="utf-8"))
+    m, tiers = data["machine"], data["tiers"]
+    words = {"full": "the whole suite", "fast": "the fast lane"}
+    parts = [f"{words[name]}, {t['passed']:,} tests in {t['seconds'] / 60:.1f} min" for name, t in
+             sorted(tiers.items(), key=lambda kv: kv[0] != "full")]
+    load = f", load {m['loadavg_1min']:.1f} at the start" if "loadavg_1min" in m else ""
+    return (f"Measured with `python -m bench.suite` on a {m['cores']}-core {m['cpu']} ({m['cpu_generation']}{load}), "
+            f"{data['date']}: {'; '.join(parts)}.")
+
+
 GENERATORS: dict[str, Callable[..., str]] = {
     "bench-summary": bench_summary, "bench-line": bench_line, "bench-compare": bench_compare, "bench-table": bench_table,
     "recipe-settings": recipe_settings, "ablation-rows": ablation_rows, "ablation-table": ablation_table, "convert-memory": convert_memory,
     "interop-classes": interop_classes, "interop-order": interop_order, "zoo-commands": zoo_commands,
+    "suite-times": suite_times,
 }
 
 
