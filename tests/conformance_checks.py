@@ -6,11 +6,11 @@ directions of conversion, and the settings that make HF's ``generate`` decode as
 from __future__ import annotations
 
 import torch
-from conftest import positions
+from conftest import assert_greedy_equals_hf, max_diff, positions
 from conformance_table import TIMM_CONFIGS, V
 
 import zoo
-from zoo.interop import from_hf, from_timm, to_hf, to_timm
+from zoo.interop import from_hf, from_timm, hf_config, hf_spec, to_hf, to_timm
 
 ATOL = 1e-4
 LENGTH, PROMPT, NEW = 9, 5, 6  # forward passes; prompts and the tokens decoded after them (past the windows of 5)
@@ -137,3 +137,70 @@ def zoo_generate(model: torch.nn.Module, ref: torch.nn.Module, prompt: torch.Ten
 def rows(tokens: torch.Tensor, eos: int | None) -> list[list[int]]:
     """Each row's tokens up to its eos (HF fills after it with pad or eos, zoo with pad_id)."""
     return [row[: row.index(eos) + 1] if eos is not None and eos in row else row for row in tokens.tolist()]
+
+
+# ------------------------------------------------------------------------------------------ the checks
+def check_round_trip(ref: torch.nn.Module, name: str | None = None, unread: tuple[str, ...] = ()) -> None:
+    """reference -> zoo -> reference (class ``name``, default the reference's) gives back every tensor of
+    ``ref``'s state dict, bit for bit (``unread``: tensors HF keeps that no forward pass reads)."""
+    name = name or type(ref).__name__
+    back = to_reference(to_zoo(ref), name, ref)
+    assert type(back) is type(ref)
+    assert [k for k in same_state(ref, back) if k not in unread] == []
+
+
+def check_outputs(ref: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
+    """The converted zoo model, and the reference converted back from it, give ``ref``'s outputs at real
+    tokens, unpadded and padded on each side the family takes; returns the zoo model."""
+    name = name or type(ref).__name__
+    model = to_zoo(ref)
+    back = to_reference(model, name, ref)
+    fam = model.spec.family
+    for side in sides(fam):
+        ours, theirs, real = inputs(ref, fam, side)
+        expected = forward(ref, theirs)
+        assert expected.abs().max() > 0.1  # not a degenerate output
+        out = forward(model, ours)
+        assert max_diff(out, expected, real) < ATOL, f"{name} -> zoo, padding {side}"
+        assert max_diff(forward(back, theirs), out, real) < ATOL, f"zoo -> {name}, padding {side}"
+    if getattr(model, "pooler", None) is not None:  # BERT's and RoBERTa's backbones with their pooler
+        x = tokens(3, 7, seed=1)
+        with torch.no_grad():
+            assert max_diff(model.pool(x), ref(x).pooler_output) < ATOL
+    return model
+
+
+def check_config(ref: torch.nn.Module, default: str | None = None) -> None:
+    """The spec read from ``ref``'s config is the converted model's, the config zoo writes for the
+    class reads back as the same spec and names the class, and ``to_hf`` picks class ``default`` (the
+    reference's own where None) when none is named. A config alone cannot say what only the tensors
+    do: a logits bias (BART's, Marian's), a pooler (a backbone reads as having HF's default)."""
+    name = type(ref).__name__
+    model = to_zoo(ref)
+
+    def spec(s):
+        data = s.model_dump(mode="json", exclude={"pooler"})
+        data["head"].pop("bias", None)
+        return data
+
+    written = hf_config(model.spec, name)
+    assert written.architectures == [name]
+    assert spec(hf_spec(ref.config)) == spec(model.spec) == spec(hf_spec(written))
+    assert type(to_hf(model)).__name__ == (default or name)
+
+
+def check_greedy(ref: torch.nn.Module) -> None:
+    """zoo's cached greedy decoding gives HF's ``generate(do_sample=False)`` tokens past the windows, for
+    prompts unpadded and padded (decoders on the left, encoder-decoders' sources on the right)."""
+    model = to_zoo(ref)
+    fam = model.spec.family
+    if fam == "decoder":
+        prompt = tokens(3, PROMPT, seed=3)
+        for m in (None, mask("left", length=PROMPT)):
+            assert_greedy_equals_hf(model, ref, prompt, m, NEW)
+        return
+    src = tokens(3, PROMPT + 2, seed=3)
+    for m in (None, mask("right", length=PROMPT + 2)):
+        theirs, _ = hf_generate(ref, fam, src, m, beams=1)
+        ours = zoo_generate(model, ref, src, m, num_beams=1)
+        assert theirs.shape == (3, NEW) and torch.equal(ours.tokens, theirs)

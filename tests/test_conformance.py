@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_greedy_equals_hf, max_diff
 from conformance_checks import (
-    ATOL, NEW, PROMPT, forward, hf_generate, inputs, is_timm, mask, rows, same_state, sides, to_reference, to_zoo, tokens,
-    zoo_generate,
+    NEW, PROMPT, check_config, check_greedy, check_outputs, check_round_trip, forward, hf_generate, inputs, is_timm, mask, rows,
+    same_state, to_zoo, tokens, zoo_generate,
 )
 from conformance_table import CLASSES, HF_CONFIGS, reference, timm_classes
 from conformance_table import hf_config as table_config
@@ -42,6 +41,8 @@ transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 
 
+# to_hf's class where it is not the reference's: the first that computes the spec
+DEFAULT_CLASS = {"XLMRobertaForMaskedLM": "RobertaForMaskedLM", "XLMRobertaModel": "RobertaModel"}
 # the classes that generate: decoders with a head, encoder-decoders
 GENERATORS = [n for n in HF_CONFIGS if n.endswith(("ForCausalLM", "LMHeadModel")) or table_config(n).is_encoder_decoder]
 
@@ -56,46 +57,22 @@ def test_every_registered_class_has_an_entry_in_the_table():
 
 @pytest.mark.parametrize("name", CLASSES)
 def test_weights_round_trip_exactly(name):
-    ref = reference(name)
-    back = to_reference(to_zoo(ref), name, ref)
-    assert type(back) is type(ref)
-    assert same_state(ref, back) == []
+    check_round_trip(reference(name))
 
 
 @pytest.mark.parametrize("name", CLASSES)
 def test_outputs_equal_both_ways_padded_or_not(name):
-    ref = reference(name)
-    model = to_zoo(ref)
-    back = to_reference(model, name, ref)
-    fam = model.spec.family
-    for side in sides(fam):
-        ours, theirs, real = inputs(ref, fam, side)
-        expected = forward(ref, theirs)
-        assert expected.abs().max() > 0.1  # not a degenerate output
-        out = forward(model, ours)
-        assert max_diff(out, expected, real) < ATOL, f"{name} -> zoo, padding {side}"
-        assert max_diff(forward(back, theirs), out, real) < ATOL, f"zoo -> {name}, padding {side}"
-    if getattr(model, "pooler", None) is not None:  # BERT's backbone with its pooler
-        x = tokens(3, 7, seed=1)
-        with torch.no_grad():
-            assert max_diff(model.pool(x), ref(x).pooler_output) < ATOL
+    check_outputs(reference(name))
+
+
+@pytest.mark.parametrize("name", HF_CONFIGS)
+def test_config_reads_and_writes_the_spec(name):
+    check_config(reference(name), DEFAULT_CLASS.get(name))
 
 
 @pytest.mark.parametrize("name", GENERATORS)
 def test_greedy_decoding_equals_hf_generate(name):
-    ref = reference(name)
-    model = to_zoo(ref)
-    fam = model.spec.family
-    if fam == "decoder":
-        prompt = tokens(3, PROMPT, seed=3)
-        for m in (None, mask("left", length=PROMPT)):
-            assert_greedy_equals_hf(model, ref, prompt, m, NEW)
-        return
-    src = tokens(3, PROMPT + 2, seed=3)
-    for m in (None, mask("right", length=PROMPT + 2)):
-        theirs, _ = hf_generate(ref, fam, src, m, beams=1)
-        ours = zoo_generate(model, ref, src, m, num_beams=1)
-        assert theirs.shape == (3, NEW) and torch.equal(ours.tokens, theirs)
+    check_greedy(reference(name))
 
 
 @pytest.mark.slow
