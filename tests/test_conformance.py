@@ -25,9 +25,10 @@ from __future__ import annotations
 import pytest
 import torch
 from conformance_checks import (
-    NEW, PROMPT, check_config, check_greedy, check_outputs, check_round_trip, forward, hf_generate, inputs, is_timm, mask, rows,
+    ATOL, NEW, PROMPT, check_config, check_greedy, check_outputs, check_round_trip, forward, hf_generate, inputs, is_timm, mask, rows,
     same_state, to_zoo, tokens, zoo_generate,
 )
+from conftest import max_diff
 from conformance_table import CLASSES, HF_CONFIGS, reference, timm_classes
 from conformance_table import hf_config as table_config
 
@@ -121,8 +122,11 @@ def test_sharded_folder_streams_to_zoo_and_back(name, tmp_path):
         model = zoo.load(done.path)
         back = convert(done.path, tmp_path / "back", architecture=name, max_shard_size="20KB")
         assert (tmp_path / "back" / "model.safetensors.index.json").is_file()
-        loaded = getattr(transformers, name).from_pretrained(tmp_path / "back", local_files_only=True)
+        loaded = getattr(transformers, name).from_pretrained(tmp_path / "back", local_files_only=True).eval()
         assert back.reference == name and same_state(ref, loaded) == []
+        loaded.config._attn_implementation = ref.config._attn_implementation  # Gemma 2 soft-caps only in eager
+        _, theirs, _ = inputs(ref, expected.spec.family, None)
+        assert max_diff(forward(loaded, theirs), forward(ref, theirs)) < ATOL  # config.json says what the config did
     assert model.spec == expected.spec and same_state(expected, model) == []
 
 
