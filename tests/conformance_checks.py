@@ -68,7 +68,8 @@ def sides(family: str) -> list[str | None]:
 
 
 def inputs(ref: torch.nn.Module, family: str, side: str | None) -> tuple[tuple, dict, torch.Tensor | None]:
-    """(zoo's positional inputs, the reference's keyword inputs, the real positions of the output)."""
+    """(zoo's positional inputs, the reference's keyword inputs, the real positions of the output); with
+    segment ids where the class has several."""
     if family == "vit":
         size = TIMM_CONFIGS[type(ref).__name__]["img_size"]
         images = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
@@ -88,6 +89,9 @@ def inputs(ref: torch.nn.Module, family: str, side: str | None) -> tuple[tuple, 
     kw = {"input_ids": x, "attention_mask": m.long()}
     if ref.config.model_type not in FROM_IDS:
         kw["position_ids"] = positions(m)
+    if getattr(ref.config, "type_vocab_size", 1) > 1:  # BERT's segments
+        kw["token_type_ids"] = torch.randint(0, ref.config.type_vocab_size, x.shape, generator=torch.Generator().manual_seed(2))
+        return (x, m, kw["token_type_ids"]), kw, m
     return (x, m), kw, m
 
 
