@@ -211,3 +211,4 @@ def check_greedy(ref: torch.nn.Module) -> None:
         theirs, _ = hf_generate(ref, fam, src, m, beams=1)
         ours = zoo_generate(model, ref, src, m, num_beams=1)
         assert theirs.shape == (3, NEW) and torch.equal(ours.tokens, theirs)
+        assert max(len(set(row)) for row in theirs.tolist()) > 1  # not one token repeated

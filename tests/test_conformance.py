@@ -8,8 +8,11 @@ random, fp32, eval mode), is checked for:
   reference's logits (or hidden states, or a ViT's classes) within 1e-4 at real tokens, unpadded and
   with right and left padding where the class takes a mask (tests/conformance_checks.py);
 - cached greedy decoding: ``zoo.generate`` equals the reference's ``generate(do_sample=False)`` for
-  the classes that generate (decoders with a head, encoder-decoders), unpadded and padded, past the
-  windows; and beam search (4 beams; with an eos, finishing as HF does) its beam search and scores;
+  the classes that generate (decoders with a head, encoder-decoders: these untied, as a tied random
+  one repeats its last token), unpadded and padded, past the windows; and beam search (4 beams;
+  with an eos, finishing as HF does) its beam search and scores;
+- the config: the one zoo writes for the class names it and reads back as the converted spec, and
+  ``to_hf`` picks the class by itself;
 - streaming conversion: ``save_pretrained`` in shards of 20 KB, ``zoo convert`` to a zoo file and
   back (timm: a zoo file in shards to a timm directory and back), every tensor equal;
 - save and load: ``zoo.save`` / ``zoo.load`` rebuild the converted model, spec and tensors;
@@ -25,12 +28,12 @@ from __future__ import annotations
 import pytest
 import torch
 from conformance_checks import (
-    ATOL, NEW, PROMPT, check_config, check_greedy, check_outputs, check_round_trip, forward, hf_generate, inputs, is_timm, mask, rows,
-    same_state, to_zoo, tokens, zoo_generate,
+    ATOL, NEW, PROMPT, check_config, check_greedy, check_outputs, check_round_trip, forward, hf_generate, inputs,
+    is_timm, mask, rows, same_state, to_zoo, tokens, zoo_generate,
 )
-from conftest import max_diff
-from conformance_table import CLASSES, HF_CONFIGS, reference, timm_classes
+from conformance_table import CLASSES, HF_CONFIGS, generation_reference, reference, timm_classes
 from conformance_table import hf_config as table_config
+from conftest import max_diff
 
 import zoo
 from zoo.interop import ConversionError, hf_config, to_timm
@@ -73,7 +76,7 @@ def test_config_reads_and_writes_the_spec(name):
 
 @pytest.mark.parametrize("name", GENERATORS)
 def test_greedy_decoding_equals_hf_generate(name):
-    check_greedy(reference(name))
+    check_greedy(generation_reference(name))
 
 
 @pytest.mark.slow
@@ -82,7 +85,7 @@ def test_beam_search_equals_hf(name):
     """Without eos every hypothesis runs to the end and HF's length penalty 1 is zoo's "hf" with
     alpha 1; then an eos HF's beams produce, no length penalty, zoo finishing as HF does
     (``finish_from="beams"``): the same sequences and scores (tests/test_beam_hf.py)."""
-    ref = reference(name)
+    ref = generation_reference(name)
     model = to_zoo(ref)
     fam = model.spec.family
     prompt = tokens(3, PROMPT, seed=3)
@@ -179,4 +182,4 @@ def test_unclaimed_fields_are_refused_by_name(name):
         refused = _refusal(name, spec)
         assert refused is not None, f"{name}: {path} is not claimed but converts"
         assert _names_field(str(refused), path), f"{name}: {path} refused without naming it: {refused}"
-    assert tried > 10
+    assert tried >= 5
