@@ -4,9 +4,9 @@ For each converter (every HF architecture and timm class), the small reference o
 tests/conformance_table.py gives a base spec. Each field reachable in it (and in each part of
 another kind, and in each optional section switched on) is set to values other than its own; every
 resulting valid spec must either convert and read back to a spec that computes the same (compared
-by :func:`canonical`), or be refused with a ``ConversionError`` that names the field. A field added to zoo later is generated here too, so it is
-refused until a converter claims it; the last test checks that the generation reaches every field
-of every built-in spec class.
+by :func:`canonical`), or be refused with a ``ConversionError`` that names the field. A field added
+to zoo later is generated here too, so it is refused until a converter claims it; the last test
+checks that the generation reaches every field of every built-in spec class.
 """
 
 from __future__ import annotations
