@@ -179,7 +179,9 @@ def test_checkpoints_in_the_downloaded_layout_convert_both_ways(name, tmp_path):
     cls = getattr(transformers, name)
     x = tokens(2, 9)
     ref = output(hf, x)
-    assert torch.equal(output(cls.from_pretrained(str(tmp_path / "hf")).eval(), x), ref)  # the layout HF reads
+    # the layout HF reads (two HF instances with equal tensors can differ in the last bit: seen with
+    # Qwen2MoeModel's grouped experts on the CPU; the tensors are compared exactly below)
+    assert max_diff(output(cls.from_pretrained(str(tmp_path / "hf")).eval(), x), ref) < 1e-6
     hf.save_pretrained(str(tmp_path / "saved"))
     assert hf_names(tmp_path / "saved") == set(state)  # and writes
 
@@ -193,7 +195,7 @@ def test_checkpoints_in_the_downloaded_layout_convert_both_ways(name, tmp_path):
     assert (tmp_path / "back" / "model.safetensors.index.json").is_file() and hf_names(tmp_path / "back") == set(state)
     loaded = cls.from_pretrained(str(tmp_path / "back")).eval()
     assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in hf.state_dict().items())
-    assert torch.equal(output(loaded, x), ref)
+    assert max_diff(output(loaded, x), ref) < 1e-6
 
 
 def test_a_whole_checkpoint_in_pytorch_model_bin_converts(tmp_path):
