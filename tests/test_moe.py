@@ -279,7 +279,7 @@ def test_every_converter_refuses_an_moe_ffn_by_name():
 
     moe = {"kind": "moe", "n_experts": 3, "top_k": 2, "expert": {"kind": "swiglu", "hidden": 10}}
     dense = [n for n in CONVERTERS if n not in ARCHS or not claims_value(ARCHS[n].claims, "block.ffn.kind", "moe")]
-    assert len(dense) < len(CONVERTERS)  # the mixture-of-experts decoders convert it (tests/test_moe_hf.py)
+    assert len(dense) < len(CONVERTERS)  # the mixture-of-experts decoders convert it (tests/test_hf_moe.py)
     for name in dense:
         data = base_specs(name)[0].model_dump(mode="json")
         data["block"] = {**data["block"], "ffn": moe}

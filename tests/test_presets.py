@@ -13,7 +13,7 @@ EXACT = {
     # HF BertForMaskedLM(BertConfig())
     "bert-base": 109_514_298,
     "bert-base-headless": 109_482_240,  # HF BertModel(BertConfig()), with its pooler
-    # HF RobertaForMaskedLM from FacebookAI/roberta-base's config (tests/test_encoders_hf.py)
+    # HF RobertaForMaskedLM from FacebookAI/roberta-base's config (tests/test_hf_encoders.py)
     "roberta-base": 124_697_433,
     "distilbert-base": 66_985_530,  # HF DistilBertForMaskedLM from distilbert-base-uncased's config
     "modernbert-base": 149_655_232,  # HF ModernBertForMaskedLM from answerdotai/ModernBERT-base's config

@@ -4,7 +4,7 @@ The truth is HF's ``Gemma2ForCausalLM`` with its soft-capping off and ``query_pr
 the head size, so the block alone is what differs from a Pre-Norm decoder: read by the Gemma 2
 converter (``from_hf``) into exactly the spec below, its logits and greedy decoding equal zoo's,
 with Gemma 2's local and global layers alternating (a layer pattern). The block's formula, its
-summary and its place among the families are checked too. tests/test_gemma23.py covers the
+summary and its place among the families are checked too. tests/test_hf_gemma.py covers the
 converter itself, soft-capping and the score scale included.
 """
 

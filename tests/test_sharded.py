@@ -220,17 +220,11 @@ def test_conversion_holds_a_fraction_of_the_checkpoint(tmp_path):
 
 SMALL = dict(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=40, max_position_embeddings=64)
-STREAMED = {  # the classes added beside streaming: each streams both ways to what from_hf / save_pretrained give
-    "Qwen3ForCausalLM": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SMALL, head_dim=16)),
-    "Phi3ForCausalLM": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+STREAMED = {  # RoPE scalings, whose parameters travel in config.json (tests/test_conformance.py streams each class)
+    "Phi3ForCausalLM, longrope": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
         **SMALL, pad_token_id=None, rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
                                                      "short_factor": [1.0] * 4, "long_factor": [2.0] * 4},
         original_max_position_embeddings=16)),
-    "Gemma2ForCausalLM": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
-        **SMALL, head_dim=8, sliding_window=4, attn_implementation="eager")),
-    "Gemma3ForCausalLM": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
-        **SMALL, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
-    "Qwen3Model": lambda: transformers.Qwen3Model(transformers.Qwen3Config(**SMALL, head_dim=16)),
     "LlamaForCausalLM, llama3 rope": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16})),
@@ -238,7 +232,7 @@ STREAMED = {  # the classes added beside streaming: each streams both ways to wh
 
 
 @pytest.mark.parametrize("case", STREAMED)
-def test_new_classes_stream_both_ways(case, tmp_path, capsys):
+def test_rope_scalings_stream_both_ways(case, tmp_path, capsys):
     hf = randomize(STREAMED[case]()).eval()
     hf.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
     assert run(capsys, tmp_path / "hf", "-o", tmp_path / "m.safetensors")[0] == 0

@@ -3,8 +3,10 @@
 sliding layer), Qwen3-MoE (qk-norm per head, dense layers by ``decoder_sparse_step``) and OLMoE
 (qk-norm over the whole projections).
 
-Each converts both ways with the same logits (padded or not), survives zoo.save/zoo.load, decodes
-greedily as HF's ``generate``, and gives HF's load-balancing loss from its router logits. On disk,
+Each, in a variant beside the conformance table's config of its class, goes through the conformance
+suite's checks (the same logits both ways, padded or not; every tensor back; greedy decoding as HF's
+``generate``), writes back HF's config field for field, and gives HF's load-balancing loss from its
+router logits. On disk,
 the layout of downloaded checkpoints (each expert's matrices apart, written here by hand) converts
 with ``zoo convert`` both ways, streaming, and what zoo writes is what ``save_pretrained`` writes
 and ``from_pretrained`` loads.
@@ -16,7 +18,8 @@ import json
 
 import pytest
 import torch
-from conftest import assert_greedy_equals_hf, max_diff, positions, randomize
+from conformance_checks import check_greedy, check_outputs, check_round_trip
+from conftest import max_diff, positions, randomize
 
 import zoo
 from zoo.components.moe import MoE, load_balancing_loss
@@ -73,7 +76,7 @@ def router_logits(model: torch.nn.Module, *args) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_converts_both_ways_with_the_same_logits_decoding_and_router_loss(name, tmp_path):
+def test_converts_both_ways_with_the_same_logits_decoding_config_and_router_loss(name):
     hf = hf_model(name)
     model = from_hf(hf)
     spec = model.spec
@@ -83,29 +86,18 @@ def test_converts_both_ways_with_the_same_logits_decoding_and_router_loss(name, 
     assert [isinstance(layer.block.ffn, MoESpec) for layer in spec.stack_layers()] == sparse
     assert not all(sparse) or name in ("MixtralForCausalLM", "OlmoeForCausalLM")
 
-    x, mask = tokens(2, 11), left_padding(2, 11)
-    with torch.no_grad():
-        logits = model(x)
-        assert logits.abs().max() > 1.0
-        assert max_diff(logits, hf(x).logits) < ATOL
-        ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
-        assert max_diff(model(x, mask), ref, mask) < ATOL
-
+    # the conformance suite's checks (tests/conformance_checks.py): the same logits both ways, padded or
+    # not; every tensor back to the class named; cached greedy decoding, unpadded and left-padded
+    check_outputs(hf)
+    check_round_trip(hf)
+    check_greedy(hf)
     back = to_hf(model)
     assert type(back).__name__ == name
-    theirs = back.state_dict()
-    assert hf.state_dict().keys() == theirs.keys() and all(torch.equal(t, theirs[k]) for k, t in hf.state_dict().items())
     ours, original = back.config.to_dict(), hf.config.to_dict()
     skip = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id", "max_window_layers"}  # the last: layer_types say
     assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in original.items() if k not in skip}
 
-    path = zoo.save(model, tmp_path / "m.safetensors")
-    with torch.no_grad():
-        assert torch.equal(zoo.load(path).eval()(x), logits)
-
-    assert_greedy_equals_hf(model, hf, tokens(2, 7, seed=3), None, 5)
-    assert_greedy_equals_hf(model, hf, tokens(2, 7, seed=4), left_padding(2, 7), 5)
-
+    x, mask = tokens(2, 11), left_padding(2, 11)
     # HF's aux_loss is load_balancing_loss over the same router logits; its loss adds it times the coefficient
     moe = next(layer.block.ffn for layer in spec.stack_layers() if isinstance(layer.block.ffn, MoESpec))
     pos = positions(mask)
@@ -187,7 +179,9 @@ def test_checkpoints_in_the_downloaded_layout_convert_both_ways(name, tmp_path):
     cls = getattr(transformers, name)
     x = tokens(2, 9)
     ref = output(hf, x)
-    assert torch.equal(output(cls.from_pretrained(str(tmp_path / "hf")).eval(), x), ref)  # the layout HF reads
+    # the layout HF reads (two HF instances with equal tensors can differ in the last bit: seen with
+    # Qwen2MoeModel's grouped experts on the CPU; the tensors are compared exactly below)
+    assert max_diff(output(cls.from_pretrained(str(tmp_path / "hf")).eval(), x), ref) < 1e-6
     hf.save_pretrained(str(tmp_path / "saved"))
     assert hf_names(tmp_path / "saved") == set(state)  # and writes
 
@@ -201,7 +195,7 @@ def test_checkpoints_in_the_downloaded_layout_convert_both_ways(name, tmp_path):
     assert (tmp_path / "back" / "model.safetensors.index.json").is_file() and hf_names(tmp_path / "back") == set(state)
     loaded = cls.from_pretrained(str(tmp_path / "back")).eval()
     assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in hf.state_dict().items())
-    assert torch.equal(output(loaded, x), ref)
+    assert max_diff(output(loaded, x), ref) < 1e-6
 
 
 def test_a_whole_checkpoint_in_pytorch_model_bin_converts(tmp_path):

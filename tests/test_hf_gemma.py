@@ -5,18 +5,19 @@ release has, and the spec options they brought: attention and final-logit soft-c
 per layer type (Gemma 3: base and scaling, the 4B model's linear factor 8 on its global layers, yarn
 and the other kinds).
 
-For each case a random-init reference (eager attention, so HF applies its soft-capping) converts
-into zoo with the same logits (fp32, padded or not, on sequences longer than the window), converts
-back with every tensor equal, survives ``zoo.save``/``zoo.load``, and zoo's cached greedy decoding
-gives HF's ``generate(do_sample=False)`` tokens past the window. The options are checked against
-their formulas, shown to change the outputs, and refused by name where a class cannot express them.
+Each variant beside the conformance table's one config per class, a random-init reference (eager
+attention, so HF applies its soft-capping), goes through the conformance suite's checks (outputs
+both ways, padded or not, past the window; every tensor back; its config; cached greedy decoding
+past the window). The options are checked against their formulas, shown to change the outputs, and
+refused by name where a class cannot express them.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import max_diff, positions, randomize
+from conformance_checks import check_config, check_greedy, check_outputs, check_round_trip
+from conftest import max_diff, randomize
 from torch import nn
 
 import zoo
@@ -72,48 +73,23 @@ def tokens(batch: int = 3, length: int = 13, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def left_padding(batch: int = 3, length: int = 13) -> torch.Tensor:
-    mask = torch.ones(batch, length, dtype=torch.bool)
-    mask[1, : length // 2], mask[2, : length - 2] = False, False
-    return mask
-
-
 @pytest.mark.parametrize("case", CASES)
-def test_converts_both_ways_saves_and_decodes_as_hf(case, tmp_path):
+def test_variant_converts_both_ways_and_decodes_as_hf(case):
+    """The conformance suite's checks (tests/conformance_checks.py) on each variant: the same logits
+    both ways (back in eager attention too), unpadded and padded on either side, on sequences longer
+    than the window; every tensor back; the config read and written (layer types included) and the
+    class ``to_hf`` picks; tying; cached greedy decoding (local layers keep window - 1 keys) past the
+    window, unpadded and left-padded. The windows sit on the local layers."""
     kind, kw = CASES[case]
     hf = reference(kind, **kw)
-    model = from_hf(hf)
+    model = check_outputs(hf)
     types = hf.config.layer_types
     assert [layer.block.attention.window for layer in model.spec.stack_layers()] == [WINDOW if t == S else None for t in types]
-    x, mask = tokens(), left_padding()
-    with torch.no_grad():
-        assert max_diff(model(x), hf(x).logits) < ATOL
-        ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
-        assert max_diff(model(x, mask), ref, mask) < ATOL
-        back = to_hf(model).eval()  # by default, the first architecture that expresses the spec: the reference's
-        assert type(back).__name__ == type(hf).__name__ and back.config.layer_types == types
-        back.config._attn_implementation = "eager"
-        assert max_diff(back(x).logits, model(x)) < ATOL
-    ref_state, back_state = hf.state_dict(), back.state_dict()
-    assert ref_state.keys() == back_state.keys()
-    assert all(torch.equal(t, back_state[name]) for name, t in ref_state.items())
+    check_round_trip(hf)
+    check_config(hf)
+    assert to_hf(model).config.layer_types == types
     assert (model.head.weight is model.tok_emb.weight) == hf.config.tie_word_embeddings
-    assert hf_spec(back.config) == model.spec
-
-    zoo.save(model, tmp_path / "m.safetensors")
-    loaded = zoo.load(tmp_path / "m.safetensors")
-    assert loaded.spec == model.spec
-    with torch.no_grad():
-        assert torch.equal(loaded(x, mask), model(x, mask))
-
-    # greedy decoding through zoo's KV cache (local layers keep window - 1 keys) equals HF's hybrid
-    # cache, past the window: prompt 5 + 12 new tokens, unpadded and left-padded
-    hf.generation_config.eos_token_id = None
-    prompt = tokens(3, 5, seed=3)
-    for prompt_mask in (torch.ones_like(prompt, dtype=torch.bool), left_padding(3, 5)):
-        ours = zoo.generate(model, prompt, padding_mask=prompt_mask, max_new_tokens=12).tokens
-        theirs = hf.generate(prompt, attention_mask=prompt_mask.long(), max_new_tokens=12, do_sample=False, pad_token_id=0)
-        assert torch.equal(ours, theirs[:, prompt.shape[1]:])
+    check_greedy(hf)
 
 
 def test_gradients_through_the_soft_caps_equal_hf():

@@ -4,9 +4,9 @@ stored sinusoid table read as a learned one) and its backbone; ModernBERT (local
 2 tokens each way with a rope base of their own between global ones, in 11-token rows) and its
 backbone, with and without biases.
 
-Each class at odd sizes (d_model 36, 3 heads, 2 layers, vocabulary 89) converts into zoo with the same
-logits (fp32, unpadded, right- and left-padded, compared at real tokens), back to the same class
-with every tensor equal, and survives ``zoo.save``/``zoo.load``; a saved HF directory goes through
+Each class in a variant beside the conformance table's config of it (d_model 36, 3 heads, 2 layers,
+vocabulary 89: XLM-R untied, its backbone without the pooler, DistilBERT with sinusoids, ModernBERT's
+backbone with biases) goes through the conformance suite's checks; a saved HF directory goes through
 ``zoo convert`` both ways. The presets of the releases have the parameter counts of the HF classes
 built from the released configs (meta device) and write back the same configs; their tiny variants
 convert to HF with the same logits.
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import max_diff, positions, randomize
+from conformance_checks import check_config, check_outputs, check_round_trip
+from conftest import max_diff, randomize
 
 import zoo
 from zoo.cli import main
-from zoo.interop import from_hf, hf_config, hf_spec, to_hf
+from zoo.interop import hf_config, hf_spec, to_hf
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
@@ -50,6 +51,7 @@ CLASSES = {
 
 
 UNTIED_UNREAD = {"XLMRobertaForMaskedLM": ("lm_head.bias",)}  # HF keeps it and reads the decoder's bias
+DEFAULT_CLASS = {"XLMRobertaForMaskedLM": "RobertaForMaskedLM", "XLMRobertaModel": "RobertaModel"}  # the same computation
 
 
 def reference(name: str) -> torch.nn.Module:
@@ -70,34 +72,20 @@ def output(out) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-@pytest.mark.parametrize("name", CLASSES)
-def test_encoder_class_converts_both_ways_and_saves(name, tmp_path):
+# the variants beside the conformance table's config of each class
+VARIANTS = ["XLMRobertaForMaskedLM", "XLMRobertaModel", "DistilBertForMaskedLM", "ModernBertModel"]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_encoder_variant_converts_both_ways(name):
+    """The conformance suite's checks (tests/conformance_checks.py): the same outputs both ways,
+    unpadded and padded on either side (the padding ids where RoBERTa's positions read them); every
+    tensor back to the class named; the config read and written, and the class ``to_hf`` picks."""
     hf = reference(name)
-    pad, from_ids = hf.config.pad_token_id, CLASSES[name][3]
-    model = from_hf(hf)
-    x, masks = batch(pad)
-    with torch.no_grad():
-        assert max_diff(model(x), output(hf(x))) < ATOL
-        back = to_hf(model, name).eval()
-        for mask in masks.values():
-            xp = x.masked_fill(~mask, pad)  # padding tokens, which HF's fairseq positions read
-            kw = {} if from_ids else {"position_ids": positions(mask)}
-            ref = output(hf(xp, attention_mask=mask.long(), **kw))
-            assert max_diff(model(xp, mask), ref, mask) < ATOL
-            assert max_diff(output(back(xp, attention_mask=mask.long(), **kw)), ref, mask) < ATOL
-        if getattr(model, "pooler", None) is not None:
-            assert max_diff(model.pool(x), hf(x).pooler_output) < ATOL
-    theirs, ours = hf.state_dict(), back.state_dict()
+    check_outputs(hf)
     unread = UNTIED_UNREAD.get(name, ()) if not hf.config.tie_word_embeddings else ()  # tied to the decoder's bias only when tied
-    assert theirs.keys() == ours.keys() and all(torch.equal(t, ours[k]) for k, t in theirs.items() if k not in unread)
-    assert hf_config(model.spec, name).architectures == [name]
-    read = hf_spec(back.config)  # a config alone says nothing of a pooler: HF's default has one
-    assert read.model_copy(update={"pooler": model.spec.pooler}) == model.spec
-    zoo.save(model, tmp_path / "m.safetensors")
-    loaded = zoo.load(tmp_path / "m.safetensors").eval()
-    assert loaded.spec == model.spec
-    with torch.no_grad():
-        assert torch.equal(loaded(x, masks["right"]), model(x, masks["right"]))
+    check_round_trip(hf, unread=unread)
+    check_config(hf, DEFAULT_CLASS.get(name))
 
 
 def test_roberta_directory_converts_with_zoo_convert(tmp_path, capsys):

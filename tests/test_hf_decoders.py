@@ -1,22 +1,22 @@
-"""Qwen3 (RMSNorm on each query and key head, its own head size, per-layer sliding windows) and Phi-3
-(fused ``qkv_proj`` and ``gate_up_proj``, partial rotary, a sliding window, residual dropout)
-against their HF classes, at sizes no preset has.
+"""Decoder classes in variants beside the conformance table's one config per class: Qwen3 (RMSNorm on
+each query and key head, its own head size, per-layer sliding windows) and Phi-3 (fused ``qkv_proj``
+and ``gate_up_proj``, partial rotary, a sliding window, residual dropout), at sizes no preset has.
 
-For each: a random-init ``*ForCausalLM`` converts into zoo with the same logits (fp32, padded or
-not), converts back with every tensor equal, survives ``zoo.save``/``zoo.load``, and zoo's cached
-greedy decoding gives HF's ``generate(do_sample=False)`` tokens, past the sliding window where
-there is one. What zoo cannot express is refused by name, both ways.
+Each variant, a random-init ``*ForCausalLM``, goes through the conformance suite's checks (outputs
+both ways, padded or not; every tensor back; its config; cached greedy decoding past the window).
+Then what the specs say, and what zoo cannot express refused by name, both ways.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_greedy_equals_hf, max_diff, positions, randomize
+from conformance_checks import check_config, check_greedy, check_outputs, check_round_trip
+from conftest import randomize
 from torch import nn
 
 import zoo
-from zoo.interop import ConversionError, from_hf, hf_config, hf_spec, to_hf
+from zoo.interop import ConversionError, from_hf, hf_spec, to_hf
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
@@ -27,12 +27,6 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 
 def tokens(batch: int = 3, length: int = 11, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def left_padding(batch: int = 3, length: int = 11) -> torch.Tensor:
-    mask = torch.ones(batch, length, dtype=torch.bool)
-    mask[1, : length // 2], mask[2, : length - 2] = False, False  # row 2: two real tokens
-    return mask
 
 
 def rope(factor: float = 1.0, **kw) -> dict:
@@ -75,35 +69,17 @@ def reference(kind: str, cls: str = "ForCausalLM", **kw) -> nn.Module:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_converts_both_ways_saves_and_decodes_as_hf(case, tmp_path):
+def test_variant_converts_both_ways_and_decodes_as_hf(case):
+    """The conformance suite's checks (tests/conformance_checks.py) on each variant: the same outputs
+    both ways, unpadded and padded on either side; every tensor back; the config read and written and
+    the class ``to_hf`` picks; tying; cached greedy decoding past the window, unpadded and left-padded."""
     kind, kw, default = CASES[case]
     hf = reference(kind, **kw)
-    model = from_hf(hf)
-    x, mask = tokens(), left_padding()
-    with torch.no_grad():
-        assert max_diff(model(x), hf(x).logits) < ATOL
-        ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
-        assert max_diff(model(x, mask), ref, mask) < ATOL
-        assert type(to_hf(model)).__name__ == (default or type(hf).__name__)  # the first class that expresses the spec
-        back = to_hf(model, type(hf).__name__).eval()
-        assert max_diff(back(x).logits, hf(x).logits) < ATOL
-    ref_state, back_state = hf.state_dict(), back.state_dict()
-    assert ref_state.keys() == back_state.keys()
-    assert all(torch.equal(t, back_state[name]) for name, t in ref_state.items())
+    model = check_outputs(hf)
+    check_round_trip(hf)
+    check_config(hf, default)
     assert (model.head.weight is model.tok_emb.weight) == hf.config.tie_word_embeddings
-    assert hf_spec(hf.config) == model.spec and hf_spec(hf_config(model.spec, type(hf).__name__)) == model.spec
-
-    zoo.save(model, tmp_path / "m.safetensors")
-    loaded = zoo.load(tmp_path / "m.safetensors").eval()  # eval: Phi-3's residual dropout
-    assert loaded.spec == model.spec
-    with torch.no_grad():
-        assert torch.equal(loaded(x, mask), model(x, mask))
-
-    # greedy decoding through zoo's KV cache equals HF's, past the window (prompt 5 + 12 new tokens),
-    # unpadded and left-padded
-    prompt = tokens(3, 5, seed=3)
-    for prompt_mask in (torch.ones_like(prompt, dtype=torch.bool), left_padding(3, 5)):
-        assert_greedy_equals_hf(loaded, hf, prompt, prompt_mask, 12)
+    check_greedy(hf)
 
 
 def test_what_the_specs_say():

@@ -1,0 +1,146 @@
+"""The one table of small reference configs the conformance suite (tests/test_conformance.py) and the
+claims test (tests/test_claims.py) build their references from: one config per converted class.
+
+Every HF class in :data:`zoo.interop.hf.ARCHS` (the classes with heads and their headless backbones)
+and every timm class ``to_timm`` writes has one entry, at odd sizes no preset has (hidden 24, 1-3
+layers, a vocabulary of 53), with the options that make a class differ from its neighbours switched
+on where they fit a tiny model: windows on some layers, partial rotary, soft-caps that bite, dense
+layers among the experts, a shared expert. tests/test_conformance.py fails when a registered class
+has no entry here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from conftest import randomize
+
+V = 53  # a small, odd vocabulary
+S, F = "sliding_attention", "full_attention"
+_ROTARY = dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, intermediate_size=40)
+
+HF_CONFIGS = {  # HF class -> (config class, fields)
+    "GPT2LMHeadModel": ("GPT2Config", dict(vocab_size=V, n_positions=32, n_embd=24, n_layer=2, n_head=3, n_inner=40)),
+    "BertForMaskedLM": ("BertConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
+                                           num_attention_heads=3, intermediate_size=40, type_vocab_size=2)),
+    "LlamaForCausalLM": ("LlamaConfig", dict(_ROTARY)),
+    "MarianMTModel": ("MarianConfig", dict(vocab_size=V, decoder_vocab_size=V, max_position_embeddings=32, d_model=24,
+                                           encoder_layers=2, decoder_layers=2, encoder_attention_heads=3,
+                                           decoder_attention_heads=3, encoder_ffn_dim=40, decoder_ffn_dim=40, pad_token_id=V - 1,
+                                           decoder_start_token_id=V - 1)),
+    "BartForConditionalGeneration": ("BartConfig", dict(vocab_size=V, max_position_embeddings=32, d_model=24, encoder_layers=1,
+                                                         decoder_layers=1, encoder_attention_heads=3, decoder_attention_heads=3,
+                                                         encoder_ffn_dim=40, decoder_ffn_dim=40)),
+    "MBartForConditionalGeneration": ("MBartConfig", dict(vocab_size=V, max_position_embeddings=32, d_model=24, encoder_layers=1,
+                                                          decoder_layers=1, encoder_attention_heads=3, decoder_attention_heads=3,
+                                                          encoder_ffn_dim=40, decoder_ffn_dim=40)),
+    "MistralForCausalLM": ("MistralConfig", dict(_ROTARY, sliding_window=5)),
+    "Qwen2ForCausalLM": ("Qwen2Config", dict(_ROTARY, num_hidden_layers=3, use_sliding_window=True, sliding_window=5,
+                                             max_window_layers=1)),
+    "GPTNeoXForCausalLM": ("GPTNeoXConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2,
+                                                 num_attention_heads=3, intermediate_size=40, rotary_pct=0.5)),
+    "Olmo2ForCausalLM": ("Olmo2Config", dict(_ROTARY)),
+    "GemmaForCausalLM": ("GemmaConfig", dict(_ROTARY, head_dim=6)),
+    "Qwen3ForCausalLM": ("Qwen3Config", dict(_ROTARY, num_hidden_layers=3, head_dim=8, use_sliding_window=True,
+                                             sliding_window=5, max_window_layers=1)),
+    "Phi3ForCausalLM": ("Phi3Config", dict(_ROTARY, hidden_size=32, sliding_window=5, resid_pdrop=0.1, pad_token_id=None,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                            "partial_rotary_factor": 0.5})),
+    "Gemma2ForCausalLM": ("Gemma2Config", dict(_ROTARY, head_dim=6, sliding_window=5, query_pre_attn_scalar=10,
+                                               attn_logit_softcapping=3.0, final_logit_softcapping=2.5,
+                                               attn_implementation="eager")),  # eager: HF soft-caps only there
+    "Gemma3ForCausalLM": ("Gemma3TextConfig", dict(_ROTARY, head_dim=6, sliding_window=5, layer_types=[S, F],
+                                                   final_logit_softcapping=20.0, attn_implementation="eager")),
+    # mixtures of experts: jitter, a window, dense layers among the MoE ones, a shared expert; the experts' widths
+    # multiples of 4 (HF's grouped_mm on the CPU wants rows of 16 bytes)
+    "MixtralForCausalLM": ("MixtralConfig", dict(_ROTARY, intermediate_size=12, num_local_experts=3, num_experts_per_tok=2,
+                                                 sliding_window=5, router_jitter_noise=0.1, router_aux_loss_coef=0.02)),
+    "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", dict(_ROTARY, num_hidden_layers=3, moe_intermediate_size=12,
+                                                   shared_expert_intermediate_size=16, num_experts=3, num_experts_per_tok=2,
+                                                   mlp_only_layers=[1], use_sliding_window=True, sliding_window=5,
+                                                   max_window_layers=1)),
+    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", dict(_ROTARY, num_hidden_layers=3, head_dim=8, moe_intermediate_size=12,
+                                                   num_experts=3, num_experts_per_tok=2, decoder_sparse_step=2,
+                                                   norm_topk_prob=True, use_sliding_window=True, sliding_window=5)),
+    "OlmoeForCausalLM": ("OlmoeConfig", dict(_ROTARY, intermediate_size=12, num_experts=3, num_experts_per_tok=2)),
+    "T5ForConditionalGeneration": ("T5Config", dict(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=1, num_heads=3,
+                                                    relative_attention_num_buckets=8, relative_attention_max_distance=20)),
+    "RobertaForMaskedLM": ("RobertaConfig", dict(vocab_size=V, max_position_embeddings=34, hidden_size=24, num_hidden_layers=2,
+                                                 num_attention_heads=3, intermediate_size=40, type_vocab_size=1, pad_token_id=1)),
+    "XLMRobertaForMaskedLM": ("XLMRobertaConfig", dict(vocab_size=V, max_position_embeddings=34, hidden_size=24,
+                                                       num_hidden_layers=2, num_attention_heads=3, intermediate_size=40,
+                                                       type_vocab_size=2, pad_token_id=2)),
+    "DistilBertForMaskedLM": ("DistilBertConfig", dict(vocab_size=V, max_position_embeddings=32, dim=24, n_layers=2, n_heads=3,
+                                                       hidden_dim=40)),
+    "ModernBertForMaskedLM": ("ModernBertConfig", dict(vocab_size=V, max_position_embeddings=32, hidden_size=24,
+                                                       num_hidden_layers=3, num_attention_heads=3, intermediate_size=40,
+                                                       local_attention=4, global_attn_every_n_layers=2, pad_token_id=1,
+                                                       bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2,
+                                                       attn_implementation="eager")),
+}
+# the backbones without a head (head: none): their class's config, named in its architectures
+BACKBONE_OF = {
+    "GPT2Model": "GPT2LMHeadModel", "BertModel": "BertForMaskedLM", "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM", "Qwen2Model": "Qwen2ForCausalLM", "GPTNeoXModel": "GPTNeoXForCausalLM",
+    "Olmo2Model": "Olmo2ForCausalLM", "GemmaModel": "GemmaForCausalLM", "Qwen3Model": "Qwen3ForCausalLM",
+    "Phi3Model": "Phi3ForCausalLM", "Gemma2Model": "Gemma2ForCausalLM", "Gemma3TextModel": "Gemma3ForCausalLM",
+    "MixtralModel": "MixtralForCausalLM", "Qwen2MoeModel": "Qwen2MoeForCausalLM", "Qwen3MoeModel": "Qwen3MoeForCausalLM",
+    "OlmoeModel": "OlmoeForCausalLM", "RobertaModel": "RobertaForMaskedLM", "XLMRobertaModel": "XLMRobertaForMaskedLM",
+    "DistilBertModel": "DistilBertForMaskedLM", "ModernBertModel": "ModernBertForMaskedLM",
+}
+HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
+
+TIMM_CONFIGS = {  # timm class -> its arguments
+    "VisionTransformer": dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5),
+    # timm's Eva: rope2d, SwiGLU, no key bias
+    "Eva": dict(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, mlp_ratio=2.0, num_classes=5,
+                use_rot_pos_emb=True, use_abs_pos_emb=False, swiglu_mlp=True, ref_feat_shape=(8, 8)),
+}
+CLASSES = [*HF_CONFIGS, *TIMM_CONFIGS]
+
+
+def timm_classes() -> list[str]:
+    """The timm classes the registry holds (zoo.interop.timm.ARCHS)."""
+    from zoo.interop.timm import ARCHS
+
+    return list(ARCHS)
+
+
+def hf_config(name: str, **kw):
+    import transformers
+
+    config, fields = HF_CONFIGS[name]
+    return getattr(transformers, config)(**{**fields, **kw})
+
+
+def build_reference(name: str, seed: int = 0, **kw) -> torch.nn.Module:
+    """A new random-init reference of class ``name`` from the table (``kw`` changes its config or,
+    for timm, its arguments), every parameter random (BART's and Marian's logits bias too), in eval mode."""
+    if name in TIMM_CONFIGS:
+        from zoo.interop.timm import ARCHS
+
+        return randomize(ARCHS[name].reference()(**{**TIMM_CONFIGS[name], **kw}), seed)
+    import transformers
+
+    model = getattr(transformers, name)(hf_config(name, **kw))
+    return randomize(model, seed, buffers=("final_logits_bias",))
+
+
+@functools.cache
+def reference(name: str) -> torch.nn.Module:
+    """The table's reference of class ``name``, built once per test process (tests must not change it)."""
+    return build_reference(name)
+
+
+# the encoder-decoders decode from untied variants (seed 1): tied to its input embedding, a random one
+# repeats its last token, which would compare little
+GENERATION = {name: dict(tie_word_embeddings=False) for name in
+              ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration")}
+
+
+@functools.cache
+def generation_reference(name: str) -> torch.nn.Module:
+    """The reference the decoding tests of class ``name`` use: the table's, or its untied variant."""
+    return build_reference(name, seed=1, **GENERATION[name]) if name in GENERATION else reference(name)
