@@ -10,6 +10,7 @@ fast lane; ``python -m pytest -q`` runs everything."""
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import subprocess
 import sys
@@ -35,6 +36,21 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("torchrun") or item.get_closest_marker("recipe"):
             item.add_marker(pytest.mark.slow)
+
+
+def pairwise(*dims: list) -> set[tuple]:
+    """A few combinations of ``dims``' values among which every pair of values of two dims occurs
+    (greedy, deterministic): the fast lane's share of a full cross product, which is slow."""
+    uncovered = {((i, a), (j, b)) for i in range(len(dims)) for j in range(i + 1, len(dims))
+                 for a in dims[i] for b in dims[j]}
+    chosen: set[tuple] = set()
+    while uncovered:
+        def gain(c: tuple) -> int:
+            return sum(((i, c[i]), (j, c[j])) in uncovered for i in range(len(c)) for j in range(i + 1, len(c)))
+        best = max(itertools.product(*dims), key=gain)
+        chosen.add(best)
+        uncovered -= {((i, best[i]), (j, best[j])) for i in range(len(best)) for j in range(i + 1, len(best))}
+    return chosen
 
 
 # ------------------------------------------------------------------------ child processes

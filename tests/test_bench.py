@@ -15,6 +15,7 @@ from zoo.data.corpus import CATALOG_HINT, catalogs_dir
 from zoo.data.translation import DING_PATH, INSTALL_HINT
 
 
+@pytest.mark.slow
 def test_every_workload_runs_at_toy_size(tmp_path):
     out = tmp_path / "r.json"
     md = tmp_path / "b.md"
@@ -42,6 +43,7 @@ def test_every_workload_runs_at_toy_size(tmp_path):
     assert again.read_text() == md.read_text() and again.with_suffix(".png").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (DING_PATH.is_file() and catalogs_dir().is_dir()), reason=f"{INSTALL_HINT}; {CATALOG_HINT}")
 def test_translation_quality_yardstick_runs_at_toy_size(tmp_path):
     out, md = tmp_path / "q.json", tmp_path / "q.md"
@@ -101,6 +103,7 @@ def test_counts_below_their_minimum_are_refused_by_name(argv, named, capsys):
 
 
 # ------------------------------------------------------------------------------ sized rows (--size)
+@pytest.mark.slow
 def test_sized_rows_run_at_toy_size_eager_and_compiled(tmp_path):
     """The GPU rows' code at toy size on the CPU, through ``python -m bench``: zoo and its peer, eager and
     compiled (dynamo's eager backend: graphs captured, no code generated), the table, the page rebuilt
@@ -139,6 +142,7 @@ def test_a_budget_measures_eager_sides_first_and_lists_what_it_skipped(tmp_path,
     assert "past the --budget of 1e-09 s, not run: GPT-2 toy train 2x16: zoo;" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_every_sized_row_runs_at_toy_size():
     """The rest of the GPU rows (eager; the compiled sides are the same code with a compiled model)."""
     from bench import sized, sized_rows
@@ -153,6 +157,7 @@ def test_every_sized_row_runs_at_toy_size():
         sized_rows.rows("mistral", "fp32", plan)
 
 
+@pytest.mark.slow
 def test_sized_sides_one_at_a_time_with_a_deadline_and_the_decoding_hook(monkeypatch):
     """The CUDA order (each side built, timed and freed in turn) on the CPU, whole-model compilation
     through AOT autograd, a deadline that stops sides, and zoo.generate's static-cache hook."""

@@ -247,6 +247,7 @@ def _names_field(message: str, path: str) -> bool:
         or parts[-1] in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in CONVERTERS])
 def test_every_field_round_trips_or_is_refused_by_name(name):
     tried = refused = 0

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import zoo
 from zoo.cli import main
 
@@ -52,6 +54,7 @@ def test_python_m_zoo_list_is_zoo_list(capsys):
     assert "ffn: geglu, gelu, moe, quick_gelu, relu, silu, swiglu" in run.stdout and "presets: " in run.stdout
 
 
+@pytest.mark.slow
 def test_python_m_zoo_without_a_command_and_with_help(capsys):
     run = _python_m_zoo()  # as `zoo`: the presets table (the module entry point, in a new interpreter)
     assert run.returncode == 0 and "zoo presets" in run.stdout and "gpt2-small" in run.stdout

@@ -276,6 +276,8 @@ SETUPS = {"hf_llama": _hf_llama, "lm_run": _lm_run, "mlm_run": _mlm_run, "conver
 
 
 # ------------------------------------------------------------------------------------- tests
+@pytest.mark.docs
+@pytest.mark.slow
 @pytest.mark.parametrize("doc", [d for d in DOCS if blocks(d)], ids=lambda d: str(d.relative_to(ROOT)))
 def test_doc_runs_as_written(doc, tmp_path, monkeypatch):
     for shared in ("recipes", "tools"):

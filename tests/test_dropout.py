@@ -151,6 +151,7 @@ def test_cpu_attention_is_used_for_dropout_and_short_training_sequences(monkeypa
     assert len(calls) == model.spec.n_layers
 
 
+@pytest.mark.slow
 def test_attention_dropout_keeps_the_expected_output():
     """Averaged over many masks, attention with dropout equals attention without it."""
     torch.manual_seed(0)

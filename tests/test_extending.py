@@ -155,6 +155,7 @@ def test_the_block_kind_in_layer_patterns_and_converters(walkthrough):
         to_hf(zoo.build("my-deep.yaml", device="meta"))
 
 
+@pytest.mark.slow
 def test_the_block_kind_under_fsdp(walkthrough, tmp_path):
     """One process in a gloo group: FSDP2 wraps each DeepNorm block as a unit, and the gradients are
     those of the plain model."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import zoo
-from conftest import tiny_model
+from conftest import pairwise, tiny_model
 from zoo.generate import _beam_search, _filter, _Stepper, length_divisor
 
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "relative_bias"]
@@ -25,9 +25,13 @@ def left_padded(vocab: int, lengths: list[int], seed: int = 0):
     return tokens, mask
 
 
-@pytest.mark.parametrize("attention", ATTENTION)
-@pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+FAMILIES = ["decoder", "encoder_decoder"]
+_PAIRS = pairwise(FAMILIES, POSITIONS, list(ATTENTION))  # the fast lane's share: every pair of choices
+
+
+@pytest.mark.parametrize("family,position,attention", [
+    pytest.param(*c, id="-".join(c), marks=() if c in _PAIRS else pytest.mark.slow)
+    for c in itertools.product(FAMILIES, POSITIONS, ATTENTION)])
 def test_cached_decoding_equals_full_recomputation(family, position, attention):
     model = tiny_model(family, [f"position.kind={position}", f"block.attention.kind={attention}", *ATTENTION[attention]]).eval()
     check_cached_decoding(model, family)
@@ -89,9 +93,11 @@ VARIANTS = {
 
 VARIANT_CASES = [(v, p, a) for v in VARIANTS for p in ("rope", "alibi") for a in ATTENTION
                  if p == "rope" or "position.fraction=0.5" not in VARIANTS[v]]  # partial rotary is a rope option
+_VARIANT_PAIRS = {c for c in pairwise(list(VARIANTS), ["rope", "alibi"], list(ATTENTION)) if c in VARIANT_CASES}
 
 
-@pytest.mark.parametrize("variant,position,attention", VARIANT_CASES, ids=["-".join(c) for c in VARIANT_CASES])
+@pytest.mark.parametrize("variant,position,attention", [
+    pytest.param(*c, id="-".join(c), marks=() if c in _VARIANT_PAIRS else pytest.mark.slow) for c in VARIANT_CASES])
 def test_cached_decoding_equals_full_recomputation_for_variants(variant, position, attention):
     overrides = [f"position.kind={position}", f"block.attention.kind={attention}", *ATTENTION[attention], *VARIANTS[variant]]
     model = tiny_model("decoder", overrides).eval()
@@ -164,6 +170,7 @@ def greedy_by_recomputation(model, prompt, n):
     return tokens[:, prompt.shape[1]:]
 
 
+@pytest.mark.slow
 def test_greedy_equals_recomputation_and_batch_equals_rows():
     model = tiny_model("decoder", ["position.kind=rope"]).eval()
     prompt, mask = left_padded(61, [4, 2, 5], seed=3)
@@ -246,6 +253,7 @@ def exhaustive_best(model, prompt, vocab, eos, max_new, kind, alpha):
     return best, best_seq
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,alpha", [("gnmt", 0.6), ("gnmt", 2.0), ("power", 1.0), ("none", 0.0)])
 def test_large_beam_finds_the_exhaustive_best(kind, alpha):
     V, eos, max_new = 5, 4, 4

@@ -76,6 +76,7 @@ def test_augment_batch_is_reproducible():
 
 
 # ---------------------------------------------------------------------------------- runs
+@pytest.mark.recipe
 @needs_fmnist
 def test_single_process_run(tmp_path):
     out = tmp_path / "run"
@@ -106,6 +107,7 @@ def test_torchrun_two_processes_gloo(tmp_path):
     assert res["reloaded_ema_loss"] == pytest.approx(res["ema_loss"], rel=1e-6, abs=0)
 
 
+@pytest.mark.recipe
 @needs_fmnist
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     common = ["data.train_limit=1024", "data.valid_limit=300", "data.batch_size=64", "train.max_steps=40",
@@ -148,6 +150,7 @@ def _image_folder(root: Path) -> None:
     (root / "val" / "bee" / "broken.JPEG").write_bytes(b"\xff\xd8\xff\xe0 truncated")
 
 
+@pytest.mark.recipe
 def test_image_folder_skips_corrupt_images(tmp_path):
     _image_folder(tmp_path / "data")
     res = _recipe().main([

@@ -269,6 +269,7 @@ print(status("VmHWM:") - before)
 """
 
 
+@pytest.mark.slow
 def test_load_on_cpu_needs_the_model_memory_once(tmp_path):
     """Peak resident memory of a fresh process that loads a 96 MB file grows by about one copy of
     the weights, not two (a build-then-copy loader would need both the initialised model and the file)."""

@@ -172,6 +172,7 @@ def lm_args(wordnet: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.recipe
 def test_lm_trains_samples_exports_and_resumes_exactly(wordnet, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert lm.main(lm_args(wordnet, straight, "run.plot=true")) == 0
@@ -223,6 +224,7 @@ def mlm_args(wordnet: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.recipe
 def test_mlm_pretrains_finetunes_exports_and_resumes_exactly(wordnet, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     packed = "data.packing=documents"  # packed rows here; the default (pad) in the labelled-TSV test below
@@ -269,6 +271,7 @@ def test_mlm_pretrains_finetunes_exports_and_resumes_exactly(wordnet, tmp_path, 
     _same_losses(straight / "finetune", resumed / "finetune")
 
 
+@pytest.mark.recipe
 def test_mlm_finetunes_on_a_labelled_tsv(tmp_path, capsys):
     rng = random.Random(1)
     lines = [" ".join(rng.choice(WORDS[p]) for _ in range(5)) + f"\t{p}" for p in WORDS for _ in range(30)]

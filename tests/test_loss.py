@@ -299,6 +299,7 @@ def test_decoder_training_step_compiles_with_no_graph_break():
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
+@pytest.mark.slow
 def test_compiled_decoder_training_step_equals_eager():
     """torch.compile(fullgraph=True) of a training step's loss and backward: the same loss and gradients."""
     model, (tokens,), targets = model_case("gpt2 (tied)")
@@ -355,6 +356,7 @@ def old_lm_loss(model, rows: T.Rows):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=-100)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["documents", "pad"])
 def test_a_short_lm_run_trains_as_with_the_old_loss(packing):
     """Three SGD steps of recipes/lm.py's loss from one init follow the old loss's steps: the same

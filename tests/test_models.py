@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import zoo
-from conftest import example_inputs, tiny_model
+from conftest import example_inputs, pairwise, tiny_model
 
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi"]
 VIT_POSITIONS = ["none", "learned", "sincos2d"]
@@ -31,16 +31,18 @@ def combo_overrides(position: str, ffn: str, norm: str, block: str, attention: s
 
 
 def combos(positions):
-    for p, f, n, pl, a in itertools.product(positions, FFNS, NORMS, PLACEMENTS, ATTENTIONS):
-        yield pytest.param(p, f, n, pl, a, id=f"{p}-{f}-{n}-{pl}-{a}")
+    """Every combination; those outside a pairwise-covering few are slow (the full product runs in the
+    whole suite, every pair of choices in the fast lane)."""
+    fast = pairwise(positions, FFNS, NORMS, PLACEMENTS, list(ATTENTIONS))
+    for c in itertools.product(positions, FFNS, NORMS, PLACEMENTS, ATTENTIONS):
+        yield pytest.param(*c, id="-".join(c), marks=() if c in fast else pytest.mark.slow)
 
 
-CASES = [("decoder", *c.values) for c in combos(POSITIONS)]
-CASES += [("encoder", *c.values) for c in combos(POSITIONS)]
-CASES += [("encoder_decoder", *c.values) for c in combos(POSITIONS)]
-CASES += [("vit", *c.values) for c in combos(VIT_POSITIONS)]
-CASES += [(family, "relative_bias", "geglu", "rmsnorm", "pre", "mha") for family in ("decoder", "encoder", "encoder_decoder")]  # T5's
-IDS = ["-".join(c) for c in CASES]
+CASES = [pytest.param(family, *c.values, id=f"{family}-{c.id}", marks=c.marks)
+         for family, positions in [("decoder", POSITIONS), ("encoder", POSITIONS), ("encoder_decoder", POSITIONS),
+                                   ("vit", VIT_POSITIONS)] for c in combos(positions)]
+CASES += [pytest.param(family, "relative_bias", "geglu", "rmsnorm", "pre", "mha", id=f"{family}-relative_bias-geglu-rmsnorm-pre-mha")
+          for family in ("decoder", "encoder", "encoder_decoder")]  # T5's
 
 
 def output_shape(model, inputs) -> tuple:
@@ -51,7 +53,7 @@ def output_shape(model, inputs) -> tuple:
     return (*tokens.shape, spec.vocab_size)
 
 
-@pytest.mark.parametrize("family,position,ffn,norm,block,attention", CASES, ids=IDS)
+@pytest.mark.parametrize("family,position,ffn,norm,block,attention", CASES)
 def test_combination(family, position, ffn, norm, block, attention):
     model = tiny_model(family, combo_overrides(position, ffn, norm, block, attention))
     assert model.spec.position.kind == position and model.spec.block.ffn.kind == ffn
@@ -109,10 +111,14 @@ VARIANT_FAMILIES = {"window 3": ["decoder"], "all at once": ["decoder"], "partia
 
 
 def variant_cases():
+    """Each variant on the decoder with every position and attention kind (the diagonal of the two in the
+    fast lane: each position once, each attention once), and on the other families it applies to."""
     for name, overrides in VARIANTS.items():
         positions = ["rope"] if "position.kind=rope" in overrides else VARIANT_POSITIONS
-        for position, attention in itertools.product(positions, ATTENTIONS):
-            yield pytest.param("decoder", name, position, attention, id=f"decoder-{name}-{position}-{attention}")
+        for (i, position), (j, attention) in itertools.product(enumerate(positions), enumerate(ATTENTIONS)):
+            diagonal = i == j or (len(positions) == 1 and j == 0)
+            yield pytest.param("decoder", name, position, attention, id=f"decoder-{name}-{position}-{attention}",
+                               marks=() if diagonal else pytest.mark.slow)
         for family in VARIANT_FAMILIES.get(name, ["encoder", "encoder_decoder", "vit"]):
             if family != "decoder":  # the other families once, with their preset's positions
                 yield pytest.param(family, name, None, "gqa", id=f"{family}-{name}")

@@ -108,6 +108,7 @@ def train(out, data, steps, monkeypatch, resume=None, plot=False, **ffn):
 ROUTER = {"router": {"aux_loss_coef": 0.5, "z_loss_coef": 0.1}, "capacity_factor": 1.0}
 
 
+@pytest.mark.slow
 def test_a_step_descends_the_mean_of_task_and_router_losses_over_micro_batches(tmp_path, monkeypatch):
     data = torch.randint(0, V, (6, T + 1), generator=torch.Generator().manual_seed(3))
     fitted = train(tmp_path, data, 1, monkeypatch, plot=True, **ROUTER)
@@ -210,6 +211,7 @@ def test_the_bias_picks_experts_without_weighing_them_and_moves_against_the_load
         assert m.expert_bias[load.argmax()] < 0 < m.expert_bias[load.argmin()]
 
 
+@pytest.mark.slow
 def test_the_experts_biases_and_the_log_resume_exactly(tmp_path, monkeypatch):
     data = torch.randint(0, V, (18, T + 1), generator=torch.Generator().manual_seed(4))
     ffn = {"router": {"bias_update": 0.004, "z_loss_coef": 0.01}}

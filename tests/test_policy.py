@@ -76,6 +76,7 @@ def test_cache_dir_moves_the_kernel_cache_with_the_data_caches(monkeypatch, tmp_
     assert choose.cache_path() is None
 
 
+@pytest.mark.slow
 def test_measure_for_torchrun_writes_what_its_ranks_read(monkeypatch, tmp_path, capsys):
     """`zoo kernels --measure SPEC --nproc 2` measures with a rank's threads (torchrun gives each of
     several processes OMP_NUM_THREADS=1), so the file it writes is the one a rank reads."""

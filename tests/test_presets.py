@@ -53,6 +53,7 @@ def test_reference_counts(name, count):
     assert n_params(name) == count
 
 
+@pytest.mark.slow
 def test_every_preset_is_in_the_table_and_builds():
     assert set(zoo.preset_names()) >= {*EXACT, "transformer-base", "transformer-big", "llama-small"}
     for name in zoo.preset_names():

@@ -178,6 +178,7 @@ def tokens(batch: int, length: int, vocab: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_presets_convert_to_hf_and_decode_the_same(name):
     architecture = TINY[name][1]
@@ -238,6 +239,7 @@ def test_t5_presets_are_the_hf_configs(name):
     assert {k: v for k, v in ours.items() if k not in NOT_SPEC} == {k: v for k, v in theirs.items() if k not in NOT_SPEC}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", T5_TINY)
 def test_tiny_t5_presets_convert_to_hf_and_decode_the_same(name):
     """Its release's details at smaller sizes; at random init the same logits as HF (a padded source)

@@ -155,6 +155,7 @@ def model(spec=None):
     return zoo.build(spec or tiny("decoder", "dropout.residual=0.1"))
 
 
+@pytest.mark.slow
 def test_fsdp_alone_writes_sharded_checkpoints_that_resume_exactly(tmp_path):
     run = dict(strategy="fsdp", checkpoint_every=4, keep_checkpoints=3, ema=0.9, activation_checkpointing=True)
     whole = fit(model(), Tokens(), **cfg(tmp_path / "whole", **run), total_steps=10)
@@ -249,6 +250,7 @@ def test_cpu_kernels_are_never_chosen_for_cuda_tensors():
     assert cpu.dropout.applies(x, 0.1)
 
 
+@pytest.mark.slow
 def test_gpu_check_skips_its_cuda_parts_in_one_line_without_a_gpu(tmp_path):
     import os
     import subprocess

@@ -203,6 +203,7 @@ for src, dst in ((sys.argv[1], sys.argv[2]), (sys.argv[2], sys.argv[3])):
 """
 
 
+@pytest.mark.slow
 def test_conversion_holds_a_fraction_of_the_checkpoint(tmp_path):
     """A 61 MB sharded bf16 checkpoint converts to zoo and back with the peak resident memory of a
     fresh process growing by well under its size (holding the model once would be 1x; reading it

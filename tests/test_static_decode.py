@@ -122,6 +122,7 @@ def test_static_decoding_refuses_clearly():
         zoo.generate(dynamic_rope, x, padding_mask=mask, max_new_tokens=3, cache="static", compile=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DECODERS)
 def test_the_static_step_is_one_graph_without_breaks(decoders, name):
     model = decoders[name]
@@ -146,6 +147,7 @@ def compiled_run(model, inputs, mask, strategy, **kw):
     return got
 
 
+@pytest.mark.slow
 def test_compiled_beam_search_equals_eager_and_does_not_recompile(decoders):
     model = decoders["mistral window"]
     x, mask = left_padded([6, 2, 5])
@@ -154,6 +156,7 @@ def test_compiled_beam_search_equals_eager_and_does_not_recompile(decoders):
     assert_same(got, decode(model, x, mask, "beam", max_new_tokens=8))
 
 
+@pytest.mark.slow
 def test_compiled_encoder_decoder_greedy_equals_eager_and_does_not_recompile():
     model = tiny_model("encoder_decoder", ["position.kind=relative_bias"], seed=2).eval()
     src = torch.randint(3, V, (2, 6), generator=torch.Generator().manual_seed(4))

@@ -61,6 +61,7 @@ def tiny(data: Path, out: Path, *extra: str, model: str = "") -> list[str]:
     ]
 
 
+@pytest.mark.recipe
 def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     # as the default keeps the checkpoints it averages (5), this run keeps its 2
@@ -105,6 +106,7 @@ def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatc
     assert "no model.safetensors" in capsys.readouterr().err
 
 
+@pytest.mark.recipe
 def test_ablation_setting_scores_the_last_model_once_on_valid_only(data, tmp_path, capsys):
     """The paper's Table 3 setting: no averaging, dev only. One checkpoint is the final model, so it is decoded
     once; the test split is never decoded; the export is that checkpoint's weights. The model is the grid's
@@ -142,6 +144,7 @@ def catalogs(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.recipe
 def test_embedded_corpus_scores_each_domain_and_keeps_its_splits(catalogs, tmp_path, capsys):
     out = tmp_path / "run"
     args = [a for a in tiny(Path("unused"), out, "train.steps=6", "decode.beams=1", "decode.samples=1") if not a.startswith("data.path")]
@@ -202,6 +205,7 @@ def test_word_dropout_replaces_only_real_tokens_at_the_rate():
     assert torch.equal(word_dropout(x, 0.0), x)
 
 
+@pytest.mark.recipe
 def test_resume_reproduces_the_uninterrupted_run(data, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     # word dropout draws from the RNG too; packed rows (the packing is drawn per epoch)

@@ -102,6 +102,7 @@ def test_dedupe_on_either_side_and_disjoint_splits(ding):
         split(many, valid=50, test=50)
 
 
+@pytest.mark.slow
 def test_embedded_default_when_installed():
     from zoo.data.translation import DING_PATH
 
