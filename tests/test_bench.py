@@ -127,6 +127,7 @@ def test_sized_rows_run_at_toy_size_eager_and_compiled(tmp_path):
     assert again.read_text() == text
 
 
+@pytest.mark.slow
 def test_a_budget_measures_eager_sides_first_and_lists_what_it_skipped(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["--size", "toy", "--compile", "--compile-backend", "eager", "--budget", "600", "--only", "vit",

@@ -269,6 +269,7 @@ def test_vit_both_ways(kw):
     check_vit(ref, torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5)))
 
 
+@pytest.mark.slow
 def test_vit_tiny_patch16_224_both_ways():
     ref = randomize(timm.create_model("vit_tiny_patch16_224", pretrained=False))
     model = check_vit(ref, torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(5)))
