@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from zoo.shards import tie_groups
 
 __all__ = ["ConversionError", "Rule", "zoo_state", "zoo_tensor", "reference_state", "reference_tensors", "check_covered",
-           "check_used", "load_exact", "device_dtype", "name_list"]
+           "check_used", "load_exact", "device_dtype", "name_list", "first_expressing"]
 
 
 class ConversionError(ValueError):
@@ -48,6 +48,23 @@ class Rule:
     zoo: str
     ref: tuple[str, ...]
     transpose: bool = False
+
+
+def first_expressing(candidates: Iterable[Any], express: Callable[[Any], object], refusal: str) -> Any:
+    """The first of ``candidates`` (converter classes, in the order a spec tries them) that
+    ``express`` takes without a ConversionError; else one ConversionError: the only reason, or
+    ``refusal`` and every class's reason, a line each."""
+    reasons = []
+    for candidate in candidates:
+        try:
+            express(candidate)
+        except ConversionError as e:
+            reasons.append(str(e))
+        else:
+            return candidate
+    if len(reasons) == 1:
+        raise ConversionError(reasons[0])
+    raise ConversionError(refusal + ":\n  " + "\n  ".join(reasons))
 
 
 def rule(zoo: str, *ref: str, transpose: bool = False) -> Rule:

@@ -6,7 +6,7 @@ from torch import nn
 
 from zoo.build import build
 from zoo.interop.claims import claims_family
-from zoo.interop.common import ConversionError, check_covered, check_used, device_dtype, load_exact, reference_state, unsupported, zoo_state
+from zoo.interop.common import ConversionError, check_covered, first_expressing, check_used, device_dtype, load_exact, reference_state, unsupported, zoo_state
 from zoo.interop.timm.base import Architecture
 from zoo.interop.timm.eva import Eva
 from zoo.interop.timm.vit import ViT
@@ -38,18 +38,8 @@ def arch_for_spec(spec: FamilySpec, architecture: str | None = None) -> type[Arc
             raise ConversionError(f"to_timm: unknown architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
         return ARCHS[architecture]
     family = [a for a in ARCHS.values() if claims_family(a.claims, spec.family)] or list(ARCHS.values())  # else the reasons
-    reasons = []
-    for arch in family:
-        try:
-            arch.express(spec)
-        except ConversionError as e:
-            reasons.append(str(e))
-        else:
-            return arch
-    if len(reasons) == 1:
-        raise ConversionError(reasons[0])
-    raise ConversionError(f"to_timm: no timm class expresses this {spec.family} (pass architecture= to pick one):\n  "
-                          + "\n  ".join(reasons))
+    return first_expressing(family, lambda arch: arch.express(spec),
+                            f"to_timm: no timm class expresses this {spec.family} (pass architecture= to pick one)")
 
 
 def timm_architecture(spec: FamilySpec) -> str:
