@@ -195,7 +195,7 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     model, valid, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
     ppl = valid["ppl"]
     dist.print(f"valid perplexity {ppl:.2f} (loss {valid['loss']:.3f}) vs unigram {unigram:.1f}: "
-               f"{unigram / ppl:.1f}x lower; training {train_s / 60:.1f} min")
+               f"{versus_unigram(ppl, unigram)}; training {train_s / 60:.1f} min")
 
     # samples and export
     results = {"params": params, "active_params": active, "steps": fitted.step, "valid_ppl": ppl,
@@ -220,6 +220,13 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
         print(f"exported {model_dir}/model.safetensors and tokenizer.json; total {(time.perf_counter() - t_start) / 60:.1f} min",
               flush=True)
     return results
+
+
+def versus_unigram(ppl: float, unigram: float) -> str:
+    """How the model's perplexity compares with the unigram model's, in words that stay true either way."""
+    if ppl <= unigram:
+        return f"{unigram / ppl:.1f}x lower"
+    return f"{ppl / unigram:.1f}x higher: the model has not yet learned what word frequencies alone give"
 
 
 def main(argv: list[str] | None = None) -> int:

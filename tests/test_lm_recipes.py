@@ -292,3 +292,8 @@ def test_lm_under_torchrun(wordnet, tmp_path):
     proc = launch(ROOT / "recipes" / "lm.py", args, 2)
     assert "2 process(es)" in proc.stdout and proc.stdout.count("vs unigram") == 1
     assert zoo.load(tmp_path / "model" / "model.safetensors").spec.family == "decoder"
+
+
+def test_the_unigram_comparison_says_higher_when_the_model_is_worse():
+    assert lm.versus_unigram(100.0, 1000.0) == "10.0x lower"
+    assert lm.versus_unigram(516.0, 216.5).startswith("2.4x higher")
