@@ -158,6 +158,22 @@ def test_a_shard_alone_or_from_another_save_is_refused(tmp_path):
         zoo.load(tmp_path / "m.safetensors")
 
 
+def test_an_index_naming_a_tensor_in_two_shards_is_refused(tmp_path, capsys):
+    """JSON keeps the last of two equal keys; an index that names one tensor twice is refused instead."""
+    zoo.save(tiny_model("decoder", seed=0), tmp_path / "m.safetensors", max_shard_size="20KB")
+    index = tmp_path / "m.safetensors.index.json"
+    body = json.loads(index.read_text())
+    first, second = shards(tmp_path, "m")[:2]
+    name = next(t for t, f in body["weight_map"].items() if f == first)
+    text = index.read_text().replace(f'"{name}": "{first}",', f'"{name}": "{first}",\n    "{name}": "{second}",', 1)
+    index.write_text(text)
+    with pytest.raises(LoadError) as info:
+        zoo.load(tmp_path / "m.safetensors")
+    message = str(info.value)
+    assert f"weight_map names the tensor {name!r} twice, in {first!r} and in {second!r}" in message and "\n" not in message
+    assert repr(name) in refuse(capsys, tmp_path / "m.safetensors", "-o", tmp_path / "hf")
+
+
 def test_a_directory_whose_tensors_do_not_fit_its_config_names_them(tmp_path, capsys):
     tiny_llama().save_pretrained(tmp_path / "hf", max_shard_size="20KB")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
