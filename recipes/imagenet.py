@@ -96,6 +96,10 @@ class ImageTask(Task):
         finally:
             batches.close()
 
+    def resume_at(self, epoch: int, pos: int, world: int, accum: int, here: tuple[int, int]) -> int:
+        """A step is ``data.batch_size`` images whatever the processes and grad_accum: the same step."""
+        return pos
+
     def count(self, batch) -> float:
         """The images the loss covers: Mixup pairs images, so it leaves an odd batch's last one out."""
         n = len(batch[1])
