@@ -59,7 +59,7 @@ class ConfigError(ValueError):
 class Config(BaseModel):
     """Base of recipe configs: unknown keys are errors, values are checked on assignment too."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, allow_inf_nan=False)
 
 
 class OptimConfig(Config):
