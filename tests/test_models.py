@@ -359,6 +359,16 @@ def test_vit_conv_stem_batch_statistics_survive_save_and_load(tmp_path):
          "no segment embeddings"),
         ("encoder_decoder", lambda m: m(torch.zeros(5, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), "src: expected"),
         ("vit", lambda m: m(torch.randn(2, 3, 32, 32)), r"images: expected a float tensor \[batch, 3, 16, 16\]"),
+        ("vit", lambda m: m(torch.zeros(2, 3, 16, 16, dtype=torch.uint8)),
+         r"images: expected a float tensor, got torch.uint8; convert pixels to floats .*images.float\(\) / 255"),
+        ("encoder_decoder", lambda m: m(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long)),
+         r"tgt_in: 3 target rows, but the source \(memory\) is \(2, 3, 32\): one source row per target row"),
+        ("encoder_decoder", lambda m: m.decode(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 3, 32), torch.ones(2, 4, dtype=torch.bool)),
+         r"src_padding_mask: expected the source's shape \(2, 3\), got \(2, 4\)"),
+        ("decoder", lambda m: m(torch.zeros(1, 3, dtype=torch.long), positions=torch.tensor([[-1, 0, 1]])),
+         "positions: a token's position counts from 0 in its document, got -1; give positions >= 0"),
+        ("decoder", lambda m: m(torch.zeros(1, 3, dtype=torch.long), positions=torch.zeros(1, 3)),
+         "positions: expected integer positions, got torch.float32"),
     ],
 )
 def test_bad_inputs_fail_clearly(family, call, message):
@@ -366,6 +376,21 @@ def test_bad_inputs_fail_clearly(family, call, message):
     model = tiny_model(family, extra)
     with pytest.raises(ValueError, match=message):
         call(model)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder", "vit"])
+@pytest.mark.parametrize("position", ["learned", "alibi", "relative_bias"])
+def test_an_empty_batch_gives_an_empty_output(family, position):
+    """No rows in, no rows out, of the shape a row would have; a row alone is the reference."""
+    if family == "vit" and position != "learned":
+        return
+    model = tiny_model(family, [] if family == "vit" else [f"position.kind={position}"]).eval()
+    inputs = model.example_inputs(1, 5) if family != "vit" else (torch.randn(1, 3, 16, 16),)
+    one = model(*inputs)
+    empty = model(*(x[:0] for x in inputs))
+    assert empty.shape == (0, *one.shape[1:]) and empty.dtype == one.dtype
+    if family == "decoder":
+        assert model(inputs[0][:0], torch.ones(0, 5, dtype=torch.bool)).shape == (0, *one.shape[1:])
 
 
 def test_rope_and_alibi_allow_sequences_longer_than_max_seq_len():
