@@ -26,7 +26,7 @@ Shapes: B batch, T tokens, D model width, N texts.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "load_tokenizer", "stored_settings"]
+__all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "has_tokens", "load_tokenizer", "read_lines",
+           "stored_settings"]
 
 POOLINGS = ("mean", "cls", "max")
 KEY_EMBEDDING = "zoo.embedding"  # the zoo file's metadata key of its Settings (JSON)
@@ -128,6 +129,27 @@ def load_tokenizer(model_path: str | Path, tokenizer: str | Path | None = None) 
         raise ValueError(f"{path}: not a tokenizers tokenizer.json ({str(e).splitlines()[0]})") from None
 
 
+def read_lines(stream: Any) -> Iterator[str]:
+    """The lines of the text ``stream`` (stdin), their ends dropped, each checked to be UTF-8: bytes
+    read from its ``buffer`` where it has one, else its text without the lone surrogates that stand
+    for undecodable bytes (Python's ``surrogateescape``), which the tokenizer cannot take."""
+    raw = getattr(stream, "buffer", None)
+    for n, line in enumerate(raw if raw is not None else stream, start=1):
+        try:
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+            text.encode("utf-8")
+        except UnicodeError as e:
+            raise ValueError(f"stdin line {n}: not UTF-8 text (byte {e.start} of the line); convert the input to "
+                             f"UTF-8 (e.g. iconv -t UTF-8)") from None
+        yield text.rstrip("\r\n")
+
+
+def has_tokens(tokenizer: Any, text: str) -> bool:
+    """Whether ``text`` tokenizes to anything: an empty text does not, nor one of spaces with a
+    tokenizer that adds no special tokens (nothing to pool)."""
+    return bool(text) and (bool(text.strip()) or bool(tokenizer.encode(text).ids))
+
+
 def embed_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], settings: Settings = Settings(), *,
                 batch_size: int = 32) -> Tensor:
     """[N, D] embeddings of ``texts`` (none empty), ``batch_size`` texts at a time, in eval mode and
@@ -144,6 +166,10 @@ def embed_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], settings
             for start in range(0, len(texts), batch_size):
                 batch = [t.lower() if settings.lowercase else t for t in texts[start:start + batch_size]]
                 ids = [e.ids for e in tokenizer.encode_batch(batch)]
+                empty = [i for i, row in enumerate(ids) if not row]
+                if empty:
+                    raise ValueError(f"texts[{start + empty[0]}] {batch[empty[0]]!r}: the tokenizer gives no token to "
+                                     f"embed; leave such texts out (zoo.embed.has_tokens finds them)")
                 width = max(len(row) for row in ids)
                 tokens = torch.zeros(len(ids), width, dtype=torch.long)
                 mask = torch.zeros(len(ids), width, dtype=torch.bool)
