@@ -269,3 +269,15 @@ def test_new_classes_stream_both_ways(case, tmp_path, capsys):
         out, ref = back(tokens()), hf(tokens())
         key = "logits" if hasattr(ref, "logits") else "last_hidden_state"
         assert torch.equal(getattr(out, key), getattr(ref, key))
+
+
+def test_an_index_naming_a_shard_outside_its_directory_is_refused(tmp_path):
+    zoo.save(tiny_model("decoder", seed=0), tmp_path / "m.safetensors", max_shard_size="20KB")
+    index = tmp_path / "m.safetensors.index.json"
+    first = shards(tmp_path, "m")[0]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / first).write_bytes((tmp_path / first).read_bytes())
+    index.write_text(index.read_text().replace(f'"{first}"', f'"../{tmp_path.name}/elsewhere/{first}"'))
+    with pytest.raises(LoadError, match=rf"weight_map names the shard '../{tmp_path.name}/elsewhere/{first}', which is not a "
+                                        r"file beside the index"):
+        zoo.load(tmp_path / "m.safetensors")

@@ -287,6 +287,10 @@ def read_files(path: str | os.PathLike) -> Files:
         raise ShardError(f"{str(path)!r}: weight_map names the tensor {name!r} twice, in {first!r} and in {second!r}; "
                          f"an index names each tensor once: keep the entry of the shard that holds it")
     files = list(dict.fromkeys(weight_map.values()))
+    outside = [f for f in files if Path(f).name != f or f in ("", ".", "..")]
+    if outside:
+        raise ShardError(f"{str(path)!r}: weight_map names the shard {outside[0]!r}, which is not a file beside the "
+                         f"index; an index names its shards by file name, in its own directory")
     missing = [f for f in files if not (path.parent / f).is_file()]
     if missing:
         shown = ", ".join(repr(m) for m in missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
