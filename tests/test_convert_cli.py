@@ -262,6 +262,14 @@ def test_weights_of_more_layers_or_experts_than_config_json_are_refused(tmp_path
     _shrink(tmp_path / "bin", num_hidden_layers=1)
     assert "holds more layers than config.json's num_hidden_layers=1" in refuse(capsys, tmp_path / "bin", "-o", tmp_path / "m.safetensors")
 
+    for name, model, field, first in [
+        ("gpt2", HF["gpt2 untied"](), {"n_layer": 1}, "transformer.h.1.attn.c_attn.weight"),
+        ("bart", HF["bart untied, scaled"](), {"decoder_layers": 2}, "model.decoder.layers.2.encoder_attn.k_proj.bias")]:
+        model.save_pretrained(tmp_path / name)
+        _shrink(tmp_path / name, **field)
+        (key, value), = field.items()
+        assert f"holds more layers than config.json's {key}={value}: {first}" in refuse(capsys, tmp_path / name, "-o", tmp_path / "m.safetensors")
+
     mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
         vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
         num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64))

@@ -156,6 +156,7 @@ def check_counted(read: Iterable[str], left: Iterable[str], config: Mapping[str,
     if extra:
         (module, _, count, prefix), names = next(iter(extra.items()))
         field = _count_field(config, prefix, module, count)
+        module = "experts" if "expert" in module else "layers"  # GPT-2's h, T5's block: layers
         told = f"config.json's {field}={count}" if field else f"config.json, which makes {count}"
         shown = ", ".join(sorted(names)[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
         raise ConversionError(f"{where}: the checkpoint holds more {module} than {told}: {shown} would be left out; "

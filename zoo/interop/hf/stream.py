@@ -237,7 +237,7 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     unread = list(getattr(hf, "_keys_to_ignore_on_load_unexpected", None) or ()) + [r"rotary_emb\.inv_freq", r"(^|\.)position_ids$"]
     ignored = [k for k in ignored if not re.search("|".join(f"({p})" for p in unread), k)]  # as from_pretrained reports them
     read = [key for stored in mapped.values() for key in ((stored,) if isinstance(stored, str) else stored)]
-    check_counted(read, [*ignored, *unconvertible], config.to_dict(), str(src))
+    check_counted(read, [*ignored, *unconvertible], config.to_dict(), str(src))  # what the class leaves unread aside
     if unconvertible:
         raise next(iter(unconvertible.values()))
     patterns = list(getattr(hf, "_keys_to_ignore_on_load_missing", None) or ())
