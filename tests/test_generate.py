@@ -324,6 +324,10 @@ def test_requests_that_cannot_be_met_are_refused_and_an_empty_batch_is_empty():
         zoo.generate(ed, x, bos_id=ed.spec.vocab_size)
     with pytest.raises(ValueError, match="max_len_a must be a finite number >= 0, got nan"):
         zoo.generate(ed, x, bos_id=1, max_len_a=float("nan"))
+    with pytest.raises(ValueError, match="padding_mask: row 1 has no real token; every prompt"):
+        zoo.generate(dec, torch.zeros(2, 3, dtype=torch.long), padding_mask=torch.tensor([[True] * 3, [False] * 3]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="padding_mask: row 0 has no real token"):
+        zoo.generate(ed, torch.zeros(1, 3, dtype=torch.long), padding_mask=torch.zeros(1, 3, dtype=torch.bool), bos_id=1)
     with pytest.raises(ValueError, match="inputs has no tokens"):
         zoo.generate(dec, torch.zeros(2, 0, dtype=torch.long), max_new_tokens=2)
     for model, kwargs in ((dec, {"max_new_tokens": 3}), (ed, {"bos_id": 1}), (dec, {"max_new_tokens": 3, "num_beams": 2})):

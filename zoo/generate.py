@@ -167,7 +167,7 @@ def generate(
     stops = torch.tensor(sorted({*stop_tokens, *([eos_id] if eos_id is not None else [])}), dtype=torch.long)
     K = num_beams if num_beams is not None else (4 if encdec else 1)
     _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from)
-    _check_request(model, inputs, stops, bos_id, max_new_tokens, max_len_a, max_len_b, min_new_tokens)
+    _check_request(model, inputs, padding_mask, stops, bos_id, max_new_tokens, max_len_a, max_len_b, min_new_tokens)
     B, device = inputs.shape[0], inputs.device
     if B == 0:  # no prompts, nothing to generate: an empty batch's result
         return Generation(torch.full((0, max_new_tokens or 0), pad_id, dtype=torch.long, device=device),
@@ -223,9 +223,10 @@ def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_f
                          f"paper's) or 'beams' (among the K best only, HF's), got {finish_from!r}")
 
 
-def _check_request(model, inputs, stops, bos_id, max_new_tokens, max_len_a, max_len_b, min_new_tokens) -> None:
-    """Lengths that are counts, and token ids the model's vocabulary has (a stop token outside it
-    would never end a row; a bos_id outside it fails inside the embedding)."""
+def _check_request(model, inputs, padding_mask, stops, bos_id, max_new_tokens, max_len_a, max_len_b, min_new_tokens) -> None:
+    """Lengths that are counts, rows with a real token (a row of padding alone would generate from
+    nothing), and token ids the model's vocabulary has (a stop token outside it would never end a
+    row; a bos_id outside it fails inside the embedding)."""
     for name, value in (("max_new_tokens", max_new_tokens), ("max_len_b", max_len_b), ("min_new_tokens", min_new_tokens)):
         if value is not None and value < 0:
             raise ValueError(f"generate: {name} must be >= 0, got {value}")
@@ -233,6 +234,11 @@ def _check_request(model, inputs, stops, bos_id, max_new_tokens, max_len_a, max_
         raise ValueError(f"generate: max_len_a must be a finite number >= 0, got {max_len_a}")
     if inputs.shape[0] and inputs.shape[1] == 0:
         raise ValueError("generate: inputs has no tokens; a prompt (or source) needs at least one, e.g. the bos token")
+    if isinstance(padding_mask, Tensor) and padding_mask.shape == inputs.shape and inputs.numel():
+        empty = (~padding_mask.bool()).all(dim=1).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"generate: padding_mask: row {empty[0]} has no real token; every prompt (or source) needs "
+                             f"one, so leave empty ones out")
     vocab = getattr(getattr(model, "spec", None), "vocab_size", None)
     if vocab is None:
         return
