@@ -396,7 +396,10 @@ def test_an_empty_batch_gives_an_empty_output(family, position):
     empty = model(*(x[:0] for x in inputs))
     assert empty.shape == (0, *one.shape[1:]) and empty.dtype == one.dtype
     if family == "decoder":
-        assert model(inputs[0][:0], torch.ones(0, 5, dtype=torch.bool)).shape == (0, *one.shape[1:])
+        none = inputs[0][:0]
+        assert model(none, torch.ones(0, 5, dtype=torch.bool)).shape == (0, *one.shape[1:])
+        assert model(none, documents=none).shape == model(none, positions=none).shape == (0, *one.shape[1:])
+        assert model(none, documents=none, targets=none).item() == 0.0  # a sum over no tokens
 
 
 def test_rope_and_alibi_allow_sequences_longer_than_max_seq_len():

@@ -125,7 +125,7 @@ class Stack(nn.Module):
                 positions = positions_for(padding_mask, T, device, documents)
             # (a compiled pass cannot read it without a host sync: there the row's length stands, and a
             # packed row longer than a table is for eager passes only)
-            length = int(positions.max()) + 1 if read_length and not torch.compiler.is_compiling() else T
+            length = int(positions.max()) + 1 if read_length and positions.numel() and not torch.compiler.is_compiling() else T
             key_positions = positions
             key_padding = padding_mask
         else:

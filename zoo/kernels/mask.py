@@ -253,7 +253,8 @@ class Mask:
             starts = change.flatten().nonzero().squeeze(1)
             ends = torch.cat([starts[1:], starts.new_tensor([d.numel()])])
             row_ends = (starts // d.shape[1] + 1) * d.shape[1]  # a run never spans two rows
-            self._cache["longest"] = int((torch.minimum(ends, row_ends) - starts).max())
+            lengths = torch.minimum(ends, row_ends) - starts
+            self._cache["longest"] = int(lengths.max()) if lengths.numel() else 0  # none: an empty batch
         return self._cache["longest"]
 
     # ------------------------------------------------------------------------------ dense form
