@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from zoo.atomic import atomic_write_text
 from zoo.spec import SpecError, read_yaml
 
 __all__ = ["AblationError", "AblationFile", "load_ablation", "row_dir", "run_grid", "write_table", "plot_grid"]
@@ -138,7 +139,7 @@ def _run_row(recipe: Path, overrides: list[str], where: Path) -> dict[str, Any]:
     results = _results(results_path)
     if "wall_seconds" not in results:  # kept with the row, so a cached row's table cell keeps its time
         results["wall_seconds"] = round(wall, 1)
-        results_path.write_text(json.dumps(results, indent=2) + "\n")
+        atomic_write_text(results_path, json.dumps(results, indent=2) + "\n")  # a row is done once it reads whole
     return results
 
 
