@@ -279,4 +279,4 @@ def test_lines_that_are_not_utf8_or_give_no_token(tmp_path, monkeypatch, capsys)
         capsys.readouterr()
         assert main(["embed", str(tmp_path / "bert.safetensors")]) == 2
         out, err = capsys.readouterr()
-        assert err.startswith("zoo: error: stdin line 2: not UTF-8 text (byte 2 of the line); convert the input to UTF-8")
+        assert err == "zoo: error: stdin:2: not valid UTF-8 (column 3); re-encode the input as UTF-8\n"

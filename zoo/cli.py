@@ -209,7 +209,8 @@ def _embed_parser(sub) -> argparse.ArgumentParser:
 def _embed(args) -> None:
     from dataclasses import replace
 
-    from zoo.embed import Settings, embed_texts, has_tokens, load_tokenizer, read_lines, stored_settings
+    from zoo.data.common import stdin_lines
+    from zoo.embed import Settings, embed_texts, has_tokens, load_tokenizer, stored_settings
     from zoo.io import load
 
     header = read_header(args.model)
@@ -224,7 +225,7 @@ def _embed(args) -> None:
     def row(vector) -> str:
         return " ".join(f"{x:.9g}" for x in vector.tolist())  # 9 digits: a float32 exactly
 
-    lines = read_lines(sys.stdin)
+    lines = stdin_lines(sys.stdin)
     if args.similarity:
         texts = [line for line in lines if has_tokens(tokenizer, line)]
         vectors = torch.nn.functional.normalize(embed_texts(model, tokenizer, texts, settings, batch_size=args.batch_size), dim=-1)

@@ -26,7 +26,7 @@ Shapes: B batch, T tokens, D model width, N texts.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "has_tokens", "load_tokenizer", "read_lines",
+__all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "has_tokens", "load_tokenizer",
            "stored_settings"]
 
 POOLINGS = ("mean", "cls", "max")
@@ -127,21 +127,6 @@ def load_tokenizer(model_path: str | Path, tokenizer: str | Path | None = None) 
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the library's own parse errors
         raise ValueError(f"{path}: not a tokenizers tokenizer.json ({str(e).splitlines()[0]})") from None
-
-
-def read_lines(stream: Any) -> Iterator[str]:
-    """The lines of the text ``stream`` (stdin), their ends dropped, each checked to be UTF-8: bytes
-    read from its ``buffer`` where it has one, else its text without the lone surrogates that stand
-    for undecodable bytes (Python's ``surrogateescape``), which the tokenizer cannot take."""
-    raw = getattr(stream, "buffer", None)
-    for n, line in enumerate(raw if raw is not None else stream, start=1):
-        try:
-            text = line.decode("utf-8") if isinstance(line, bytes) else line
-            text.encode("utf-8")
-        except UnicodeError as e:
-            raise ValueError(f"stdin line {n}: not UTF-8 text (byte {e.start} of the line); convert the input to "
-                             f"UTF-8 (e.g. iconv -t UTF-8)") from None
-        yield text.rstrip("\r\n")
 
 
 def has_tokens(tokenizer: Any, text: str) -> bool:
