@@ -317,6 +317,8 @@ def test_requests_that_cannot_be_met_are_refused_and_an_empty_batch_is_empty():
         ({"max_new_tokens": 2, "num_beams": 2, "alpha": float("inf")}, "alpha must be >= 0 and finite"),
         ({"max_new_tokens": 2, "eos_id": V}, rf"eos_id / stop_tokens {V} is not a token of the model's vocabulary \(0..{V - 1}\)"),
         ({"max_new_tokens": 2, "stop_tokens": [3, -1]}, r"eos_id / stop_tokens -1 is not a token"),
+        ({"max_new_tokens": 2, "stop_tokens": 3}, r"stop_tokens is a list of token ids, got 3; e.g. stop_tokens=\[2\]"),
+        ({"max_new_tokens": 2, "stop_tokens": [1.5]}, r"stop_tokens must be integer token ids, got \[1.5\]"),
     ]:
         with pytest.raises(ValueError, match=message):
             zoo.generate(dec, x, **kwargs)

@@ -29,6 +29,7 @@ Shapes: B sentences, K beams, V vocabulary, N new tokens.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
@@ -164,6 +165,12 @@ def generate(
     the tokens are the same, a check costs a device sync.
     """
     encdec = hasattr(model, "encode") and hasattr(model, "decode")
+    if isinstance(stop_tokens, (int, str, Tensor)) and not (isinstance(stop_tokens, Tensor) and stop_tokens.dim() == 1):
+        raise ValueError(f"generate: stop_tokens is a list of token ids, got {stop_tokens!r}; e.g. stop_tokens=[2]")
+    try:
+        stop_tokens = [operator.index(t) for t in stop_tokens]  # ints, numpy's, 0-d integer tensors; never 1.5
+    except TypeError:
+        raise ValueError(f"generate: stop_tokens must be integer token ids, got {list(stop_tokens)!r}") from None
     stops = torch.tensor(sorted({*stop_tokens, *([eos_id] if eos_id is not None else [])}), dtype=torch.long)
     K = num_beams if num_beams is not None else (4 if encdec else 1)
     _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from)
