@@ -419,6 +419,11 @@ def test_build_on_meta_device_and_dtype_and_seed():
     c = tiny_model("decoder", seed=4)
     assert not torch.equal(a.tok_emb.weight, c.tok_emb.weight)
     assert a.spec == zoo.load_spec(a.spec)
+    for kwargs, message in (({"dtype": "float16"}, "dtype must be a floating-point torch.dtype such as torch.bfloat16, got 'float16'"),
+                            ({"dtype": torch.int64}, "dtype must be a floating-point torch.dtype"),
+                            ({"device": "gpu"}, "device: 'gpu' is not a torch device; use e.g. 'cpu', 'cuda'")):
+        with pytest.raises(ValueError, match=message):
+            zoo.build("gpt2-small", **kwargs)
 
 
 def test_embedding_norm_in_every_text_family():
