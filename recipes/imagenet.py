@@ -83,6 +83,7 @@ class ImageTask(Task):
         else:
             self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
         self.skipped = 0  # unreadable training images over the whole run
+        self.batch_then = None  # a resumed checkpoint's data.batch_size
         self.micro = (-1, 0)  # (step, micro-batch) for Mixup's seed
 
     def steps(self, epoch: int) -> int:
@@ -95,6 +96,15 @@ class ImageTask(Task):
                 yield list(itertools.islice(batches, self.accum))
         finally:
             batches.close()
+
+    def resume_at(self, epoch: int, pos: int, world: int, accum: int, here: tuple[int, int]) -> int:
+        """A step is ``data.batch_size`` images whatever the processes and grad_accum: the same step,
+        where the checkpoint's batch size is this run's."""
+        if self.batch_then not in (None, self.cfg.data.batch_size):
+            raise TrainError(f"data.batch_size: the checkpoint stopped inside epoch {epoch} with batches of "
+                             f"{self.batch_then}, this run's are {self.cfg.data.batch_size}; resume with "
+                             f"data.batch_size={self.batch_then}, or from a checkpoint at an epoch's end")
+        return pos
 
     def count(self, batch) -> float:
         """The images the loss covers: Mixup pairs images, so it leaves an odd batch's last one out."""
@@ -127,10 +137,11 @@ class ImageTask(Task):
         return evaluate_images(model, self.data, self.dist, self.cfg.run.precision)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"skipped": self.skipped}
+        return {"skipped": self.skipped, "batch_size": self.cfg.data.batch_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.skipped = int(state.get("skipped", 0))
+        self.batch_then = state.get("batch_size")
 
 
 # --------------------------------------------------------------------------------------- main

@@ -22,6 +22,7 @@ from pydantic import Field, NonNegativeFloat, PositiveInt, model_validator
 from zoo.atomic import atomic_write_text
 from zoo.cli import positive_int
 from zoo.data import bpe
+from zoo.data.common import DataError, stdin_lines
 from zoo.data.translation import BOS_ID, EOS, EOS_ID, PAD_ID, SPECIALS, Pairs, collate, token_batches
 from zoo.generate import generate
 from zoo.io import load as load_model
@@ -309,7 +310,14 @@ class Translator:
         for name in ("model.safetensors", "tokenizer.json"):
             if not (model_dir / name).is_file():
                 raise FileNotFoundError(f"no {name} in {model_dir}; export a model with recipes/translate.py first")
-        settings = json.loads((model_dir / "translate.json").read_text()) if (model_dir / "translate.json").is_file() else {}
+        settings = {}
+        if (model_dir / "translate.json").is_file():
+            try:
+                settings = json.loads((model_dir / "translate.json").read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ValueError(f"{model_dir / 'translate.json'}: unreadable ({e}); export the model again") from None
+            if not isinstance(settings, dict) or not isinstance(settings.get("decode", {}), dict):
+                raise ValueError(f"{model_dir / 'translate.json'}: not the settings the recipe exports; export the model again")
         self.max_len = settings.get("max_len", 256)
         given = settings.get("decode", {})
         self.decode = {"beams": given.get("beams", 4), **{k: given[k] for k in DECODE_KEYS if k in given}}
@@ -344,11 +352,15 @@ def translate_stdin(argv: list[str], prog: str = "translate") -> int:
     if args.beams is not None:
         tr.decode["beams"] = args.beams
     buf: list[str] = []
-    for line in sys.stdin:
-        buf.append(line.rstrip("\n"))
-        if len(buf) >= args.batch:
-            print("\n".join(tr(buf)), flush=True)
-            buf = []
+    try:
+        for line in stdin_lines(sys.stdin):
+            buf.append(line)
+            if len(buf) >= args.batch:
+                print("\n".join(tr(buf)), flush=True)
+                buf = []
+    except DataError as e:  # what came before it is translated; the line is named
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     if buf:
         print("\n".join(tr(buf)), flush=True)
     return 0

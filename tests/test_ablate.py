@@ -136,3 +136,16 @@ def test_a_metric_no_run_reports_is_named(tmp_path):
     with pytest.raises(AblationError, match=r"metrics: 'valid/last.bleu' is in no row's results.json; its keys: "
                                             r"params, valid_bleu, valid_ppl, wall_seconds"):
         run_grid(path, tmp_path / "out", echo=lambda *_: None)
+
+
+def test_a_finished_rows_damaged_results_are_named(tmp_path):
+    """A results.json cut short (a run killed while writing it) is named with the way to run the row
+    again, never taken as finished nor a parser's traceback."""
+    path, count, _ = _grid(tmp_path, "  base: []\n  h1: [heads=1]\n")
+    records = run_grid(path, tmp_path / "out", echo=lambda *_: None)
+    damaged = tmp_path / "out" / records[1]["dir"].rsplit("/", 1)[-1] / "results.json"
+    damaged.write_text(damaged.read_text()[:10])
+    with pytest.raises(AblationError, match=rf"^{damaged}: unreadable results \(not JSON: .*\); delete it to run the row again$"):
+        run_grid(path, tmp_path / "out", echo=lambda *_: None)
+    damaged.unlink()
+    assert [r["cached"] for r in run_grid(path, tmp_path / "out", echo=lambda *_: None)] == [True, False]

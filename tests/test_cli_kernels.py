@@ -74,3 +74,29 @@ def test_kernels_measures_an_inference_pass_of_a_vit(tmp_path, monkeypatch, caps
         assert not any(k.endswith("+grad") for k in saved)
     finally:
         choose.forget()
+
+
+def test_a_damaged_cache_file_never_stops_zoo(tmp_path, capsys):
+    """Entries that are not what pick writes (seconds that are not numbers, no pick) are left out with
+    a warning naming the file; the good ones stand, and a file that is not a JSON object is ignored."""
+    cache = tmp_path / "kernels.json"
+    good = {"pick": "zoo", "seconds": {"zoo": 0.001, "sdpa": 0.002}}
+    cache.write_text(json.dumps({"machine": choose.machine(), "choices": {
+        "attention/a": good, "attention/b": {"pick": "zoo", "seconds": {"zoo": "fast"}},
+        "attention/c": {"pick": "zoo", "seconds": [1, 2]}, "attention/d": {"pick": 3}, "attention/e": "zoo"}}))
+    zoo.kernels.use(cache=str(cache))
+    choose.forget()
+    try:
+        with pytest.warns(UserWarning, match=rf"zoo kernel cache {cache}: 4 damaged entries ignored \(attention/b, attention/c, "
+                                             r"attention/d, ...\); measured afresh when needed"):
+            assert main(["kernels", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["choices"] == {"attention/a": good}
+        assert main(["kernels"]) == 0 and "attention" in capsys.readouterr().out
+        cache.write_text("[1, 2]")
+        choose.forget()
+        with pytest.warns(UserWarning, match=rf"zoo kernel cache {cache} unreadable \(not a JSON object\); measuring afresh"):
+            assert main(["kernels"]) == 0
+        assert "no kernel choices measured on this machine yet" in capsys.readouterr().out
+    finally:
+        zoo.kernels.use(cache="off")
+        choose.forget()

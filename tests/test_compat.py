@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import zoo
 from zoo.io import read_spec
-from zoo.spec import SpecNote
+from zoo.spec import SpecError, SpecNote
 
 FIXTURES = Path(__file__).parent / "fixtures" / "v0.1"
 NAMES = sorted(p.stem for p in FIXTURES.glob("*.safetensors") if p.stem != "outputs")
@@ -75,3 +75,23 @@ def test_old_files_load_without_notes():
         warnings.simplefilter("error", SpecNote)
         for name in NAMES:
             zoo.load(FIXTURES / f"{name}.safetensors")
+
+
+def test_old_fields_that_conflict_are_refused():
+    """0.1's parallel block normalized before its branches; with a placement other than pre, or a
+    block.kind of today's that says otherwise, one of the two would be dropped without a word."""
+    import yaml
+
+    old = yaml.safe_load((FIXTURES / "decoder-parallel.yaml").read_text())
+    old["block"]["norm"]["placement"] = "post"
+    with pytest.raises(SpecError, match=r"^spec 0.1: block.parallel and block.norm.placement: post conflict: .*write block.kind: "
+                                        r"parallel or block.kind: post$"):
+        zoo.spec.parse_spec(old, source="0.1", notes=False)
+    old["block"]["norm"]["placement"] = "pre"
+    assert zoo.spec.parse_spec(old, notes=False).block.kind == "parallel"
+    for block, fields in [({"kind": "post", "parallel": {"shared_norm": True}}, "block.parallel"),
+                          ({"kind": "post", "norm": {"kind": "layernorm", "placement": "pre"}}, "block.norm.placement: pre")]:
+        with pytest.raises(SpecError, match=rf"block.kind: post conflicts with the 0.1 field {fields} \(block.kind: "):
+            zoo.spec.parse_spec({**old, "block": {**old["block"], "parallel": None, **block}}, notes=False)
+    with pytest.raises(SpecError, match=r"block.parallel: True is not the 0.1 field's mapping \{shared_norm: ...\}"):
+        zoo.spec.parse_spec({**old, "block": {**old["block"], "parallel": True}}, notes=False)

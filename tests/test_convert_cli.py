@@ -239,3 +239,49 @@ def test_help(capsys):
     assert main(["convert", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--to {hf,timm}" in out and "--timm-model NAME" in out and "--dtype" in out
+
+
+def _shrink(directory, **fields) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def test_weights_of_more_layers_or_experts_than_config_json_are_refused(tmp_path, capsys):
+    """A config.json that makes fewer layers (or experts) than the weights hold would convert a smaller
+    model, the rest left out; refused naming the tensors and the field, in both readers."""
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=64))
+    llama.save_pretrained(tmp_path / "llama")
+    _shrink(tmp_path / "llama", num_hidden_layers=1)
+    err = refuse(capsys, tmp_path / "llama", "-o", tmp_path / "m.safetensors")
+    assert "holds more layers than config.json's num_hidden_layers=1: model.layers.1.input_layernorm.weight" in err
+    assert "(+6 more) would be left out; correct num_hidden_layers" in err  # the 9 tensors of layer 1
+    (tmp_path / "bin").mkdir()
+    llama.config.save_pretrained(tmp_path / "bin")
+    torch.save(llama.state_dict(), tmp_path / "bin" / "pytorch_model.bin")  # read whole, by from_pretrained
+    _shrink(tmp_path / "bin", num_hidden_layers=1)
+    assert "holds more layers than config.json's num_hidden_layers=1" in refuse(capsys, tmp_path / "bin", "-o", tmp_path / "m.safetensors")
+
+    for name, model, field, first in [
+        ("gpt2", HF["gpt2 untied"](), {"n_layer": 1}, "transformer.h.1.attn.c_attn.weight"),
+        ("bart", HF["bart untied, scaled"](), {"decoder_layers": 2}, "model.decoder.layers.2.encoder_attn.k_proj.bias")]:
+        model.save_pretrained(tmp_path / name)
+        _shrink(tmp_path / name, **field)
+        (key, value), = field.items()
+        assert f"holds more layers than config.json's {key}={value}: {first}" in refuse(capsys, tmp_path / name, "-o", tmp_path / "m.safetensors")
+
+    mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64))
+    mixtral.save_pretrained(tmp_path / "mixtral")
+    _shrink(tmp_path / "mixtral", num_local_experts=3)
+    err = refuse(capsys, tmp_path / "mixtral", "-o", tmp_path / "m.safetensors")
+    assert "holds more experts than config.json's num_local_experts=3: model.layers.0.block_sparse_moe.experts.3.w1.weight" in err
+    (tmp_path / "mixtral-bin").mkdir()
+    mixtral.config.save_pretrained(tmp_path / "mixtral-bin")
+    torch.save(mixtral.state_dict(), tmp_path / "mixtral-bin" / "pytorch_model.bin")
+    _shrink(tmp_path / "mixtral-bin", num_local_experts=3)
+    err = refuse(capsys, tmp_path / "mixtral-bin", "-o", tmp_path / "m.safetensors")
+    assert "the checkpoint's tensors do not fit its config.json (MixtralForCausalLM): model.layers.0.mlp.experts.down_proj is [4, 16, 32], " \
+           "config.json makes [3, 16, 32]" in err
+    assert not (tmp_path / "m.safetensors").exists()

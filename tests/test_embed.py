@@ -246,3 +246,37 @@ def test_bad_inputs_are_refused_by_name(tmp_path, monkeypatch, capsys):
     assert main(["convert", str(tmp_path / "st"), "-o", str(tmp_path / "x.safetensors")]) == 0
     assert f"kept {tmp_path / 'tokenizer.json'}, which is another tokenizer" in capsys.readouterr().out
     assert (tmp_path / "tokenizer.json").read_text() == "{}"
+
+
+def test_lines_that_are_not_utf8_or_give_no_token(tmp_path, monkeypatch, capsys):
+    """Bytes that are not UTF-8 stop with the line's number; a line of spaces, which a tokenizer that
+    adds no special tokens makes no token of, gives an empty line as an empty line does, and the
+    other lines the vectors they give alone."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from zoo.embed import embed_texts
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(vocab_size=V, special_tokens=["[UNK]"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    model = zoo.build("bert-mini", [f"vocab_size={V}", "n_layers=1", "head=none"], seed=0)
+    zoo.save(model, tmp_path / "bert.safetensors")
+    code, out, err = embed_command(monkeypatch, capsys, tmp_path / "bert.safetensors", stdin="the cat\n   \na dog\n")
+    assert code == 0, err
+    lines = out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    alone = [embed_command(monkeypatch, capsys, tmp_path / "bert.safetensors", stdin=t)[1].strip() for t in ("the cat", "a dog")]
+    vectors = lambda rows: torch.tensor([[float(v) for v in r.split()] for r in rows])  # noqa: E731
+    assert max_diff(vectors([lines[0], lines[2]]), vectors(alone)) < 1e-5
+    code, out, _ = embed_command(monkeypatch, capsys, tmp_path / "bert.safetensors", "--similarity", stdin="the cat\n \n")
+    assert code == 0 and len(out.splitlines()) == 1
+    with pytest.raises(ValueError, match=r"texts\[1\] ' ': the tokenizer gives no token to embed; leave such texts out"):
+        embed_texts(model, tok, ["the cat", " "])
+    for stdin in (io.TextIOWrapper(io.BytesIO(b"the cat\na \xff dog\n"), encoding="utf-8", errors="surrogateescape"),
+                  io.StringIO("the cat\na \udcff dog\n")):  # read as bytes, or as text with the bytes escaped
+        monkeypatch.setattr("sys.stdin", stdin)
+        capsys.readouterr()
+        assert main(["embed", str(tmp_path / "bert.safetensors")]) == 2
+        out, err = capsys.readouterr()
+        assert err == "zoo: error: stdin:2: not valid UTF-8 (column 3); re-encode the input as UTF-8\n"

@@ -329,3 +329,33 @@ def test_the_family_says_how_it_decodes():
         assert model.decodes_from is None
         with pytest.raises(ValueError, match=f"a {type(model).__name__} does not generate"):
             zoo.generate(model, torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2)
+
+
+def test_requests_that_cannot_be_met_are_refused_and_an_empty_batch_is_empty():
+    dec, ed = tiny_model("decoder"), tiny_model("encoder_decoder")
+    V = dec.spec.vocab_size
+    x = torch.zeros(1, 3, dtype=torch.long)
+    for kwargs, message in [
+        ({"max_new_tokens": -1}, "max_new_tokens must be >= 0, got -1"),
+        ({"max_new_tokens": 2, "do_sample": True, "temperature": float("nan")}, "temperature must be > 0 and finite, got nan"),
+        ({"max_new_tokens": 2, "num_beams": 2, "alpha": float("inf")}, "alpha must be >= 0 and finite"),
+        ({"max_new_tokens": 2, "eos_id": V}, rf"eos_id / stop_tokens {V} is not a token of the model's vocabulary \(0..{V - 1}\)"),
+        ({"max_new_tokens": 2, "stop_tokens": [3, -1]}, r"eos_id / stop_tokens -1 is not a token"),
+        ({"max_new_tokens": 2, "stop_tokens": 3}, r"stop_tokens is a list of token ids, got 3; e.g. stop_tokens=\[2\]"),
+        ({"max_new_tokens": 2, "stop_tokens": [1.5]}, r"stop_tokens must be integer token ids, got \[1.5\]"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            zoo.generate(dec, x, **kwargs)
+    with pytest.raises(ValueError, match=rf"bos_id {ed.spec.vocab_size} is not a token"):
+        zoo.generate(ed, x, bos_id=ed.spec.vocab_size)
+    with pytest.raises(ValueError, match="max_len_a must be a finite number >= 0, got nan"):
+        zoo.generate(ed, x, bos_id=1, max_len_a=float("nan"))
+    with pytest.raises(ValueError, match="padding_mask: row 1 has no real token; every prompt"):
+        zoo.generate(dec, torch.zeros(2, 3, dtype=torch.long), padding_mask=torch.tensor([[True] * 3, [False] * 3]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="padding_mask: row 0 has no real token"):
+        zoo.generate(ed, torch.zeros(1, 3, dtype=torch.long), padding_mask=torch.zeros(1, 3, dtype=torch.bool), bos_id=1)
+    with pytest.raises(ValueError, match="inputs has no tokens"):
+        zoo.generate(dec, torch.zeros(2, 0, dtype=torch.long), max_new_tokens=2)
+    for model, kwargs in ((dec, {"max_new_tokens": 3}), (ed, {"bos_id": 1}), (dec, {"max_new_tokens": 3, "num_beams": 2})):
+        out = zoo.generate(model, torch.zeros(0, 4, dtype=torch.long), **kwargs)
+        assert out.tokens.shape[0] == out.scores.shape[0] == out.lengths.shape[0] == 0

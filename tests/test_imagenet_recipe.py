@@ -162,3 +162,19 @@ def test_image_folder_skips_corrupt_images(tmp_path):
     assert res["steps"] == 3  # 12 training files, batch 4
     assert res["skipped_train_images"] == 1 and res["skipped_valid_images"] == 1
     assert res["valid_images"] == 4 and res["reloaded_top1"] == res["top1"]
+
+
+def test_a_step_is_the_global_batch_whatever_the_split_but_not_another_batch_size():
+    """Resuming on other processes or grad_accum continues at the same step (a step is data.batch_size
+    images); another data.batch_size inside an epoch is refused."""
+    from zoo.train import Dist, TrainError
+
+    recipe = _recipe()
+    cfg = recipe.RecipeConfig(data={"batch_size": 64})
+    task = recipe.ImageTask(cfg, Dist(), data=None, accum=1)
+    task.load_state_dict({"skipped": 0, "batch_size": 64})
+    assert task.resume_at(0, 5, 2, 2, (1, 1)) == 5
+    task.load_state_dict(recipe.ImageTask(recipe.RecipeConfig(data={"batch_size": 32}), Dist(), None, 1).state_dict())
+    with pytest.raises(TrainError, match=r"data.batch_size: the checkpoint stopped inside epoch 0 with batches of 32, this "
+                                         r"run's are 64; resume with data.batch_size=32"):
+        task.resume_at(0, 5, 1, 1, (1, 1))

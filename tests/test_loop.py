@@ -191,3 +191,31 @@ def test_the_documented_task_trains(tmp_path, monkeypatch):
     assert fitted.step == 60
     first = [r for r in read_metrics(tmp_path / scope["OUT"] / "metrics.jsonl") if r["split"] == "valid"][0]
     assert fitted.valid["mse"] < first["mse"] / 4  # it learns
+
+
+def test_resume_with_another_grad_accum_continues_after_the_micro_batches_taken(tmp_path, capsys):
+    """Steps of 2 micro-batches x 3: the checkpoint at step 3 of epoch 0 took micro-batches 0-5; with
+    grad_accum 3 the run goes on at step 2 of 3 (micro-batch 6), with grad_accum 1 at step 6, and one
+    with 4 (6 is no whole number of its steps) is refused, and so are micro-batches of another size.
+    The epoch's list of micro-batches is the truth."""
+    taken = []
+
+    class Logged(Regression):
+        def loss(self, model, batch, step):
+            taken.append(tuple(batch))
+            return super().loss(model, batch, step)
+
+    part = cfg(tmp_path / "part", grad_accum=2, checkpoint_every=3, keep_checkpoints=5)
+    fit(model(), Regression(accum=2, batch=2), **part, total_steps=3)  # 12 micro-batches an epoch: 6 steps
+    ckpt = tmp_path / "part" / "ckpt-0000003.pt"
+    epoch = Regression(accum=1, batch=2).batches(0)
+    for accum, first in ((3, 6), (1, 6)):
+        taken.clear()
+        fit(model(), Logged(accum=accum, batch=2), **cfg(tmp_path / f"a{accum}", grad_accum=accum), total_steps=4, resume=ckpt)
+        assert taken == [tuple(b) for b in epoch[first:first + accum]]  # step 4: the next step's micro-batches
+        assert f"resuming a run of 1 process(es) x grad_accum 2 on 1 x {accum}" in capsys.readouterr().out
+    with pytest.raises(TrainError, match=r"run.grad_accum: the checkpoint stopped inside epoch 0 after 6 micro-batches "
+                                         r"\(3 steps of 1 process\(es\) x grad_accum 2\), not a whole number of this run's steps of 1 x 4"):
+        fit(model(), Regression(accum=4, batch=2), **cfg(tmp_path / "a4", grad_accum=4), total_steps=4, resume=ckpt)
+    with pytest.raises(TrainError, match="epoch 0 had 12 micro-batches when the checkpoint was written, 8 now"):
+        fit(model(), Regression(accum=2, batch=3), **cfg(tmp_path / "b3", grad_accum=2), total_steps=4, resume=ckpt)

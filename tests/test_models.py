@@ -365,13 +365,47 @@ def test_vit_conv_stem_batch_statistics_survive_save_and_load(tmp_path):
          "no segment embeddings"),
         ("encoder_decoder", lambda m: m(torch.zeros(5, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), "src: expected"),
         ("vit", lambda m: m(torch.randn(2, 3, 32, 32)), r"images: expected a float tensor \[batch, 3, 16, 16\]"),
+        ("vit", lambda m: m(torch.zeros(2, 3, 16, 16, dtype=torch.uint8)),
+         r"images: expected a float tensor, got torch.uint8; convert pixels to floats .*images.float\(\) / 255"),
+        ("encoder_decoder", lambda m: m(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long)),
+         r"tgt_in: 3 target rows, but the source \(memory\) is \(2, 3, 32\): one source row per target row"),
+        ("encoder_decoder", lambda m: m.decode(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 3, 32), torch.ones(2, 4, dtype=torch.bool)),
+         r"src_padding_mask: expected the source's shape \(2, 3\), got \(2, 4\)"),
+        ("decoder", lambda m: m(torch.zeros(1, 3, dtype=torch.long), positions=torch.tensor([[-1, 0, 1]])),
+         "positions: a token's position counts from 0 in its document, got -1; give positions >= 0"),
+        ("decoder", lambda m: m(torch.zeros(1, 3, dtype=torch.long), positions=torch.zeros(1, 3)),
+         "positions: expected integer positions, got torch.float32"),
+        ("decoder", lambda m: [m(torch.zeros(r, 2, dtype=torch.long), cache=c) for c in [m.new_cache(8)] for r in (2, 3)],
+         "cache: it holds 2 rows, and 3 came to continue them; a cache continues the batch it began with"),
+        ("encoder", lambda m: m(torch.zeros(2, 3, dtype=torch.long), token_types=torch.zeros(2, 4, dtype=torch.long)),
+         r"token_types: shape \(2, 4\) does not fit tokens \(2, 3\); give one segment id per token"),
+        ("encoder_decoder", lambda m: m.decode(torch.zeros(2, 2, dtype=torch.long), None),
+         r"memory: None reads the source's keys from the cache, which holds none yet; pass encode\(src\)"),
     ],
 )
 def test_bad_inputs_fail_clearly(family, call, message):
-    extra = ["type_vocab_size=0"] if family == "encoder" else []
+    extra = ["type_vocab_size=0"] if family == "encoder" and "token_types: shape" not in message else []
     model = tiny_model(family, extra)
     with pytest.raises(ValueError, match=message):
         call(model)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder", "vit"])
+@pytest.mark.parametrize("position", ["learned", "alibi", "relative_bias"])
+def test_an_empty_batch_gives_an_empty_output(family, position):
+    """No rows in, no rows out, of the shape a row would have; a row alone is the reference."""
+    if family == "vit" and position != "learned":
+        return
+    model = tiny_model(family, [] if family == "vit" else [f"position.kind={position}"]).eval()
+    inputs = model.example_inputs(1, 5) if family != "vit" else (torch.randn(1, 3, 16, 16),)
+    one = model(*inputs)
+    empty = model(*(x[:0] for x in inputs))
+    assert empty.shape == (0, *one.shape[1:]) and empty.dtype == one.dtype
+    if family == "decoder":
+        none = inputs[0][:0]
+        assert model(none, torch.ones(0, 5, dtype=torch.bool)).shape == (0, *one.shape[1:])
+        assert model(none, documents=none).shape == model(none, positions=none).shape == (0, *one.shape[1:])
+        assert model(none, documents=none, targets=none).item() == 0.0  # a sum over no tokens
 
 
 def test_rope_and_alibi_allow_sequences_longer_than_max_seq_len():
@@ -391,6 +425,11 @@ def test_build_on_meta_device_and_dtype_and_seed():
     c = tiny_model("decoder", seed=4)
     assert not torch.equal(a.tok_emb.weight, c.tok_emb.weight)
     assert a.spec == zoo.load_spec(a.spec)
+    for kwargs, message in (({"dtype": "float16"}, "dtype must be a floating-point torch.dtype such as torch.bfloat16, got 'float16'"),
+                            ({"dtype": torch.int64}, "dtype must be a floating-point torch.dtype"),
+                            ({"device": "gpu"}, "device: 'gpu' is not a torch device; use e.g. 'cpu', 'cuda'")):
+        with pytest.raises(ValueError, match=message):
+            zoo.build("gpt2-small", **kwargs)
 
 
 def test_embedding_norm_in_every_text_family():

@@ -16,7 +16,9 @@ from zoo.train import (
     CheckpointError,
     Config,
     Dist,
+    OptimConfig,
     RunConfig,
+    ScheduleConfig,
     TrainError,
     average_checkpoints,
     checkpoint_spec,
@@ -123,6 +125,23 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
         refuse_what_cannot_apply(RunConfig(precision="bf16"), Dist(device=torch.device("cuda", 0)))
     assert str(e.value) == "run.precision: bf16, but Tesla T4 has no bf16; use run.precision=fp32 (or auto)"
     refuse_what_cannot_apply(RunConfig(precision="auto"), Dist(device=torch.device("cuda", 0)))  # auto picks fp32
+
+
+def test_infinite_nan_and_out_of_range_settings_are_refused_by_name():
+    """YAML reads .inf and .nan as floats: an infinite learning rate trains to NaN, so every float
+    a recipe config declares is finite; Adam's decays are below 1, a cosine ends at most at lr."""
+    Run = type("Run", (Config,), {"__annotations__": {"optim": OptimConfig, "schedule": ScheduleConfig},
+                                  "optim": OptimConfig(), "schedule": ScheduleConfig()})
+    for override, line in (("optim.lr=.inf", "optim.lr: must be a finite number, got inf; write a number (not .inf or .nan)"),
+                           ("schedule.min_lr_ratio=.nan", "schedule.min_lr_ratio: must be a finite number, got nan; "
+                                                          "write a number (not .inf or .nan)"),
+                           # values torch's Adam refuses only when the run builds it, or a cosine that rises
+                           ("optim.betas=[0.9, 1.0]", "optim.betas.1: Input should be less than 1 (got 1.0)"),
+                           ("schedule.min_lr_ratio=2", "schedule.min_lr_ratio: Input should be less than or equal to 1 (got 2)")):
+        with pytest.raises(ConfigError) as e:
+            load_config(Run, None, [override])
+        assert str(e.value).splitlines()[-1] == "  " + line
+    assert load_config(Run, None, ["optim.lr=0.5"]).optim.lr == 0.5
 
 
 def test_devices_that_cannot_be_had_are_named(monkeypatch):

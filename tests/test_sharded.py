@@ -158,6 +158,22 @@ def test_a_shard_alone_or_from_another_save_is_refused(tmp_path):
         zoo.load(tmp_path / "m.safetensors")
 
 
+def test_an_index_naming_a_tensor_in_two_shards_is_refused(tmp_path, capsys):
+    """JSON keeps the last of two equal keys; an index that names one tensor twice is refused instead."""
+    zoo.save(tiny_model("decoder", seed=0), tmp_path / "m.safetensors", max_shard_size="20KB")
+    index = tmp_path / "m.safetensors.index.json"
+    body = json.loads(index.read_text())
+    first, second = shards(tmp_path, "m")[:2]
+    name = next(t for t, f in body["weight_map"].items() if f == first)
+    text = index.read_text().replace(f'"{name}": "{first}",', f'"{name}": "{first}",\n    "{name}": "{second}",', 1)
+    index.write_text(text)
+    with pytest.raises(LoadError) as info:
+        zoo.load(tmp_path / "m.safetensors")
+    message = str(info.value)
+    assert f"weight_map names the tensor {name!r} twice, in {first!r} and in {second!r}" in message and "\n" not in message
+    assert repr(name) in refuse(capsys, tmp_path / "m.safetensors", "-o", tmp_path / "hf")
+
+
 def test_a_directory_whose_tensors_do_not_fit_its_config_names_them(tmp_path, capsys):
     tiny_llama().save_pretrained(tmp_path / "hf", max_shard_size="20KB")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -248,3 +264,15 @@ def test_rope_scalings_stream_both_ways(case, tmp_path, capsys):
         out, ref = back(tokens()), hf(tokens())
         key = "logits" if hasattr(ref, "logits") else "last_hidden_state"
         assert torch.equal(getattr(out, key), getattr(ref, key))
+
+
+def test_an_index_naming_a_shard_outside_its_directory_is_refused(tmp_path):
+    zoo.save(tiny_model("decoder", seed=0), tmp_path / "m.safetensors", max_shard_size="20KB")
+    index = tmp_path / "m.safetensors.index.json"
+    first = shards(tmp_path, "m")[0]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / first).write_bytes((tmp_path / first).read_bytes())
+    index.write_text(index.read_text().replace(f'"{first}"', f'"../{tmp_path.name}/elsewhere/{first}"'))
+    with pytest.raises(LoadError, match=rf"weight_map names the shard '../{tmp_path.name}/elsewhere/{first}', which is not a "
+                                        r"file beside the index"):
+        zoo.load(tmp_path / "m.safetensors")

@@ -85,6 +85,14 @@ def test_rules_name_the_field_and_fix(overrides, message):
         ("transformer-base", ["layers=[{at: 0, stack: decoder, block: {attention: {window: 2}}}]"],
          "layers.0.block.attention.window: sliding-window attention is self-attention of a decoder or an encoder, which "
          "family encoder_decoder"),
+        ("vit-tiny-16", ["layers=[{at: 0, position: {kind: rope}}]"],
+         "layers.0.position: 'rope' does not apply to family vit; a layer's own position is one of none, rope2d"),
+        ("vit-tiny-16", ["layers=[{at: 1, position: {kind: alibi}}]"], "layers.0.position: 'alibi' does not apply to family vit"),
+        ("gpt2-small", ["position.kind=rope", "layers=[{at: 0, position: {kind: rope2d}}]"],
+         "layers.0.position: 'rope2d' does not apply to family decoder; a layer's own position is one of alibi, none, "),
+        ("gpt2-small", ["init.std=.inf"], r"init.std: must be a finite number, got inf; write a number \(not .inf or .nan\)"),
+        ("gpt2-small", ["dropout.attention=.nan"], "dropout.attention: must be a finite number, got nan"),
+        ("llama-tiny", ["position.scaling={kind: linear, factor: .inf}"], "position.scaling.factor: must be a finite number, got inf"),
         ("transformer-base", ["src_vocab_size=100"], r"share_embeddings: .* src_vocab_size \(100\) != vocab_size \(37000\)"),
     ],
 )

@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -104,6 +105,15 @@ def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatc
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
     assert recipe.main(["translate", "--model", str(tmp_path / "nothing")]) == 2
     assert "no model.safetensors" in capsys.readouterr().err
+    # input that is not UTF-8 is named by its line; a damaged translate.json by its path
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"The room faces north.\nNo \xe9t\xe9\n"),
+                                                       encoding="utf-8", errors="surrogateescape"))
+    assert recipe.main(["translate", "--model", str(out / "model")]) == 2
+    assert capsys.readouterr().err == "translate.py translate: error: stdin:2: not valid UTF-8 (column 4); re-encode the input as UTF-8\n"
+    shutil.copytree(out / "model", tmp_path / "damaged")
+    (tmp_path / "damaged" / "translate.json").write_text('{"max_len": 2')
+    assert recipe.main(["translate", "--model", str(tmp_path / "damaged")]) == 2
+    assert f"{tmp_path / 'damaged' / 'translate.json'}: unreadable (" in capsys.readouterr().err
 
 
 @pytest.mark.recipe

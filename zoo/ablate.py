@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from zoo.atomic import atomic_write_text
 from zoo.spec import SpecError, read_yaml
 
 __all__ = ["AblationError", "AblationFile", "load_ablation", "row_dir", "run_grid", "write_table", "plot_grid"]
@@ -109,6 +110,19 @@ def row_dir(out: Path, grid: AblationFile, recipe: Path, row: str) -> Path:
     return out / f"{row}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
+def _results(path: Path) -> dict[str, Any]:
+    """A run's results.json; one that cannot be read (cut short, edited) is named, with the way to run
+    its row again, rather than taken for a finished row or failing inside the JSON parser."""
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        results = e
+    if not isinstance(results, dict):
+        why = f"not JSON: {results}" if isinstance(results, Exception) else "not a JSON object"
+        raise AblationError(f"{path}: unreadable results ({why}); delete it to run the row again")
+    return results
+
+
 def _run_row(recipe: Path, overrides: list[str], where: Path) -> dict[str, Any]:
     where.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(recipe), *overrides, f"run.out_dir={where}"]
@@ -122,10 +136,10 @@ def _run_row(recipe: Path, overrides: list[str], where: Path) -> dict[str, Any]:
     results_path = where / RESULTS
     if not results_path.is_file():
         raise AblationError(f"{where.name}: the recipe wrote no {RESULTS} in {where}")
-    results = json.loads(results_path.read_text())
+    results = _results(results_path)
     if "wall_seconds" not in results:  # kept with the row, so a cached row's table cell keeps its time
         results["wall_seconds"] = round(wall, 1)
-        results_path.write_text(json.dumps(results, indent=2) + "\n")
+        atomic_write_text(results_path, json.dumps(results, indent=2) + "\n")  # a row is done once it reads whole
     return results
 
 
@@ -144,7 +158,7 @@ def run_grid(path: str | os.PathLike, out: str | os.PathLike, *, jobs: int = 1, 
         where = row_dir(out, grid, recipe, name)
         if (where / RESULTS).is_file():
             records[name] = {"row": name, "overrides": grid.rows[name], "dir": str(where), "cached": True,
-                             "results": json.loads((where / RESULTS).read_text())}
+                             "results": _results(where / RESULTS)}
             echo(f"{name}: done before ({where.name})")
         else:
             todo.append((name, where))

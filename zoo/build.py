@@ -32,6 +32,12 @@ def build(
     ``seed`` makes the initial weights reproducible without touching the global RNG.
     The model's ``spec`` attribute is the validated spec it was built from.
     """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, got {dtype!r}")
+    try:
+        torch.device(device) if device is not None else None
+    except RuntimeError:
+        raise ValueError(f"device: {device!r} is not a torch device; use e.g. 'cpu', 'cuda', 'cuda:1' or 'meta'") from None
     spec = load_spec(source, overrides)
     builder = registry("family").builder(spec.family)
     cuda = [torch.device(device).index or 0] if device is not None and torch.device(device).type == "cuda" else []

@@ -209,7 +209,8 @@ def _embed_parser(sub) -> argparse.ArgumentParser:
 def _embed(args) -> None:
     from dataclasses import replace
 
-    from zoo.embed import Settings, embed_texts, load_tokenizer, stored_settings
+    from zoo.data.common import stdin_lines
+    from zoo.embed import Settings, embed_texts, has_tokens, load_tokenizer, stored_settings
     from zoo.io import load
 
     header = read_header(args.model)
@@ -224,9 +225,9 @@ def _embed(args) -> None:
     def row(vector) -> str:
         return " ".join(f"{x:.9g}" for x in vector.tolist())  # 9 digits: a float32 exactly
 
-    lines = (line.rstrip("\r\n") for line in sys.stdin)
+    lines = stdin_lines(sys.stdin)
     if args.similarity:
-        texts = [line for line in lines if line]
+        texts = [line for line in lines if has_tokens(tokenizer, line)]
         vectors = torch.nn.functional.normalize(embed_texts(model, tokenizer, texts, settings, batch_size=args.batch_size), dim=-1)
         sys.stdout.write("".join(row(r) + "\n" for r in vectors @ vectors.T))
         return
@@ -235,6 +236,7 @@ def _embed(args) -> None:
         if line is not None:
             chunk.append(line)
         if line is None or sum(1 for t in chunk if t) == args.batch_size:
+            chunk = [t if has_tokens(tokenizer, t) else "" for t in chunk]  # no token: an empty line, as an empty text
             vectors = iter(embed_texts(model, tokenizer, [t for t in chunk if t], settings, batch_size=args.batch_size))
             sys.stdout.write("".join((row(next(vectors)) if t else "") + "\n" for t in chunk))
             sys.stdout.flush()

@@ -37,7 +37,8 @@ from torch import Tensor, nn
 
 from zoo.models.family import Family
 
-__all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "load_tokenizer", "stored_settings"]
+__all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "has_tokens", "load_tokenizer",
+           "stored_settings"]
 
 POOLINGS = ("mean", "cls", "max")
 KEY_EMBEDDING = "zoo.embedding"  # the zoo file's metadata key of its Settings (JSON)
@@ -129,6 +130,12 @@ def load_tokenizer(model_path: str | Path, tokenizer: str | Path | None = None) 
         raise ValueError(f"{path}: not a tokenizers tokenizer.json ({str(e).splitlines()[0]})") from None
 
 
+def has_tokens(tokenizer: Any, text: str) -> bool:
+    """Whether ``text`` tokenizes to anything: an empty text does not, nor one of spaces with a
+    tokenizer that adds no special tokens (nothing to pool)."""
+    return bool(text) and (bool(text.strip()) or bool(tokenizer.encode(text).ids))
+
+
 def embed_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], settings: Settings = Settings(), *,
                 batch_size: int = 32) -> Tensor:
     """[N, D] embeddings of ``texts`` (none empty), ``batch_size`` texts at a time, in eval mode and
@@ -145,6 +152,10 @@ def embed_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], settings
             for start in range(0, len(texts), batch_size):
                 batch = [t.lower() if settings.lowercase else t for t in texts[start:start + batch_size]]
                 ids = [e.ids for e in tokenizer.encode_batch(batch)]
+                empty = [i for i, row in enumerate(ids) if not row]
+                if empty:
+                    raise ValueError(f"texts[{start + empty[0]}] {batch[empty[0]]!r}: the tokenizer gives no token to "
+                                     f"embed; leave such texts out (zoo.embed.has_tokens finds them)")
                 width = max(len(row) for row in ids)
                 tokens = torch.zeros(len(ids), width, dtype=torch.long)
                 mask = torch.zeros(len(ids), width, dtype=torch.bool)

@@ -29,6 +29,8 @@ Shapes: B sentences, K beams, V vocabulary, N new tokens.
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
@@ -168,10 +170,20 @@ def generate(
     the tokens are the same, a check costs a device sync.
     """
     encdec = decodes_from(model) == "source"
+    if isinstance(stop_tokens, (int, str, Tensor)) and not (isinstance(stop_tokens, Tensor) and stop_tokens.dim() == 1):
+        raise ValueError(f"generate: stop_tokens is a list of token ids, got {stop_tokens!r}; e.g. stop_tokens=[2]")
+    try:
+        stop_tokens = [operator.index(t) for t in stop_tokens]  # ints, numpy's, 0-d integer tensors; never 1.5
+    except TypeError:
+        raise ValueError(f"generate: stop_tokens must be integer token ids, got {list(stop_tokens)!r}") from None
     stops = torch.tensor(sorted({*stop_tokens, *([eos_id] if eos_id is not None else [])}), dtype=torch.long)
     K = num_beams if num_beams is not None else (4 if encdec else 1)
     _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_from, length_norm)
+    _check_request(model, inputs, padding_mask, stops, bos_id, max_new_tokens, max_len_a, max_len_b, min_new_tokens)
     B, device = inputs.shape[0], inputs.device
+    if B == 0:  # no prompts, nothing to generate: an empty batch's result
+        return Generation(torch.full((0, max_new_tokens or 0), pad_id, dtype=torch.long, device=device),
+                          torch.zeros(0, device=device), torch.zeros(0, dtype=torch.long, device=device))
     if cache not in ("dynamic", "static"):
         raise ValueError(f"generate: cache must be 'dynamic' or 'static', got {cache!r}")
     mode = compile_mode(compile, device)
@@ -212,18 +224,44 @@ def _check_args(inputs, K, temperature, top_k, top_p, alpha, do_sample, finish_f
         raise ValueError(f"generate: num_beams must be >= 1, got {K}")
     if K > 1 and do_sample:
         raise ValueError("generate: choose beam search (num_beams > 1) or sampling (do_sample), not both")
-    if temperature <= 0:
-        raise ValueError(f"generate: temperature must be > 0, got {temperature}; use greedy for temperature 0")
+    if not 0 < temperature < math.inf:
+        raise ValueError(f"generate: temperature must be > 0 and finite, got {temperature}; use greedy for temperature 0")
     if top_k < 0 or not 0 < top_p <= 1:
         raise ValueError(f"generate: need top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
-    if alpha < 0:
-        raise ValueError(f"generate: alpha must be >= 0 (the early stop relies on it), got {alpha}")
+    if not 0 <= alpha < math.inf:
+        raise ValueError(f"generate: alpha must be >= 0 and finite (the early stop relies on it), got {alpha}")
     if length_norm not in ("gnmt", "power", "none"):
         raise ValueError(f"generate: length_norm must be 'gnmt', 'power' or 'none', got {length_norm!r}; HF's "
                          f"length_penalty=x is length_norm='power', alpha=x")
     if finish_from not in ("candidates", "beams"):
         raise ValueError(f"generate: finish_from must be 'candidates' (a stop among the 2K candidates finishes, the "
                          f"paper's) or 'beams' (among the K best only, HF's), got {finish_from!r}")
+
+
+def _check_request(model, inputs, padding_mask, stops, bos_id, max_new_tokens, max_len_a, max_len_b, min_new_tokens) -> None:
+    """Lengths that are counts, rows with a real token (a row of padding alone would generate from
+    nothing), and token ids the model's vocabulary has (a stop token outside it would never end a
+    row; a bos_id outside it fails inside the embedding)."""
+    for name, value in (("max_new_tokens", max_new_tokens), ("max_len_b", max_len_b), ("min_new_tokens", min_new_tokens)):
+        if value is not None and value < 0:
+            raise ValueError(f"generate: {name} must be >= 0, got {value}")
+    if not math.isfinite(max_len_a) or max_len_a < 0:
+        raise ValueError(f"generate: max_len_a must be a finite number >= 0, got {max_len_a}")
+    if inputs.shape[0] and inputs.shape[1] == 0:
+        raise ValueError("generate: inputs has no tokens; a prompt (or source) needs at least one, e.g. the bos token")
+    if isinstance(padding_mask, Tensor) and padding_mask.shape == inputs.shape and inputs.numel():
+        empty = (~padding_mask.bool()).all(dim=1).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"generate: padding_mask: row {empty[0]} has no real token; every prompt (or source) needs "
+                             f"one, so leave empty ones out")
+    vocab = getattr(getattr(model, "spec", None), "vocab_size", None)
+    if vocab is None:
+        return
+    for name, ids in (("eos_id / stop_tokens", stops.tolist()), ("bos_id", [] if bos_id is None else [bos_id])):
+        outside = [i for i in ids if not 0 <= i < vocab]
+        if outside:
+            raise ValueError(f"generate: {name} {outside[0]} is not a token of the model's vocabulary (0..{vocab - 1}); "
+                             f"give ids the tokenizer gives")
 
 
 def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature, top_k, top_p, generator,

@@ -250,6 +250,21 @@ def resolve(path: str | os.PathLike) -> Path:
     return path
 
 
+class _Pairs(dict):
+    """A JSON object that remembers its first key given twice (json keeps the last without a word)."""
+
+    twice: tuple[str, object, object] | None = None
+
+
+def _pairs(pairs: list[tuple[str, object]]) -> _Pairs:
+    out = _Pairs()
+    for key, value in pairs:
+        if key in out and out.twice is None and out[key] != value:
+            out.twice = (key, out[key], value)
+        out[key] = value
+    return out
+
+
 def read_files(path: str | os.PathLike) -> Files:
     """The tensors of a safetensors file, or of an index (``*.safetensors.index.json``) and every
     shard it names (a missing shard is a :class:`ShardError` naming it). No tensor data is read."""
@@ -260,13 +275,22 @@ def read_files(path: str | os.PathLike) -> Files:
     if not path.is_file():
         raise ShardError(f"no file at {str(path)!r}" if not path.exists() else f"{str(path)!r} is not a file")
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
+        body = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_pairs)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{str(path)!r} is not a valid index (not JSON: {e})") from None
     weight_map = body.get("weight_map") if isinstance(body, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ShardError(f"{str(path)!r} is not a valid index: it has no weight_map of tensor names to shard files")
+    twice = getattr(weight_map, "twice", None)
+    if twice:
+        name, first, second = twice
+        raise ShardError(f"{str(path)!r}: weight_map names the tensor {name!r} twice, in {first!r} and in {second!r}; "
+                         f"an index names each tensor once: keep the entry of the shard that holds it")
     files = list(dict.fromkeys(weight_map.values()))
+    outside = [f for f in files if Path(f).name != f or f in ("", ".", "..")]
+    if outside:
+        raise ShardError(f"{str(path)!r}: weight_map names the shard {outside[0]!r}, which is not a file beside the "
+                         f"index; an index names its shards by file name, in its own directory")
     missing = [f for f in files if not (path.parent / f).is_file()]
     if missing:
         shown = ", ".join(repr(m) for m in missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")

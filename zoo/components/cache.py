@@ -70,6 +70,7 @@ class KVCache:
         self.capacity = capacity
         self.layers = [LayerCache(self, self.slides(w)) for w in windows]
         self.start = self.end = 0  # the new tokens occupy [start, end)
+        self.rows = 0  # the batch's rows (beams included), once tokens are cached
         self.padding_mask: Tensor | None = None  # (B, C) True = real token; None: no padding seen
         self.key_positions: Tensor | None = None  # (B, C) with padding; else positions are 0..end-1
         self.next_position: Tensor | None = None  # (B,) real tokens so far, with padding
@@ -98,6 +99,10 @@ class KVCache:
                 f"cache: {self.end} cached + {length} new tokens exceed its capacity ({self.capacity}); "
                 f"make the cache with a larger capacity"
             )
+        if self.end and batch != self.rows:
+            raise ValueError(f"cache: it holds {self.rows} rows, and {batch} came to continue them; a cache continues "
+                             f"the batch it began with (make a new_cache for another batch)")
+        self.rows = batch
         self.start, self.end = self.end, self.end + length
         if padding_mask is None and self.padding_mask is None:
             positions = torch.arange(self.start, self.end, device=device)
@@ -119,6 +124,7 @@ class KVCache:
         they are: beams of one source share them."""
         for layer in self.layers:
             layer.reorder(index)
+        self.rows = len(index)
         if self.padding_mask is not None:
             self.padding_mask = self.padding_mask.index_select(0, index)
             self.key_positions = self.key_positions.index_select(0, index)

@@ -113,6 +113,11 @@ class Stack(nn.Module, SummaryParts, LayerCosts):
                 if t is not None and tuple(t.shape) != (B, T):
                     raise ValueError(f"{what}: shape {tuple(t.shape)} does not fit {name} {tuple(tokens.shape[:2])}; "
                                      f"give one {'id' if what == 'documents' else 'position'} per token, [B, T]")
+            if positions is not None and (positions.dtype.is_floating_point or positions.dtype == torch.bool):
+                raise ValueError(f"positions: expected integer positions, got {positions.dtype}")
+            if positions is not None and positions.numel() and not torch.compiler.is_compiling() and int(positions.min()) < 0:
+                raise ValueError(f"positions: a token's position counts from 0 in its document, got {int(positions.min())}; "
+                                 f"give positions >= 0")
         if cache is None:
             # given positions, or a packed row's (which may outrun a position table its documents fit), set
             # the length the tables must hold; otherwise the row's
@@ -121,7 +126,7 @@ class Stack(nn.Module, SummaryParts, LayerCosts):
                 positions = positions_for(padding_mask, T, device, documents)
             # (a compiled pass cannot read it without a host sync: there the row's length stands, and a
             # packed row longer than a table is for eager passes only)
-            length = int(positions.max()) + 1 if read_length and not torch.compiler.is_compiling() else T
+            length = int(positions.max()) + 1 if read_length and positions.numel() and not torch.compiler.is_compiling() else T
             key_positions = positions
             key_padding = padding_mask
         else:

@@ -12,6 +12,7 @@ and zoo's position table [N, D]), or several stacked along the output rows (zoo'
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 from zoo.shards import tie_groups
 
 __all__ = ["ConversionError", "Rule", "zoo_state", "zoo_tensor", "reference_state", "reference_tensors", "check_covered",
-           "check_used", "load_exact", "device_dtype", "name_list", "first_expressing"]
+           "check_used", "check_counted", "load_exact", "device_dtype", "name_list", "first_expressing"]
 
 
 class ConversionError(ValueError):
@@ -135,6 +136,50 @@ def check_covered(names: Iterable[str], rules: Iterable[Rule], where: str, *, ha
             f"{where}: the reference has tensors zoo has no place for: {shown}; "
             f"it uses an option zoo does not have"
         )
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")
+
+
+def _count_field(config: Mapping[str, Any], key: str, module: str, count: int) -> str | None:
+    """The field of ``config`` that sets the number of ``module`` s (``count``) that ``key`` indexes."""
+    word = "expert" if "expert" in module else "layer"
+    fields = [f for f, v in config.items() if type(v) is int and v == count and word in f.lower()]
+    side = "decoder" if "decoder" in key else ("encoder" if "encoder" in key else None)
+    if side == "decoder":
+        fields.sort(key=lambda f: "decoder" not in f)
+    elif side == "encoder":
+        fields.sort(key=lambda f: "decoder" in f)
+    return fields[0] if fields else None
+
+
+def check_counted(read: Iterable[str], left: Iterable[str], config: Mapping[str, Any], where: str) -> None:
+    """Refuse source tensors ``left`` unread that are more of what was read: a layer or an expert
+    beyond the number that ``config`` (config.json's fields) sets. Read alone, such a checkpoint would
+    lose a whole layer without a word, so the message names the tensors and the field to correct."""
+    seen: dict[str, list[set[int]]] = {}
+    for name in read:
+        for values, i in zip(seen.setdefault(_INDEX.sub("#", name), [set() for _ in _INDEX.findall(name)]),
+                             map(int, _INDEX.findall(name))):
+            values.add(i)
+    extra: dict[tuple[str, int], list[str]] = {}  # (module, position) -> the tensors beyond
+    for name in left:
+        values = seen.get(_INDEX.sub("#", name))
+        if values is None:
+            continue
+        for pos, (m, have) in enumerate(zip(_INDEX.finditer(name), values)):
+            if have and int(m.group()) > max(have):
+                module = name[:m.start() - 1].rsplit(".", 1)[-1]
+                extra.setdefault((module, pos, len(have), name[:m.start() - 1]), []).append(name)
+                break
+    if extra:
+        (module, _, count, prefix), names = next(iter(extra.items()))
+        field = _count_field(config, prefix, module, count)
+        module = "experts" if "expert" in module else "layers"  # GPT-2's h, T5's block: layers
+        told = f"config.json's {field}={count}" if field else f"config.json, which makes {count}"
+        shown = ", ".join(sorted(names)[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+        raise ConversionError(f"{where}: the checkpoint holds more {module} than {told}: {shown} would be left out; "
+                              f"correct {field or 'config.json'} to the number the weights hold")
 
 
 def check_used(names: Iterable[str], rules: Iterable[Rule], where: str) -> None:

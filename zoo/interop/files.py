@@ -45,7 +45,7 @@ from torch import nn
 
 from zoo.build import count_parameters
 from zoo.interop.claims import claims_family
-from zoo.interop.common import ConversionError
+from zoo.interop.common import ConversionError, check_counted
 from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf
 from zoo.interop.hf.stream import NotStreamable, hf_dir_to_zoo, zoo_to_hf_dir
 from zoo.interop.sentence import read_sentence_transformers
@@ -165,9 +165,20 @@ def _load_hf_dir(src: Path) -> nn.Module:
             return cls.from_pretrained(str(src), local_files_only=True, output_loading_info=True, **kwargs)
         except OSError as e:
             raise ConversionError(f"{src}: cannot read the model: {str(e).splitlines()[0]}") from None
+        except RuntimeError as e:  # tensors of other shapes than config.json's; transformers' report is logged, not raised
+            if "ignore_mismatched_sizes" not in str(e) or kwargs.get("ignore_mismatched_sizes"):
+                raise
+        model, info = read(**kwargs, ignore_mismatched_sizes=True)
+        unexpected = info.get("unexpected_keys") or []
+        check_counted(set(model.state_dict()) - set(info.get("missing_keys") or []), unexpected, config, str(src))
+        wrong = [f"{key} is {list(disk)}, config.json makes {list(made)}" for key, disk, made in sorted(info.get("mismatched_keys") or [])]
+        shown = ", ".join(wrong[:3]) + (f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else "")
+        raise ConversionError(f"{src}: the checkpoint's tensors do not fit its config.json ({arch.name}): {shown or str(e)}; "
+                              f"is config.json the one these weights were saved with?")
 
     model, info = read()
     missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
+    check_counted(set(model.state_dict()) - set(missing), unexpected, config, str(src))
     saved = arch.saved_init_kwargs((set(model.state_dict()) - set(missing)) | set(unexpected))
     if missing and saved and saved != arch.saved_init_kwargs(model.state_dict()):  # saved without a part (BertModel's pooler)
         model, info = read(**saved)

@@ -82,8 +82,8 @@ class PairBias:
     def at(self, b: Tensor | int, h: Tensor | int, t: Tensor, s: Tensor) -> Tensor:
         """The bias of query ``t`` (0..T-1) and key ``s`` (0..S-1) of row ``b``, head ``h``: any
         broadcastable index tensors."""
-        qb = b if self.q_positions.shape[0] > 1 else 0
-        kb = b if self.k_positions.shape[0] > 1 else 0
+        qb = b if self.q_positions.shape[0] != 1 else 0  # one row broadcasts; none: an empty batch
+        kb = b if self.k_positions.shape[0] != 1 else 0
         return self.values(h, self.q_positions[qb, t], self.k_positions[kb, s])
 
     def dense(self) -> Tensor:
@@ -260,7 +260,8 @@ class Mask:
             starts = change.flatten().nonzero().squeeze(1)
             ends = torch.cat([starts[1:], starts.new_tensor([d.numel()])])
             row_ends = (starts // d.shape[1] + 1) * d.shape[1]  # a run never spans two rows
-            return int((torch.minimum(ends, row_ends) - starts).max())
+            lengths = torch.minimum(ends, row_ends) - starts
+            return int(lengths.max()) if lengths.numel() else 0  # none: an empty batch
 
         return self.cached("longest", longest)
 

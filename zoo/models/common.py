@@ -81,7 +81,7 @@ def check_tokens(tokens: object, name: str, *, vocab_size: int) -> None:
         raise ValueError(f"{name}: expected integer token ids of shape [batch, length], got {got}")
     if tokens.shape[1] == 0:
         raise ValueError(f"{name}: empty sequence (length 0)")
-    if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
+    if tokens.device.type == "cpu" and tokens.numel() and not torch.compiler.is_compiling():
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) (vocab_size), got ids from {lo} to {hi}")

@@ -95,6 +95,9 @@ class Encoder(Family):
             if token_types is None:
                 token_types = tokens.new_zeros(tokens.shape)
             check_tokens(token_types, "token_types", vocab_size=self.spec.type_vocab_size)
+            if token_types.shape != tokens.shape:
+                raise ValueError(f"token_types: shape {tuple(token_types.shape)} does not fit tokens {tuple(tokens.shape)}; "
+                                 f"give one segment id per token")
             x = x + self.type_emb(token_types)
         elif token_types is not None:
             raise ValueError("token_types: this encoder has no segment embeddings (type_vocab_size: 0)")

@@ -91,6 +91,15 @@ class EncoderDecoder(Family):
             raise ValueError("targets: a loss scores every position of a full pass; pass no cache and last_only=False")
         check_tokens(tgt_in, "tgt_in", vocab_size=self.spec.vocab_size)
         tgt_padding_mask = check_mask(tgt_padding_mask, tgt_in, "tgt_padding_mask")
+        if memory is None and (cache is None or (isinstance(cache, KVCache) and not len(cache))):
+            raise ValueError("memory: None reads the source's keys from the cache, which holds none yet; pass "
+                             "encode(src) (at least at the first step)")
+        if memory is not None and (memory.dim() != 3 or memory.shape[0] != tgt_in.shape[0]):  # None: a cache holds it
+            raise ValueError(f"tgt_in: {tgt_in.shape[0]} target rows, but the source (memory) is {tuple(memory.shape)}: "
+                             f"one source row per target row; give src and tgt_in the same batch")
+        if memory is not None and src_padding_mask is not None and tuple(src_padding_mask.shape) != tuple(memory.shape[:2]):
+            raise ValueError(f"src_padding_mask: expected the source's shape {tuple(memory.shape[:2])}, got "
+                             f"{tuple(src_padding_mask.shape)}")
         if (src_documents is None) != (tgt_documents is None):
             raise ValueError("src_documents/tgt_documents: packed pairs need both (each target sees the source of its "
                              "own id), or neither")

@@ -79,6 +79,9 @@ class VisionTransformer(Family):
         s = self.spec
         fixed = (s.in_channels, s.image_size, s.image_size)
         ok = isinstance(images, Tensor) and images.dim() == 4 and images.shape[1] == s.in_channels
+        if isinstance(images, Tensor) and not images.is_floating_point():
+            raise ValueError(f"images: expected a float tensor, got {images.dtype}; convert pixels to floats as the model "
+                             f"was trained on them (e.g. images.float() / 255, then its normalisation)")
         if ok and s.dynamic_size:
             h, w = images.shape[2:]
             if h >= s.patch_size and w >= s.patch_size and h % s.patch_size == 0 and w % s.patch_size == 0:

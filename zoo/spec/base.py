@@ -20,7 +20,7 @@ Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
 class Spec(BaseModel):
     """Base of every spec: unknown keys are errors, instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 class ComponentSpec(Spec):

@@ -205,6 +205,11 @@ class FamilySpec(Spec):
             in_layers = [n for n in registry("position").names() if registry("position").spec(n).in_layers]
             problems.append(f"{where}.position: {layer.position.kind!r} is added to the embeddings once, not per layer; "
                             f"a layer's own position is one of {', '.join(in_layers)}")
+        elif layer.position is not None and self.layout not in type(layer.position).layouts:
+            kinds = registry("position")
+            allowed = [n for n in kinds.names() if kinds.spec(n).in_layers and self.layout in kinds.spec(n).layouts]
+            problems.append(f"{where}.position: {layer.position.kind!r} does not apply to family {self.family}; "
+                            f"a layer's own position is one of {', '.join(allowed)}")
         if cross and not type(b).takes_cross:
             problems.append(f"{blk}.kind: a {b.kind} block has no cross-attention, which family {self.family}'s "
                             f"decoder needs; choose another block kind")

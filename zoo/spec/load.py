@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from zoo.registry import RegistryError, registry, suggest
 from zoo.spec.base import Dispatch, Kinds, Spec
 from zoo.spec.families import FamilySpec, ModelSpec
-from zoo.spec.migrate import migrate
+from zoo.spec.migrate import LegacyConflict, migrate
 from zoo.validation import validation_message
 
 __all__ = [
@@ -200,6 +200,8 @@ def parse_spec(data: Mapping[str, Any] | FamilySpec, *, source: str = "", notes:
         raise SpecError(f"spec {source}: family: {e}") from None
     try:
         return cls.model_validate(migrate(dict(data), source, notes=notes))
+    except LegacyConflict as e:
+        raise SpecError(f"spec {source}: {e}" if source else str(e)) from None
     except ValidationError as e:
         raise _format_errors(e, source or "") from None
 

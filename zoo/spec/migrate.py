@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SpecNote", "migrate"]
+__all__ = ["LegacyConflict", "SpecNote", "migrate"]
 
 
 class SpecNote(UserWarning):
@@ -40,10 +40,27 @@ def _note(source: str | None, old: str, new: str) -> None:
     warnings.warn(f"{where}{old} is {new} since zoo 0.2; write the new field", SpecNote, stacklevel=_caller_level())
 
 
+class LegacyConflict(ValueError):
+    """0.1 fields that ask for different things, or for something today's fields say otherwise: read
+    as one of them, the other would be dropped without a word, so the spec is refused."""
+
+
 def _block(block: dict, source: str) -> None:
     norm = block.get("norm") if isinstance(block.get("norm"), dict) else {}
     parallel = block.pop("parallel", None) if "parallel" in block else None
     placement = norm.pop("placement", None) if isinstance(norm, dict) and "placement" in norm else None
+    if parallel is not None and parallel is not False and not isinstance(parallel, dict):
+        raise LegacyConflict(f"block.parallel: {parallel!r} is not the 0.1 field's mapping {{shared_norm: ...}}; "
+                             f"write block.kind: parallel (and block.shared_norm)")
+    kind = "parallel" if isinstance(parallel, dict) else placement
+    if isinstance(parallel, dict) and placement not in (None, "pre"):
+        raise LegacyConflict(f"block.parallel and block.norm.placement: {placement} conflict: a parallel block normalizes "
+                             f"before its branches (pre), and the 0.1 fields cannot ask for both; write block.kind: "
+                             f"parallel or block.kind: {placement}")
+    if kind is not None and block.get("kind") not in (None, kind):
+        old = "block.parallel" if isinstance(parallel, dict) else f"block.norm.placement: {placement}"
+        raise LegacyConflict(f"block.kind: {block['kind']} conflicts with the 0.1 field {old} (block.kind: {kind}); "
+                             f"keep block.kind alone")
     if placement is not None and not isinstance(parallel, dict):
         _note(source, f"block.norm.placement: {placement}", f"block.kind: {placement}")
         block["kind"] = placement

@@ -26,7 +26,7 @@ import os
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Generic, Iterable, Literal, Sequence, TypeVar
+from typing import Annotated, Generic, Iterable, Literal, Sequence, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -56,10 +56,13 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names each bad field."""
 
 
+Decay = Annotated[float, Field(ge=0.0, lt=1.0)]  # a moving average's decay (Adam's betas)
+
+
 class Config(BaseModel):
     """Base of recipe configs: unknown keys are errors, values are checked on assignment too."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, allow_inf_nan=False)
 
 
 class OptimConfig(Config):
@@ -68,7 +71,7 @@ class OptimConfig(Config):
 
     name: Literal["adamw", "adam"] = Field("adamw", description="adamw: decoupled weight decay; adam: L2 added to the gradient")
     lr: PositiveFloat = Field(1e-3, description="peak learning rate (inverse_sqrt: a factor on the paper's schedule)")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam's moment decays")
+    betas: tuple[Decay, Decay] = Field((0.9, 0.999), description="Adam's moment decays, each in [0, 1)")
     eps: PositiveFloat = Field(1e-8, description="Adam's epsilon")
     weight_decay: NonNegativeFloat = Field(0.05, description="on matrices only (not norms, biases, position tables)")
     clip_grad: PositiveFloat | None = Field(1.0, description="max global gradient norm; null: no clipping")
@@ -89,7 +92,7 @@ class ScheduleConfig(Config):
     kind: Literal["cosine", "inverse_sqrt", "constant"] = Field(
         "cosine", description="cosine (warmup, then down to min_lr_ratio), inverse_sqrt (the paper's) or constant")
     warmup: NonNegativeInt = Field(0, description="optimizer steps of linear warmup")
-    min_lr_ratio: NonNegativeFloat = Field(0.0, description="cosine: where it ends, a fraction of optim.lr")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine: where it ends, a fraction of optim.lr")
     cooldown: float = Field(0.0, ge=0.0, le=1.0, description="the last fraction of the run (steps or time budget, "
                             "whichever runs out first) over which the lr falls linearly to 0; 0: none")
 

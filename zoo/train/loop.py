@@ -107,6 +107,17 @@ class Task:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    def resume_at(self, epoch: int, pos: int, world: int, accum: int, here: tuple[int, int]) -> int:
+        """This run's step of ``epoch`` that continues a checkpoint written at its step ``pos`` by a
+        run of ``world`` processes and ``grad_accum`` ``accum``, this run's being ``here``. What a step
+        covers is the task's own, so by default only an unchanged (processes, grad_accum), or the start of
+        an epoch, continues; a task whose step is the same data whatever the split returns ``pos``."""
+        if pos == 0 or (world, accum) == here:
+            return pos
+        raise TrainError(f"run.grad_accum: the checkpoint stopped inside epoch {epoch} of a run of {world} process(es) "
+                         f"x grad_accum {accum}, and {self.name} cannot place that on {here[0]} x {here[1]}; resume "
+                         f"with {world} x {accum}, or from a checkpoint at an epoch's end")
+
 
 class ListTask(Task):
     """A task whose epoch is a list of micro-batches the same on every process (``batches(epoch)``):
@@ -132,6 +143,32 @@ class ListTask(Task):
         mine = self.epoch_batches(epoch)[self.dist.rank :: self.dist.world_size]
         for s in range(start, self.steps(epoch)):
             yield mine[s * self.accum : (s + 1) * self.accum]
+
+    def resume_at(self, epoch: int, pos: int, world: int, accum: int, here: tuple[int, int]) -> int:
+        """Steps ``0..pos-1`` of a run of ``world`` x ``accum`` took the epoch's first
+        ``pos * world * accum`` micro-batches, whatever the order within a step; this run goes on
+        after them when its step, ``processes x grad_accum`` micro-batches, divides that (exact), and
+        refuses otherwise (it would repeat or skip some). The micro-batches themselves (the task's
+        batch size, its data) must be the checkpoint's: their number in the epoch is compared."""
+        then = getattr(self, "_then", None)
+        if pos and then is not None and then[0] == epoch and then[1] != len(self.epoch_batches(epoch)):
+            raise TrainError(f"{self.name}: epoch {epoch} had {then[1]} micro-batches when the checkpoint was written, "
+                             f"{len(self.epoch_batches(epoch))} now (another batch size or other data); resume with the "
+                             f"checkpoint's settings, or from a checkpoint at an epoch's end")
+        done, step = pos * world * accum, here[0] * here[1]
+        if done % step:
+            raise TrainError(f"run.grad_accum: the checkpoint stopped inside epoch {epoch} after {done} micro-batches "
+                             f"({pos} steps of {world} process(es) x grad_accum {accum}), not a whole number of this "
+                             f"run's steps of {here[0]} x {here[1]}; resume with processes x run.grad_accum dividing "
+                             f"{done}, or from a checkpoint at an epoch's end")
+        return done // step
+
+    def state_dict(self) -> dict[str, Any]:
+        """The number of micro-batches of the epoch last made, which a resume compares."""
+        return {} if self._cache is None else {"epoch_batches": [self._cache[0], len(self._cache[1])]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._then = tuple(state["epoch_batches"]) if "epoch_batches" in state else None
 
 
 @dataclass
@@ -255,12 +292,15 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
         scheduler.load_state_dict(ckpt["scheduler"])
         st = ckpt["state"]
         step, epoch, pos = int(ckpt["step"]), int(st["epoch"]), int(st["pos"])
-        if int(st.get("world", world)) != world:  # a step's batches scale with the processes: keep the epoch's fraction
-            pos = pos * int(st["world"]) // world
-            dist.print(f"resuming a run of {st['world']} process(es) on {world}: step {step}, epoch {epoch} "
-                       f"continues at its step {pos} (a step now covers {st['world']}/{world} times the data)")
-        elapsed_before, window, valid = float(st.get("elapsed", 0.0)), dict(st.get("window", {})), dict(st.get("valid", {}))
         task.load_state_dict(st.get("task", {}))
+        then = (int(st.get("world", world)), int(st.get("grad_accum", run.grad_accum)))
+        at = task.resume_at(epoch, pos, *then, (world, run.grad_accum)) if pos else pos
+        if then != (world, run.grad_accum):  # what a step covers changed: the task placed the epoch's position
+            accum = f" x grad_accum {then[1]}" if then[1] != run.grad_accum else ""
+            dist.print(f"resuming a run of {then[0]} process(es){accum} on {world}{f' x {run.grad_accum}' if accum else ''}: "
+                       f"step {step}, epoch {epoch} continues at its step {at} (from its step {pos})")
+        pos = at
+        elapsed_before, window, valid = float(st.get("elapsed", 0.0)), dict(st.get("window", {})), dict(st.get("valid", {}))
         if router is not None:
             router.load_state_dict(st.get("router", {}))
         ranks = st.get("rng_ranks")  # every process's generators: their draws differ with their batches
@@ -307,6 +347,7 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
         dist.sync_buffers(*synced)
         state = {"epoch": epoch + 1 if at_end else epoch, "pos": 0 if at_end else pos, "elapsed": clock["elapsed"],
                  "window": window, "valid": valid, "task": task.state_dict(), "world": world,
+                 "grad_accum": run.grad_accum,
                  "kernels": choose.record()}
         if router is not None:
             state["router"] = router.state_dict()

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.build import build, count_parameters
-from zoo.interop.common import ConversionError, Rule, check_covered, check_used, reference_tensors, zoo_tensor
+from zoo.interop.common import ConversionError, Rule, check_counted, check_covered, check_used, reference_tensors, zoo_tensor
 from zoo.interop.hf.base import Architecture
 from zoo.interop.hf.convert import arch_for_spec, hf_config
 from zoo.io import read_lazily, tie_groups, write_model
@@ -212,11 +212,15 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     found = _parts_of(files, parts, getattr(hf, "base_model_prefix", ""))
     in_parts = {key for keys in found.values() for key in keys if key is not None}
     mapped: dict[str, Stored] = {}
-    ignored = []
+    ignored, unconvertible = [], {}
     for key in files.tensors:
         if key in in_parts:
             continue
-        new = rename(key)
+        try:
+            new = rename(key)
+        except NotStreamable as e:  # beyond config.json's layers or experts (refused below), or truly so
+            unconvertible[key] = e
+            continue
         if new in meta and new not in mapped:
             mapped[new] = key
         else:
@@ -232,6 +236,10 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
         mapped[name] = tuple(held)
     unread = list(getattr(hf, "_keys_to_ignore_on_load_unexpected", None) or ()) + [r"rotary_emb\.inv_freq", r"(^|\.)position_ids$"]
     ignored = [k for k in ignored if not re.search("|".join(f"({p})" for p in unread), k)]  # as from_pretrained reports them
+    read = [key for stored in mapped.values() for key in ((stored,) if isinstance(stored, str) else stored)]
+    check_counted(read, [*ignored, *unconvertible], config.to_dict(), str(src))  # what the class leaves unread aside
+    if unconvertible:
+        raise next(iter(unconvertible.values()))
     patterns = list(getattr(hf, "_keys_to_ignore_on_load_missing", None) or ())
     optional = re.compile("|".join(f"({p})" for p in patterns)) if patterns else None
     file_of, missing, twice = {}, [], []

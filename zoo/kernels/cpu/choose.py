@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import platform
 import time
 import warnings
@@ -87,17 +88,36 @@ def cache_path() -> Path | None:
     return cache_dir() / f"kernels-{digest}.json"
 
 
+def _entry_ok(entry: object) -> bool:
+    """A cache entry as :func:`pick` writes it: the kernel's name and the seconds of each candidate."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("pick"), str):
+        return False
+    seconds = entry.get("seconds", {})
+    return isinstance(seconds, dict) and all(isinstance(k, str) and type(v) in (int, float) and math.isfinite(v) and v >= 0
+                                             for k, v in seconds.items())
+
+
 def _load(path: Path) -> dict[str, dict]:
+    """The cache file's choices for this machine; a damaged file or entry is left out with a warning
+    naming the file (the classes it held are measured afresh), never an error."""
     try:
         data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
         if data.get("machine") != machine() or not isinstance(data.get("choices"), dict):
             return {}
-        return {k: v for k, v in data["choices"].items() if isinstance(v, dict) and isinstance(v.get("pick"), str)}
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, AttributeError) as e:
+    except (OSError, ValueError) as e:
         warnings.warn(f"zoo kernel cache {path} unreadable ({e}); measuring afresh", stacklevel=3)
         return {}
+    good = {k: v for k, v in data["choices"].items() if isinstance(k, str) and _entry_ok(v)}
+    bad = [k for k in data["choices"] if k not in good]
+    if bad:
+        warnings.warn(f"zoo kernel cache {path}: {len(bad)} damaged entr{'y' if len(bad) == 1 else 'ies'} ignored "
+                      f"({', '.join(map(str, bad[:3]))}{', ...' if len(bad) > 3 else ''}); measured afresh when needed",
+                      stacklevel=3)
+    return good
 
 
 def _on_disk() -> dict[str, dict]:
