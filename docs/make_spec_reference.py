@@ -85,6 +85,9 @@ GLOSSARY: dict[str, str] = {
 
 # catalog sections whose heading is not the kind (a kind that two registries share)
 CATALOG_ANCHORS = {("head", "none"): "no-head"}
+# The page of the component catalog that explains each registry's kinds.
+CATALOG_PAGES = {"attention": "attention", "position": "positions", "ffn": "ffn", "norm": "norms-and-blocks",
+                 "block": "norms-and-blocks", "head": "heads-and-pooling", "pool": "heads-and-pooling"}
 
 
 def anchor(heading: str) -> str:
@@ -333,7 +336,7 @@ def render() -> str:
             doc = own_doc(cls, (base,)) if cls is not base else ""
             heading = ", ".join(kinds)
             target = CATALOG_ANCHORS.get((part, heading), anchor(heading))
-            catalog = f"Math and use: [component catalog](components.md#{target})."
+            catalog = f"Math and use: [component catalog](components/{CATALOG_PAGES[part]}.md#{target})."
             out += [f"#### {heading}", "", f"`zoo.spec.{cls.__name__}`. {doc} {catalog}".replace("  ", " "), ""]
             out += field_table(cls) + [""]
     return "\n".join(line.rstrip() for line in out).rstrip() + "\n"

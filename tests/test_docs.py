@@ -45,7 +45,8 @@ def _anchors(path: Path) -> set[str]:
 
 def test_links_between_docs_resolve():
     broken = []
-    for doc in sorted(DOCS.glob("*.md")):
+    for doc in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        name = doc.relative_to(ROOT)
         text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target):
@@ -53,10 +54,11 @@ def test_links_between_docs_resolve():
             file, _, fragment = target.partition("#")
             path = (doc.parent / file).resolve() if file else doc
             if not path.exists():
-                broken.append(f"{doc.name}: {target} (no such file)")
+                broken.append(f"{name}: {target} (no such file)")
             elif fragment and path.suffix == ".md" and fragment not in _anchors(path):
-                broken.append(f"{doc.name}: {target} (no such heading)")
-    assert not broken, "broken links in docs/:\n" + "\n".join(broken)
+                broken.append(f"{name}: {target} (no such heading)")
+    assert not broken, "broken links in README.md and docs/:\n" + "\n".join(broken)
+
 
 
 def test_guide_lists_every_builtin_kind():
