@@ -185,7 +185,7 @@ def markdown(rows: list[dict], env: dict) -> str:
                   + ", ".join(f"{extra / 1e6:,.0f} MB ({label})" for label, extra in above) + ". "
                   "The peak follows the widest tensors, not the number of layers; a bf16 Llama-2-7B (14 GB, 32 "
                   "layers of the last row's width) converts within about the last row's peak "
-                  "([interop](interop.md#sharded-checkpoints-and-memory))."]
+                  "([interop](interop-details.md#sharded-checkpoints-and-memory))."]
     return "\n".join(lines) + "\n"
 
 

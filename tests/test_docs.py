@@ -26,14 +26,15 @@ def _generator():
 GEN = _generator()
 
 
-def test_spec_reference_is_current():
-    committed = (DOCS / "spec-reference.md").read_text(encoding="utf-8")
-    fresh = GEN.render()
+@pytest.mark.parametrize("page", ["spec-reference.md", "spec-reference-components.md"])
+def test_spec_reference_is_current(page):
+    committed = (DOCS / page).read_text(encoding="utf-8")
+    fresh = {path.name: text for path, text in GEN.render_pages().items()}[page]
     if fresh != committed:
         old, new = committed.splitlines(), fresh.splitlines()
         line = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
         pytest.fail(
-            f"docs/spec-reference.md is stale (first difference at line {line + 1}); "
+            f"docs/{page} is stale (first difference at line {line + 1}); "
             f"run `python docs/make_spec_reference.py` and commit the result"
         )
 
@@ -45,7 +46,8 @@ def _anchors(path: Path) -> set[str]:
 
 def test_links_between_docs_resolve():
     broken = []
-    for doc in sorted(DOCS.glob("*.md")):
+    for doc in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        name = doc.relative_to(ROOT)
         text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target):
@@ -53,10 +55,20 @@ def test_links_between_docs_resolve():
             file, _, fragment = target.partition("#")
             path = (doc.parent / file).resolve() if file else doc
             if not path.exists():
-                broken.append(f"{doc.name}: {target} (no such file)")
+                broken.append(f"{name}: {target} (no such file)")
             elif fragment and path.suffix == ".md" and fragment not in _anchors(path):
-                broken.append(f"{doc.name}: {target} (no such heading)")
-    assert not broken, "broken links in docs/:\n" + "\n".join(broken)
+                broken.append(f"{name}: {target} (no such heading)")
+    assert not broken, "broken links in README.md and docs/:\n" + "\n".join(broken)
+
+
+
+MAX_LINES = 500  # a page longer than this is split into pages that follow its sections
+
+
+def test_no_page_is_over_the_length_limit():
+    long = {str(doc.relative_to(ROOT)): n for doc in sorted(DOCS.rglob("*.md"))
+            if (n := len(doc.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"pages over {MAX_LINES} lines (split them by section, keeping their anchors): {long}"
 
 
 def test_guide_lists_every_builtin_kind():
