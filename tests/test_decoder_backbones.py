@@ -57,6 +57,7 @@ BACKBONES = {
     "Qwen3Moe": {**GQA, "head_dim": 16, "num_experts": 3, "num_experts_per_tok": 2, "moe_intermediate_size": 20,
                  "decoder_sparse_step": 2},
     "Olmoe": {**GQA, "num_experts": 3, "num_experts_per_tok": 2},
+    "StableLm": {**GQA, "partial_rotary_factor": 0.5, "use_qkv_bias": True, "use_parallel_residual": True},
 }
 HEADED = {"GPT2": "GPT2LMHeadModel", "Gemma3Text": "Gemma3ForCausalLM"}  # else <prefix>ForCausalLM
 

@@ -170,10 +170,10 @@ def _convert_parser(sub) -> argparse.ArgumentParser:
                    help="a new directory (from a zoo file) or the .safetensors file to write (to zoo)")
     p.add_argument("--to", choices=("hf", "timm"), default=None,
                    help="target of a zoo file (default: timm for a ViT, hf otherwise)")
-    from zoo.interop.hf.convert import ARCHITECTURES
+    from zoo.interop.hf.convert import ARCHS
 
     p.add_argument("--architecture", default=None, metavar="CLASS",
-                   help=f"the HF class for a zoo file: {', '.join(ARCHITECTURES)} (default: the first of these, "
+                   help=f"the HF class for a zoo file: {', '.join(ARCHS)} (default: the first of these, "
                         "in this order, whose options express the spec; docs/interop.md lists what each takes)")
     p.add_argument("--timm-model", default=None, metavar="NAME",
                    help="the timm model a bare timm .safetensors checkpoint holds, e.g. vit_tiny_patch16_224")

@@ -31,7 +31,7 @@ decides it from several config fields. Anything the target cannot express raises
 :class:`ConversionError` naming the option. transformers is imported only when a converter runs.
 """
 
-from zoo.interop.hf.convert import ARCHITECTURES, ARCHS, by_model_type, from_hf, hf_config, hf_spec, to_hf
+from zoo.interop.hf.convert import ARCHS, by_model_type, from_hf, hf_config, hf_spec, to_hf
 from zoo.interop.hf.marian import permute_model_dim
 
-__all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "permute_model_dim", "to_hf"]
+__all__ = ["ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "permute_model_dim", "to_hf"]
