@@ -19,7 +19,7 @@ from typing import ClassVar
 from zoo.interop.common import Rule, rule
 from zoo.interop.hf.base import Architecture, fused, weights
 from zoo.interop.hf.table import Field, Fixed, Tokens, table, table_rules
-from zoo.interop.hf.traits import gated_ffn, heads, one_bias, rope
+from zoo.interop.hf.traits import decoder, gated_ffn, heads, one_bias, rope
 from zoo.spec import FamilySpec
 
 __all__ = ["LLAMA", "LLAMA_ACTS", "Llama"]
@@ -28,11 +28,7 @@ LLAMA_ACTS = {("swiglu", "none"): "silu", ("geglu", "none"): "gelu", ("geglu", "
 
 # LlamaConfig <-> a zoo decoder, field by field
 LLAMA = table(
-    Fixed("family", "decoder"),
-    Field("vocab_size", "vocab_size"), Field("max_position_embeddings", "max_seq_len"), Field("hidden_size", "d_model"),
-    Field("num_hidden_layers", "n_layers"),
-    Fixed("head.kind", "lm"), Fixed("head.bias", False), Field("tie_word_embeddings", "head.tied"),
-    Fixed("embedding.scale", False), Fixed("embedding.norm", False),
+    decoder(),
     rope(),
     heads(),
     gated_ffn(LLAMA_ACTS),
@@ -41,7 +37,6 @@ LLAMA = table(
     Fixed("block.kind", "pre", why="norms before each sub-layer (pre)"),
     one_bias(),
     Field("attention_dropout", "dropout.attention"),
-    Fixed("init.scheme", "normal"), Field("initializer_range", "init.std"),
     Tokens({"bos_token_id": 1, "eos_token_id": 2}),
 )
 

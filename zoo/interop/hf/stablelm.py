@@ -17,8 +17,8 @@ from typing import Any
 
 from zoo.interop.claims import one_of
 from zoo.interop.hf.llama import LLAMA, Llama
-from zoo.interop.hf.table import Derived, Drop, Field, Fixed, Refuse, Tokens, table
-from zoo.interop.hf.traits import heads, qkv_bias, rope
+from zoo.interop.hf.table import Derived, Drop, Fixed, Refuse, Tokens, table
+from zoo.interop.hf.traits import heads, layernorm, qkv_bias, rope
 from zoo.spec import FamilySpec
 
 __all__ = ["StableLm"]
@@ -39,7 +39,7 @@ class StableLm(Llama):
     base = "StableLmModel"
     table = table(
         LLAMA, rope(partial=True), heads(head_dim_field=False),
-        Fixed("block.norm.kind", "layernorm"), Field("layer_norm_eps", "block.norm.eps"), Fixed("block.norm.bias", True),
+        layernorm(),
         qkv_bias("use_qkv_bias"), Fixed("block.ffn.bias", False),
         Drop("block.kind"), Derived("block", _block, _write_block, {"block.kind": one_of("pre", "parallel"),
                                                                     "block.shared_norm": one_of(True)}),

@@ -15,13 +15,14 @@ from typing import Any
 
 from zoo.interop.claims import ANY, one_of
 from zoo.interop.common import rule, unsupported
-from zoo.interop.hf.base import GATED, act_name, ffn_of, require, same_layers
+from zoo.interop.hf.base import GATED, TWO_LAYER, act_name, ffn_of, require, same_layers
 from zoo.interop.hf.rope import read_rope, write_rope
 from zoo.interop.hf.table import Check, Claim, Derived, Drop, Field, Fixed, Tensors
 from zoo.spec import FamilySpec
 
-__all__ = ["FULL", "SLIDING", "gated_ffn", "heads", "layer_windows", "no_bias", "one_bias", "qk_norm", "qkv_bias",
-           "read_windows", "residual_dropout", "rope", "sliding_window", "softcaps", "who", "write_windows"]
+__all__ = ["FULL", "SLIDING", "decoder", "gated_ffn", "heads", "layer_windows", "layernorm", "mha", "no_bias", "one_bias", "qk_norm",
+           "qkv_bias", "read_windows", "residual_dropout", "rope", "sliding_window", "softcaps", "two_layer_ffn", "who",
+           "write_windows"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -32,6 +33,17 @@ def who(where: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ the parts
+def decoder(*, positions: str = "max_position_embeddings", width: str = "hidden_size", layers: str = "num_hidden_layers",
+            init: str = "initializer_range") -> tuple:
+    """A decoder's sizes (``vocab_size`` and the config's names of the others), its LM head without
+    a bias, tied by ``tie_word_embeddings``, its plain embeddings and normal init."""
+    return (Fixed("family", "decoder"), Field("vocab_size", "vocab_size"), Field(positions, "max_seq_len"),
+            Field(width, "d_model"), Field(layers, "n_layers"),
+            Fixed("head.kind", "lm"), Fixed("head.bias", False), Field("tie_word_embeddings", "head.tied"),
+            Fixed("embedding.scale", False), Fixed("embedding.norm", False),
+            Fixed("init.scheme", "normal"), Field(init, "init.std"))
+
+
 def heads(*, head_dim_field: bool = True) -> Derived:
     """``num_attention_heads``, ``num_key_value_heads`` and (``head_dim_field``) ``head_dim`` <->
     the attention's kind (mha, gqa, mqa by the key/value heads), heads and head sizes. Without a
@@ -75,6 +87,46 @@ def gated_ffn(acts: dict[tuple[str, str], str], field: str = "hidden_act") -> De
 
     return Derived("ffn", read, write, {"block.ffn.kind": one_of(*dict.fromkeys(k for k, _ in acts)),
                                         "block.ffn.hidden": ANY, "block.ffn.approximate": ANY})
+
+
+def mha(field: str = "num_attention_heads") -> Derived:
+    """Multi-head attention only, ``field`` heads of hidden_size / heads for queries, keys and values."""
+
+    def write(s: FamilySpec, where: str) -> dict:
+        att, d = s.block.attention, s.d_model
+        require(att.n_kv_heads == att.n_heads, where, "block.attention.n_kv_heads", att.n_kv_heads,
+                f"{who(where)} has multi-head attention only (n_kv_heads == n_heads)")
+        sizes = (att.qk_size(d), att.v_size(d))
+        require(d % att.n_heads == 0 and sizes == (d // att.n_heads,) * 2, where, "block.attention.head_dim", sizes,
+                f"{who(where)}'s head size is d_model / n_heads for queries, keys and values")
+        return {field: att.n_heads}
+
+    return Derived("heads", lambda c, where: {"block.attention.kind": "mha", "block.attention.n_heads": getattr(c, field)},
+                   write, {"block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
+                           "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY,
+                           "block.attention.v_head_dim": ANY})
+
+
+def two_layer_ffn(acts: dict[tuple[str, str], str], field: str = "hidden_act", width: str = "intermediate_size",
+                  default_width: Any = None) -> Derived:
+    """A two-layer MLP: its activation ``field`` (by ``acts``: {(zoo kind, approximate): HF name})
+    and its width ``width`` (``default_width(config)`` where the config leaves it None)."""
+
+    def read(c: Any, where: str) -> dict:
+        hidden = getattr(c, width)
+        hidden = default_width(c) if hidden is None and default_width is not None else hidden
+        return {"block.ffn": {**ffn_of(TWO_LAYER, getattr(c, field), where, field), "hidden": hidden}}
+
+    def write(s: FamilySpec, where: str) -> dict:
+        return {width: s.block.ffn.hidden_size(s.d_model), field: act_name(s.block.ffn, acts, where)}
+
+    return Derived("ffn", read, write, {"block.ffn.kind": one_of("relu", "gelu", "silu", "swiglu", "geglu"),
+                                        "block.ffn.hidden": ANY, "block.ffn.approximate": ANY})
+
+
+def layernorm(eps: str = "layer_norm_eps") -> tuple:
+    """LayerNorm with biases, its epsilon ``eps``."""
+    return Fixed("block.norm.kind", "layernorm"), Field(eps, "block.norm.eps"), Fixed("block.norm.bias", True)
 
 
 def rope(*, partial: bool = False) -> Derived:
