@@ -1,5 +1,6 @@
 """What the HF converters share: the :class:`Architecture` each reference class fills in (with the
-spec fields it claims, :mod:`zoo.interop.claims`), the :class:`Headless` converter of a reference's
+spec fields it claims, :mod:`zoo.interop.claims`, or a field table that gives both directions and
+the claims, :mod:`zoo.interop.hf.table`), the :class:`Headless` converter of a reference's
 backbone without its head (HF's ``*Model``), the tables of activation names, the checks that refuse
 what a reference cannot express, and the builders of tensor rules (:mod:`zoo.interop.common`) for
 the usual layouts."""
@@ -29,7 +30,6 @@ __all__ = [
     "ffn_of",
     "fused",
     "layernorm",
-    "no_dropout",
     "plain_attention",
     "refuse_config",
     "require",
@@ -329,12 +329,6 @@ def layernorm(spec: FamilySpec, where: str, kind: str) -> None:
     require(n.kind == "layernorm", where, "block.norm.kind", n.kind, "this architecture uses LayerNorm")
     require(n.bias, where, "block.norm.bias", n.bias, "this architecture's LayerNorms have biases")
     require(spec.block.kind == kind, where, "block.kind", spec.block.kind, f"this architecture's blocks are {kind}")
-
-
-def no_dropout(spec: FamilySpec, where: str, fields: tuple[str, ...], why: str) -> None:
-    for field in fields:
-        rate = getattr(spec.dropout, field)
-        require(rate == 0, where, f"dropout.{field}", rate, why)
 
 
 def token_ids(c: dict, vocab: int, defaults: dict[str, int | None], given: dict) -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from zoo.interop.claims import ANY, one_of
+from zoo.interop.claims import one_of
 from zoo.interop.common import Rule, rule
-from zoo.interop.hf.base import Architecture, require, weights
+from zoo.interop.hf.base import Architecture, weights
 from zoo.interop.hf.table import Derived, Field, Fixed, Tokens, table
-from zoo.interop.hf.traits import decoder, layernorm, mha, one_bias, rope, two_layer_ffn
+from zoo.interop.hf.traits import decoder, hidden_dropout, layernorm, mha, one_bias, rope, two_layer_ffn
 from zoo.spec import FamilySpec
 
 __all__ = ["GPTNeoX"]
@@ -28,12 +28,6 @@ def _qkv(i: int, p: str) -> tuple[str, str]:
 def _regroup(t: Tensor, first: int, second: int) -> Tensor:
     """Rows grouped [first, second, K] -> [second, first, K] (the rest of the dimensions kept)."""
     return t.reshape(first, second, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
-
-
-def _write_dropout(s: FamilySpec, where: str) -> dict:
-    require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
-            f"GPT-NeoX's hidden_dropout is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
-    return {"hidden_dropout": s.dropout.residual}
 
 
 class GPTNeoX(Architecture):
@@ -50,8 +44,7 @@ class GPTNeoX(Architecture):
         Derived("block", lambda c, where: {"block.kind": "parallel" if c.use_parallel_residual else "pre"},
                 lambda s, where: {"use_parallel_residual": s.block.kind == "parallel"},
                 {"block.kind": one_of("pre", "parallel"), "block.shared_norm": one_of(False)}),
-        Derived("dropout", lambda c, where: {"dropout.embedding": c.hidden_dropout, "dropout.residual": c.hidden_dropout},
-                _write_dropout, {"dropout.embedding": ANY, "dropout.residual": ANY}),
+        hidden_dropout(),
         Field("attention_dropout", "dropout.attention"),
         Tokens({"bos_token_id": 0, "eos_token_id": 2}),
     )

@@ -3,7 +3,7 @@ layers where ``decoder_sparse_step`` and ``mlp_only_layers`` say (a layer patter
 
 ``Qwen2MoeForCausalLM`` (Qwen1.5-MoE, Qwen2-57B-A14B) <-> Qwen2's attention (biases on q, k and v by
 ``qkv_bias``, none on the output, the head size d_model / n_heads, sliding windows per layer by
-``layer_types``: :func:`~zoo.interop.hf.qwen2.read_windows`) and MoE blocks of ``num_experts``
+``layer_types``: :func:`~zoo.interop.hf.traits.layer_windows`) and MoE blocks of ``num_experts``
 experts ``moe_intermediate_size`` wide plus a shared expert (``shared_expert_intermediate_size``)
 scaled by the sigmoid of its gate.
 

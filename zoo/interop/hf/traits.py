@@ -20,7 +20,7 @@ from zoo.interop.hf.rope import read_rope, write_rope
 from zoo.interop.hf.table import Check, Claim, Derived, Drop, Field, Fixed, Tensors
 from zoo.spec import FamilySpec
 
-__all__ = ["FULL", "SLIDING", "decoder", "gated_ffn", "heads", "layer_windows", "layernorm", "mha", "no_bias", "one_bias", "qk_norm",
+__all__ = ["FULL", "SLIDING", "decoder", "gated_ffn", "heads", "hidden_dropout", "layer_windows", "layernorm", "mha", "no_bias", "one_bias", "qk_norm",
            "qkv_bias", "read_windows", "residual_dropout", "rope", "sliding_window", "softcaps", "two_layer_ffn", "who",
            "write_windows"]
 
@@ -164,6 +164,18 @@ def no_bias() -> tuple:
 def sliding_window() -> tuple:
     """``sliding_window`` <-> one window on every layer (None: attention to every earlier token)."""
     return (Field("sliding_window", "block.attention.window", default=None),)
+
+
+def hidden_dropout(field: str = "hidden_dropout") -> Derived:
+    """``field``: one dropout rate on the embeddings and on each sub-layer's output."""
+
+    def write(s: FamilySpec, where: str) -> dict:
+        require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
+                f"{who(where)}'s {field} is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
+        return {field: s.dropout.residual}
+
+    return Derived("dropout", lambda c, where: {"dropout.embedding": getattr(c, field), "dropout.residual": getattr(c, field)},
+                   write, {"dropout.embedding": ANY, "dropout.residual": ANY})
 
 
 def residual_dropout(field: str = "resid_pdrop") -> tuple:
