@@ -34,7 +34,7 @@ from zoo.interop.common import Rule, unsupported
 from zoo.spec import FamilySpec
 
 __all__ = ["Check", "Claim", "Derived", "Drop", "Entry", "Field", "Fixed", "Refuse", "Tensors", "Tokens", "apply_read",
-           "apply_write", "get", "put", "table", "table_claims", "table_rules"]
+           "apply_write", "find", "get", "put", "table", "table_claims", "table_rules"]
 
 _REQUIRED = object()
 
@@ -280,6 +280,11 @@ def table(*parts: Entry | Drop | tuple) -> tuple[Entry, ...]:
             else:
                 out[entry.key] = entry
     return tuple(out.values())
+
+
+def find(entries: tuple[Entry, ...], key: str) -> Entry:
+    """The entry of a table with this key (a Field or Fixed: its spec path)."""
+    return next(e for e in entries if e.key == key)
 
 
 def table_claims(entries: tuple[Entry, ...]) -> dict[str, Any]:
