@@ -62,7 +62,7 @@ class Marian(Seq2Seq):
         return cls.common_rules(s)
 
     @staticmethod
-    def table(s: FamilySpec, like: Tensor) -> Tensor:
+    def sinusoids(s: FamilySpec, like: Tensor) -> Tensor:
         return sinusoid_table(s.max_seq_len, s.d_model, base=10000.0, layout="concat").to(like)
 
     @classmethod
@@ -71,15 +71,15 @@ class Marian(Seq2Seq):
         handled = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
         for name in handled:
             t = ref[name]
-            if t.device.type != "meta" and not torch.allclose(t.float(), cls.table(s, t).float(), atol=1e-6):
+            if t.device.type != "meta" and not torch.allclose(t.float(), cls.sinusoids(s, t).float(), atol=1e-6):
                 raise ConversionError(f"MarianMTModel -> zoo: {name} is not the sinusoid table zoo computes "
-                                      f"(max difference {(t.float() - cls.table(s, t).float()).abs().max().item():.3g})")
+                                      f"(max difference {(t.float() - cls.sinusoids(s, t).float()).abs().max().item():.3g})")
         return handled + cls.unread(s, ref)
 
     @classmethod
     def extra_to(cls, state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
         like = state["head.weight"]
-        out = {f"model.{k}.embed_positions.weight": cls.table(s, like) for k in ("encoder", "decoder")}
+        out = {f"model.{k}.embed_positions.weight": cls.sinusoids(s, like) for k in ("encoder", "decoder")}
         return out | cls.zero_bias(state, s, shapes)
 
     @staticmethod
