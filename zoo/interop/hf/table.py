@@ -220,9 +220,10 @@ class Claim:
 @dataclass(frozen=True)
 class Tokens:
     """Token ids the spec does not know, written as the caller's, else the reference's ``defaults``
-    where they fit the vocabulary (a default past it is left out: None)."""
+    where they fit the vocabulary (a default past it is left out: None; a function of the spec:
+    its value as it is)."""
 
-    defaults: Mapping[str, int | None]
+    defaults: Mapping[str, int | None | Callable[[FamilySpec], int]]
     key: str = "tokens"
 
     def read_into(self, c: Any, s: dict, where: str) -> None:
@@ -230,7 +231,11 @@ class Tokens:
 
     def write_into(self, s: FamilySpec, c: dict, where: str, given: Mapping) -> None:
         for name, default in self.defaults.items():
-            if name not in given:
+            if name in given:
+                continue
+            if callable(default):
+                c[name] = default(s)
+            else:
                 c[name] = default if default is None or default < s.vocab_size else None
 
     def claimed(self) -> Claims:
