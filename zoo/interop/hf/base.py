@@ -31,10 +31,8 @@ __all__ = [
     "fused",
     "layernorm",
     "plain_attention",
-    "refuse_config",
     "require",
     "same_layers",
-    "token_ids",
     "weights",
 ]
 
@@ -283,14 +281,6 @@ def require(ok: bool, where: str, option: str, value: object, why: str) -> None:
         raise unsupported(where, option, value, why)
 
 
-def refuse_config(c: Any, where: str, expected: dict[str, tuple[object, str]]) -> None:
-    """Each config field must hold its expected value, else the option is unsupported (with the reason)."""
-    for field, (want, why) in expected.items():
-        value = getattr(c, field, want)
-        if value != want:
-            raise unsupported(where, field, value, why)
-
-
 def weights(z: str, h: str, *, bias: bool = True, transpose: bool = False) -> list[Rule]:
     """Rules for a weight (and its bias) named ``z`` in zoo and ``h`` in the reference."""
     rules = [rule(f"{z}.weight", f"{h}.weight", transpose=transpose)]
@@ -329,13 +319,6 @@ def layernorm(spec: FamilySpec, where: str, kind: str) -> None:
     require(n.kind == "layernorm", where, "block.norm.kind", n.kind, "this architecture uses LayerNorm")
     require(n.bias, where, "block.norm.bias", n.bias, "this architecture's LayerNorms have biases")
     require(spec.block.kind == kind, where, "block.kind", spec.block.kind, f"this architecture's blocks are {kind}")
-
-
-def token_ids(c: dict, vocab: int, defaults: dict[str, int | None], given: dict) -> None:
-    """Token ids the spec does not know: the caller's, else the HF default where it fits the vocabulary."""
-    for field, default in defaults.items():
-        if field not in given:
-            c[field] = default if default is None or default < vocab else None
 
 
 def same_layers(spec: FamilySpec, where: str, *, but: tuple[str, ...] = (), parts: tuple[str, ...] = ()) -> None:
