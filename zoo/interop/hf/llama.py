@@ -33,7 +33,7 @@ LLAMA = table(
     heads(),
     gated_ffn(LLAMA_ACTS),
     Field("mlp_bias", "block.ffn.bias"),
-    Fixed("block.norm.kind", "rmsnorm"), Field("rms_norm_eps", "block.norm.eps"),
+    Fixed("block.norm.kind", "rmsnorm", why="RMSNorm (rmsnorm)"), Field("rms_norm_eps", "block.norm.eps"),
     Fixed("block.kind", "pre", why="norms before each sub-layer (pre)"),
     one_bias(),
     Field("attention_dropout", "dropout.attention"),

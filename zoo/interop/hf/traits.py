@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.interop.claims import ANY, one_of
+from zoo.interop.claims import ANY, one_of, predicate
 from zoo.interop.common import rule, unsupported
 from zoo.interop.hf.base import GATED, TWO_LAYER, act_name, ffn_of, require, same_layers
 from zoo.interop.hf.rope import read_rope, write_rope
@@ -132,7 +132,8 @@ def layernorm(eps: str = "layer_norm_eps") -> tuple:
 def rope(*, partial: bool = False) -> Derived:
     """``rope_parameters`` <-> the rope position: its base, any scaling zoo expresses and, with
     ``partial``, its ``partial_rotary_factor`` (``position.fraction``; else refused below 1)."""
-    claims = {"position.kind": one_of("rope"), "position.base": ANY, "position.scaling": ANY}
+    rotary = predicate("rotary positions (rope; a decoder with learned positions converts to GPT2LMHeadModel)")
+    claims = {"position.kind": rotary(lambda kind: kind == "rope"), "position.base": ANY, "position.scaling": ANY}
     return Derived("rope", lambda c, where: {"position": read_rope(c, where, partial=partial)},
                    lambda s, where: {"rope_parameters": write_rope(s.position, partial=partial)},
                    claims | ({"position.fraction": ANY} if partial else {}))
