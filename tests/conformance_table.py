@@ -65,6 +65,9 @@ HF_CONFIGS = {  # HF class -> (config class, fields)
                                                    num_experts=3, num_experts_per_tok=2, decoder_sparse_step=2,
                                                    norm_topk_prob=True, use_sliding_window=True, sliding_window=5)),
     "OlmoeForCausalLM": ("OlmoeConfig", dict(_ROTARY, intermediate_size=12, num_experts=3, num_experts_per_tok=2)),
+    # StableLM: LayerNorm with biases, partial rotary, q/k/v biases, attention and FFN side by side from one norm
+    "StableLmForCausalLM": ("StableLmConfig", dict(_ROTARY, num_attention_heads=3, num_key_value_heads=3,
+                                                   partial_rotary_factor=0.5, use_qkv_bias=True, use_parallel_residual=True)),
     "T5ForConditionalGeneration": ("T5Config", dict(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=1, num_heads=3,
                                                     relative_attention_num_buckets=8, relative_attention_max_distance=20)),
     "RobertaForMaskedLM": ("RobertaConfig", dict(vocab_size=V, max_position_embeddings=34, hidden_size=24, num_hidden_layers=2,
@@ -88,7 +91,7 @@ BACKBONE_OF = {
     "Phi3Model": "Phi3ForCausalLM", "Gemma2Model": "Gemma2ForCausalLM", "Gemma3TextModel": "Gemma3ForCausalLM",
     "MixtralModel": "MixtralForCausalLM", "Qwen2MoeModel": "Qwen2MoeForCausalLM", "Qwen3MoeModel": "Qwen3MoeForCausalLM",
     "OlmoeModel": "OlmoeForCausalLM", "RobertaModel": "RobertaForMaskedLM", "XLMRobertaModel": "XLMRobertaForMaskedLM",
-    "DistilBertModel": "DistilBertForMaskedLM", "ModernBertModel": "ModernBertForMaskedLM",
+    "DistilBertModel": "DistilBertForMaskedLM", "ModernBertModel": "ModernBertForMaskedLM", "StableLmModel": "StableLmForCausalLM",
 }
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 

@@ -86,7 +86,7 @@ def test_heads_that_do_not_fit_are_refused_by_name():
     with pytest.raises(ConversionError, match="zoo -> GPT2LMHeadModel: head.kind='none' is not supported: GPT2LMHeadModel "
                                               "has an LM head; a decoder without one converts to GPT2Model"):
         to_hf(headless, "GPT2LMHeadModel")
-    with pytest.raises(ConversionError, match="zoo -> GPT2Model: block.norm.kind='rmsnorm' is not supported"):
+    with pytest.raises(ConversionError, match="zoo -> GPT2Model: block.attention.bias=False is not supported"):
         to_hf(headless, "GPT2Model")
     relu = zoo.build("llama-tiny", [f"vocab_size={V}", "n_layers=1", "head=none", "block.ffn.kind=relu"], device="meta")
     with pytest.raises(ConversionError, match="no HF architecture expresses this decoder") as refused:

@@ -197,6 +197,7 @@ OTHERS = {
     "Olmo2": {"num_key_value_heads": 1},
     "Gemma": {"num_key_value_heads": 1, "head_dim": 12},
     "GPTNeoX": {"rotary_pct": 1.0},
+    "StableLm": {"num_key_value_heads": 1, "partial_rotary_factor": 1.0},
 }
 
 

@@ -46,7 +46,7 @@ from torch import nn
 from zoo.build import count_parameters
 from zoo.interop.claims import claims_family
 from zoo.interop.common import ConversionError, check_counted
-from zoo.interop.hf import ARCHITECTURES, by_model_type, from_hf
+from zoo.interop.hf import ARCHS, by_model_type, from_hf
 from zoo.interop.hf.stream import NotStreamable, hf_dir_to_zoo, zoo_to_hf_dir
 from zoo.interop.sentence import read_sentence_transformers
 from zoo.interop.timm import ARCHS as TIMM_ARCHS
@@ -148,7 +148,7 @@ def _hf_arch(src: Path, config: dict):
     arch = by_model_type(model_type, config.get("architectures"))  # LlamaModel named: the backbone, else the LM
     if arch is None:
         named = ", ".join(config.get("architectures") or []) or "no architectures listed"
-        raise ConversionError(f"{src}: model_type {model_type!r} ({named}) does not convert; supported: {', '.join(ARCHITECTURES)}")
+        raise ConversionError(f"{src}: model_type {model_type!r} ({named}) does not convert; supported: {', '.join(ARCHS)}")
     return arch
 
 

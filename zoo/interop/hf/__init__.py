@@ -18,14 +18,14 @@ then mapped by name (:mod:`zoo.interop.common`). Tying is read from the model it
 decides it from several config fields. Anything the target cannot express raises
 :class:`ConversionError` naming the option. transformers is imported only when a converter runs.
 
-The classes, in the order a spec tries them (``ARCHITECTURES``):
+The classes, in the order a spec tries them (``ARCHS``):
 
 """
 
 from zoo.interop.common import name_list
-from zoo.interop.hf.convert import ARCHITECTURES, ARCHS, by_model_type, from_hf, hf_config, hf_spec, to_hf
+from zoo.interop.hf.convert import ARCHS, by_model_type, from_hf, hf_config, hf_spec, to_hf
 from zoo.interop.hf.marian import permute_model_dim
 
 if __doc__:  # None under python -OO
-    __doc__ += name_list(ARCHITECTURES) + "\n"
-__all__ = ["ARCHITECTURES", "ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "permute_model_dim", "to_hf"]
+    __doc__ += name_list(ARCHS) + "\n"
+__all__ = ["ARCHS", "by_model_type", "from_hf", "hf_config", "hf_spec", "permute_model_dim", "to_hf"]

@@ -23,8 +23,9 @@ from torch import Tensor, nn
 
 from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
-from zoo.interop.hf.base import refuse_config, require, token_ids, weights
-from zoo.interop.hf.seq2seq import SEQ2SEQ_CLAIMS, Seq2Seq
+from zoo.interop.hf.base import weights
+from zoo.interop.hf.seq2seq import SEQ2SEQ_CLAIMS, Seq2Seq, seq2seq
+from zoo.interop.hf.table import Check, Field, Fixed, Refuse, Tokens, table
 from zoo.spec import FamilySpec
 
 __all__ = ["Bart", "MBart"]
@@ -32,64 +33,54 @@ __all__ = ["Bart", "MBart"]
 OFFSET = 2  # BartLearnedPositionalEmbedding: position p reads row p + 2
 
 
+def bart(name: str, kind: str, fairseq: dict[str, object], tokens: dict[str, int | None]) -> tuple:
+    """BART's table (``name``'s, its blocks ``kind``): :func:`~zoo.interop.hf.seq2seq.seq2seq`'s
+    entries, fairseq's options HF's class does not read held at the values that mean what it
+    computes (``fairseq``), one vocabulary, an embedding norm, learned positions from row 2 in each
+    stack, the head tied exactly when the embeddings are shared, the token ids ``tokens``."""
+    blocks = f"{name} does not read it: its blocks are {kind}-norm" + (" with a final LayerNorm in each stack" if kind == "pre" else "")
+    return table(
+        *(Refuse(field, want, blocks, write=False) for field, want in fairseq.items()),
+        Refuse("normalize_embedding", True, f"{name} always has a LayerNorm on the embedding sum", write=False),
+        Refuse("static_position_embeddings", False, f"{name}'s positions are learned tables", write=False),
+        Refuse("add_bias_logits", False, f"{name}'s logits bias is final_logits_bias, no bias on lm_head", write=False),
+        seq2seq(kind), Field("vocab_size", "vocab_size"),
+        Fixed("embedding.norm", True), Fixed("head.kind", "lm"),
+        Fixed("position.kind", "learned"), Fixed("position.offset", OFFSET), Fixed("share_positions", False),
+        Check("src_vocab_size", lambda s: s.src_vocab_size == s.vocab_size,
+              lambda s: f"{name} has one vocabulary (vocab_size {s.vocab_size}) for source and target"),
+        Check("head.tied", lambda s: s.head.tied == s.share_embeddings,
+              lambda s: f"{name} ties the output projection exactly when source and target share their embeddings "
+                        f"(share_embeddings is {s.share_embeddings}); set head.tied: {str(s.share_embeddings).lower()}"),
+        Tokens(tokens),
+    )
+
+
 class Bart(Seq2Seq):
     name = "BartForConditionalGeneration"
     config_name = "BartConfig"
     model_type = "bart"
-    block_kind = "post"
     claims: ClassVar[Claims] = {
         **SEQ2SEQ_CLAIMS, "src_vocab_size": ANY, "block.kind": one_of("post"), "embedding.norm": one_of(True),
         "position.kind": one_of("learned"), "position.offset": one_of(OFFSET), "share_positions": one_of(False),
     }
-    # config fields of fairseq's options HF's class does not read: the values that mean what it computes
-    fairseq: ClassVar[dict[str, object]] = {"normalize_before": False, "add_final_layer_norm": False}
-    token_defaults: ClassVar[dict[str, int | None]] = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
-                                                       "decoder_start_token_id": 2}
+    table = bart(name, "post", {"normalize_before": False, "add_final_layer_norm": False},
+                 {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 2})
 
     @classmethod
     def spec(cls, c: Any, hf: nn.Module | None) -> dict:
-        where = f"{cls.name} -> zoo"
-        refuse_config(c, where, {
-            **{field: (want, f"{cls.name} does not read it: its blocks are {cls.block_kind}-norm"
-                       + (" with a final LayerNorm in each stack" if cls.block_kind == "pre" else ""))
-               for field, want in cls.fairseq.items()},
-            "normalize_embedding": (True, f"{cls.name} always has a LayerNorm on the embedding sum"),
-            "static_position_embeddings": (False, f"{cls.name}'s positions are learned tables"),
-            "add_bias_logits": (False, f"{cls.name}'s logits bias is final_logits_bias, no bias on lm_head"),
-        })
+        s = super().spec(c, None)
         if hf is None:
             shared = tied = c.tie_word_embeddings
             bias = False
         else:
             shared, tied, bias = cls.read_ties(hf)
             if shared != tied:
-                raise unsupported(where, "tie_word_embeddings", "the source embedding tied but not the head" if shared else
-                                  "the head tied but not the source embedding",
+                raise unsupported(f"{cls.name} -> zoo", "tie_word_embeddings", "the source embedding tied but not the head"
+                                  if shared else "the head tied but not the source embedding",
                                   f"{cls.name} ties its embeddings and output projection all together or none")
-        return {
-            **cls.common_spec(c), "vocab_size": c.vocab_size, "share_embeddings": shared,
-            "embedding": {"scale": c.scale_embedding, "norm": True},
-            "head": {"kind": "lm", "tied": tied, "bias": bias},  # final_logits_bias: a head bias where it is not zero
-            "position": {"kind": "learned", "offset": OFFSET}, "share_positions": False,
-        }
-
-    @classmethod
-    def config(cls, s: FamilySpec, given: dict) -> dict:
-        where = f"zoo -> {cls.name}"
-        pos = s.position
-        require(pos.kind == "learned" and pos.offset == OFFSET, where, "position", pos.model_dump(),
-                f"{cls.name} has learned positions read from row {OFFSET} (position: {{kind: learned, offset: {OFFSET}}})")
-        require(not s.share_positions, where, "share_positions", True,
-                f"{cls.name}'s encoder and decoder each have their own position table; set share_positions: false")
-        require(s.embedding.norm, where, "embedding.norm", False, f"{cls.name} has a LayerNorm on the embedding sum")
-        require(s.src_vocab_size == s.vocab_size, where, "src_vocab_size", s.src_vocab_size,
-                f"{cls.name} has one vocabulary (vocab_size {s.vocab_size}) for source and target")
-        require(s.head.tied == s.share_embeddings, where, "head.tied", s.head.tied,
-                f"{cls.name} ties the output projection exactly when source and target share their embeddings "
-                f"(share_embeddings is {s.share_embeddings}); set head.tied: {str(s.share_embeddings).lower()}")
-        c = {**cls.common_config(s), "vocab_size": s.vocab_size}
-        token_ids(c, s.vocab_size, cls.token_defaults, given)
-        return c
+        s["head"].update(tied=tied, bias=bias)  # final_logits_bias: a head bias where it is not zero
+        return {**s, "share_embeddings": shared}
 
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:
@@ -98,7 +89,7 @@ class Bart(Seq2Seq):
             position = "src_position" if stack == "encoder" else "position"
             rules += [rule(f"{position}.weight", f"model.{stack}.embed_positions.weight"),
                       *weights(f"{zoo_stack}_emb_norm", f"model.{stack}.layernorm_embedding")]
-            if cls.block_kind == "pre":
+            if s.block.kind == "pre":
                 rules += weights(f"{stack}.norm", f"model.{stack}.layer_norm")
         return rules
 
@@ -115,7 +106,6 @@ class MBart(Bart):
     name = "MBartForConditionalGeneration"
     config_name = "MBartConfig"
     model_type = "mbart"
-    block_kind = "pre"
     claims: ClassVar[Claims] = {**Bart.claims, "block.kind": one_of("pre")}
-    fairseq: ClassVar[dict[str, object]] = {"normalize_before": True, "add_final_layer_norm": True}
-    token_defaults: ClassVar[dict[str, int | None]] = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
+    table = bart(name, "pre", {"normalize_before": True, "add_final_layer_norm": True},
+                 {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2})

@@ -1,5 +1,6 @@
 """What the HF converters share: the :class:`Architecture` each reference class fills in (with the
-spec fields it claims, :mod:`zoo.interop.claims`), the :class:`Headless` converter of a reference's
+spec fields it claims, :mod:`zoo.interop.claims`, or a field table that gives both directions and
+the claims, :mod:`zoo.interop.hf.table`), the :class:`Headless` converter of a reference's
 backbone without its head (HF's ``*Model``), the tables of activation names, the checks that refuse
 what a reference cannot express, and the builders of tensor rules (:mod:`zoo.interop.common`) for
 the usual layouts."""
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 
 from zoo.interop.claims import ANY, Claims, check_claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
+from zoo.interop.hf.table import apply_read, apply_write, table_claims
 from zoo.spec import FamilySpec, LMHeadSpec
 
 __all__ = [
@@ -28,12 +30,9 @@ __all__ = [
     "ffn_of",
     "fused",
     "layernorm",
-    "no_dropout",
     "plain_attention",
-    "refuse_config",
     "require",
     "same_layers",
-    "token_ids",
     "weights",
 ]
 
@@ -41,7 +40,9 @@ __all__ = [
 class Architecture:
     """One HF reference class. ``spec(config, hf_model or None)`` reads a zoo spec (a mapping) from
     its config, ``config(spec, given)`` writes its config fields from a zoo spec, ``rules(spec)``
-    maps tensors by name. Five steps are optional: ``check_from`` names the reference tensors zoo
+    maps tensors by name. A class with a ``table`` (:mod:`zoo.interop.hf.table`) has both mappings,
+    and its claims, from it: the table's entries applied one way or the other; ``tie`` names the
+    head and embedding modules whose sharing a model's tying is read from. Five steps are optional: ``check_from`` names the reference tensors zoo
     keeps no copy of (after checking them), ``extra_to`` makes the reference tensors zoo does not
     hold, ``prepare_from`` and ``prepare_to`` rearrange a reference or zoo state dict (same names,
     same shapes) before it is mapped; ``made`` adjusts a reference model built for a zoo spec.
@@ -63,6 +64,13 @@ class Architecture:
     base: ClassVar[str | None] = None  # the class of its backbone without the head (HF's *Model), if that converts
     prefix: ClassVar[str] = ""  # the backbone's attribute in this class (HF's base_model_prefix)
     base_pooler: ClassVar[str | None] = None  # the backbone's optional pooler (BertModel's "pooler"), if it has one
+    table: ClassVar[tuple] = ()  # the config <-> spec field table, where the class has one
+    tie: ClassVar[tuple[str, str]] = ("lm_head", "model.embed_tokens")  # head, embedding: tied where they share a weight
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "table" in cls.__dict__ and "claims" not in cls.__dict__:
+            cls.claims = table_claims(cls.table)
 
     @classmethod
     def check_claims(cls, s: FamilySpec, where: str) -> None:
@@ -87,13 +95,21 @@ class Architecture:
         cls.check_claims(s, f"zoo -> {cls.name}")
         return cls.config(s, given)
 
-    @staticmethod
-    def spec(c: Any, hf: nn.Module | None) -> dict:
-        raise NotImplementedError
+    @classmethod
+    def spec(cls, c: Any, hf: nn.Module | None) -> dict:
+        if not cls.table:
+            raise NotImplementedError
+        s = apply_read(cls.table, c, f"{cls.name} -> zoo")
+        if hf is not None:  # HF decides tying from several config fields: the model says what it did
+            head, emb = (hf.get_submodule(name) for name in cls.tie)
+            s["head"]["tied"] = head.weight is emb.weight
+        return s
 
     @classmethod
     def config(cls, s: FamilySpec, given: dict) -> dict:
-        raise NotImplementedError
+        if not cls.table:
+            raise NotImplementedError
+        return apply_write(cls.table, s, f"zoo -> {cls.name}", given)
 
     @staticmethod
     def rules(s: FamilySpec) -> list[Rule]:
@@ -265,14 +281,6 @@ def require(ok: bool, where: str, option: str, value: object, why: str) -> None:
         raise unsupported(where, option, value, why)
 
 
-def refuse_config(c: Any, where: str, expected: dict[str, tuple[object, str]]) -> None:
-    """Each config field must hold its expected value, else the option is unsupported (with the reason)."""
-    for field, (want, why) in expected.items():
-        value = getattr(c, field, want)
-        if value != want:
-            raise unsupported(where, field, value, why)
-
-
 def weights(z: str, h: str, *, bias: bool = True, transpose: bool = False) -> list[Rule]:
     """Rules for a weight (and its bias) named ``z`` in zoo and ``h`` in the reference."""
     rules = [rule(f"{z}.weight", f"{h}.weight", transpose=transpose)]
@@ -311,19 +319,6 @@ def layernorm(spec: FamilySpec, where: str, kind: str) -> None:
     require(n.kind == "layernorm", where, "block.norm.kind", n.kind, "this architecture uses LayerNorm")
     require(n.bias, where, "block.norm.bias", n.bias, "this architecture's LayerNorms have biases")
     require(spec.block.kind == kind, where, "block.kind", spec.block.kind, f"this architecture's blocks are {kind}")
-
-
-def no_dropout(spec: FamilySpec, where: str, fields: tuple[str, ...], why: str) -> None:
-    for field in fields:
-        rate = getattr(spec.dropout, field)
-        require(rate == 0, where, f"dropout.{field}", rate, why)
-
-
-def token_ids(c: dict, vocab: int, defaults: dict[str, int | None], given: dict) -> None:
-    """Token ids the spec does not know: the caller's, else the HF default where it fits the vocabulary."""
-    for field, default in defaults.items():
-        if field not in given:
-            c[field] = default if default is None or default < vocab else None
 
 
 def same_layers(spec: FamilySpec, where: str, *, but: tuple[str, ...] = (), parts: tuple[str, ...] = ()) -> None:

@@ -6,25 +6,60 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import Tensor, nn
 
-from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.claims import ANY, one_of
 from zoo.interop.common import Rule, rule, unsupported
-from zoo.interop.hf.base import (
-    TEXT_CLAIMS,
-    Architecture,
-    fused,
-    layernorm,
-    plain_attention,
-    refuse_config,
-    require,
-    weights,
-)
+from zoo.interop.hf.base import Architecture, fused, require, weights
+from zoo.interop.hf.table import Check, Claim, Derived, Field, Fixed, Refuse, table
+from zoo.interop.hf.traits import hidden_dropout, layernorm, mha
 from zoo.spec import FamilySpec
 
-__all__ = ["Bert", "bert_layers"]
+__all__ = ["BERT", "Bert", "bert_layers"]
+
+
+
+def _ffn(c: Any, where: str) -> dict:
+    if c.hidden_act not in ("gelu", "gelu_python"):
+        raise unsupported(where, "hidden_act", c.hidden_act,
+                          "zoo's masked-LM head transform uses exact GELU, so only hidden_act 'gelu' converts")
+    return {"block.ffn": {"kind": "gelu", "approximate": "none", "hidden": c.intermediate_size}}
+
+
+def _segments(c: Any, where: str) -> dict:
+    require(c.type_vocab_size > 0, where, "type_vocab_size", c.type_vocab_size, "BERT needs at least one segment type")
+    return {"type_vocab_size": c.type_vocab_size}
+
+
+def _write_segments(s: FamilySpec, where: str) -> dict:
+    require(s.type_vocab_size > 0, where, "type_vocab_size", 0, "BERT has segment embeddings; set type_vocab_size >= 1")
+    return {"type_vocab_size": s.type_vocab_size}
+
+
+# BertConfig <-> a zoo encoder, field by field
+BERT = table(
+    Refuse("is_decoder", False, "zoo encoders are bidirectional", write=False),
+    Refuse("add_cross_attention", False, "zoo encoders have no cross-attention", write=False),
+    Refuse("position_embedding_type", "absolute", "zoo's BERT layout has absolute learned positions", write=False),
+    Fixed("family", "encoder"), Field("vocab_size", "vocab_size"), Field("max_position_embeddings", "max_seq_len"),
+    Derived("segments", _segments, _write_segments, {"type_vocab_size": ANY}),
+    Field("hidden_size", "d_model"), Field("num_hidden_layers", "n_layers"),
+    Fixed("embedding.scale", False), Fixed("embedding.norm", True, why="a normalised embedding sum (norm: true)"),
+    Fixed("head.kind", "mlm"), Fixed("head.transform", True), Fixed("head.bias", True), Field("tie_word_embeddings", "head.tied"),
+    Fixed("position.kind", "learned", why="learned absolute positions"),
+    mha(), Fixed("block.attention.bias", True), Claim("block.attention.out_bias", one_of(None, True)),
+    Derived("ffn", _ffn, lambda s, where: {"intermediate_size": s.block.ffn.hidden_size(s.d_model), "hidden_act": "gelu"},
+            {"block.ffn.kind": one_of("relu", "gelu", "silu", "swiglu", "geglu"), "block.ffn.approximate": ANY,
+             "block.ffn.hidden": ANY}),
+    Check("block.ffn.kind", lambda s: (s.block.ffn.kind, getattr(s.block.ffn, "approximate", None)) == ("gelu", "none"),
+          lambda s: "BERT's hidden_act is shared with the masked-LM head, which zoo computes with exact GELU", claim=None),
+    Fixed("block.ffn.bias", True),
+    layernorm(), Fixed("block.kind", "post"),
+    hidden_dropout("hidden_dropout_prob"), Field("attention_probs_dropout_prob", "dropout.attention"), Fixed("dropout.ffn", 0.0),
+    Fixed("init.scheme", "normal"), Field("initializer_range", "init.std"),
+)
 
 
 class Bert(Architecture):
@@ -34,64 +69,8 @@ class Bert(Architecture):
     base = "BertModel"
     prefix = "bert"
     base_pooler = "pooler"
-    claims: ClassVar[Claims] = {
-        **TEXT_CLAIMS, "family": one_of("encoder"), "type_vocab_size": ANY, "embedding.norm": ANY, "position.kind": one_of("learned"),
-        "block.kind": one_of("post"), "block.norm.kind": one_of("layernorm"), "block.norm.bias": one_of(True),
-        "block.attention.out_bias": ANY, "head.kind": one_of("mlm"), "head.transform": one_of(True), "head.bias": one_of(True),
-        "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY,
-    }
-
-    @staticmethod
-    def spec(c: Any, hf: nn.Module | None) -> dict:
-        where = "BertForMaskedLM -> zoo"
-        refuse_config(c, where, {
-            "is_decoder": (False, "zoo encoders are bidirectional"),
-            "add_cross_attention": (False, "zoo encoders have no cross-attention"),
-            "position_embedding_type": ("absolute", "zoo's BERT layout has absolute learned positions"),
-        })
-        if c.hidden_act not in ("gelu", "gelu_python"):
-            raise unsupported(where, "hidden_act", c.hidden_act,
-                              "zoo's masked-LM head transform uses exact GELU, so only hidden_act 'gelu' converts")
-        require(c.type_vocab_size > 0, where, "type_vocab_size", c.type_vocab_size, "BERT needs at least one segment type")
-        tied = c.tie_word_embeddings if hf is None else hf.cls.predictions.decoder.weight is hf.bert.embeddings.word_embeddings.weight
-        return {
-            "family": "encoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings,
-            "type_vocab_size": c.type_vocab_size, "d_model": c.hidden_size, "n_layers": c.num_hidden_layers,
-            "embedding": {"scale": False, "norm": True}, "head": {"kind": "mlm", "transform": True, "bias": True, "tied": tied},
-            "position": {"kind": "learned"},
-            "block": {
-                "attention": {"kind": "mha", "n_heads": c.num_attention_heads, "bias": True},
-                "ffn": {"kind": "gelu", "approximate": "none", "hidden": c.intermediate_size, "bias": True},
-                "norm": {"kind": "layernorm", "eps": c.layer_norm_eps},
-                "kind": "post",
-            },
-            "dropout": {"embedding": c.hidden_dropout_prob, "residual": c.hidden_dropout_prob,
-                        "attention": c.attention_probs_dropout_prob, "ffn": 0.0},
-            "init": {"scheme": "normal", "std": c.initializer_range},
-        }
-
-    @staticmethod
-    def config(s: FamilySpec, given: dict) -> dict:
-        where = "zoo -> BertForMaskedLM"
-        require(s.position.kind == "learned", where, "position.kind", s.position.kind, "BERT has learned absolute positions")
-        layernorm(s, where, "post")
-        plain_attention(s, where)
-        ffn = s.block.ffn
-        require((ffn.kind, getattr(ffn, "approximate", None)) == ("gelu", "none"), where, "block.ffn.kind", ffn.kind,
-                "BERT's hidden_act is shared with the masked-LM head, which zoo computes with exact GELU")
-        require(ffn.bias, where, "block.ffn.bias", False, "BERT's FFN has biases")
-        require(s.embedding.norm, where, "embedding.norm", False, "BERT normalises the embedding sum (norm: true)")
-        require(s.type_vocab_size > 0, where, "type_vocab_size", 0, "BERT has segment embeddings; set type_vocab_size >= 1")
-        require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
-                f"BERT's hidden_dropout_prob is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
-        return {
-            "vocab_size": s.vocab_size, "hidden_size": s.d_model, "num_hidden_layers": s.n_layers,
-            "num_attention_heads": s.block.attention.n_heads, "intermediate_size": ffn.hidden_size(s.d_model),
-            "hidden_act": "gelu", "hidden_dropout_prob": s.dropout.residual,
-            "attention_probs_dropout_prob": s.dropout.attention, "max_position_embeddings": s.max_seq_len,
-            "type_vocab_size": s.type_vocab_size, "layer_norm_eps": s.block.norm.eps, "initializer_range": s.init.std,
-            "tie_word_embeddings": s.head.tied,
-        }
+    tie = ("cls.predictions.decoder", "bert.embeddings.word_embeddings")
+    table = BERT
 
     @staticmethod
     def rules(s: FamilySpec) -> list[Rule]:

@@ -37,26 +37,26 @@ from zoo.interop.hf.phi3 import Phi3
 from zoo.interop.hf.qwen2 import Qwen2
 from zoo.interop.hf.qwen3 import Qwen3
 from zoo.interop.hf.qwen_moe import Qwen2Moe, Qwen3Moe
+from zoo.interop.hf.stablelm import StableLm
 from zoo.interop.hf.t5 import T5
 from zoo.interop.hf.roberta import Roberta, XLMRoberta
 from zoo.spec import FamilySpec, parse_spec
 
-__all__ = ["ARCHITECTURES", "ARCHS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
+__all__ = ["ARCHS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
 
 # A spec converts by default to the first of these that expresses it: the classes with heads, then
 # the backbones of those that have one (GPT2Model, LlamaModel, ...), which take the specs with head: none
 _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma, Qwen3, Phi3, Gemma2, Gemma3,
-               Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, T5, Roberta, XLMRoberta, DistilBert, ModernBert)
+               Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, T5, Roberta, XLMRoberta, DistilBert, ModernBert)
 _ALL = (*_WITH_HEADS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
-ARCHITECTURES = tuple(ARCHS)
 if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name and base
     raise TypeError(f"two converters name one HF class among {[a.name for a in _ALL]}")
 
 
 def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, bart, mbart, mistral, qwen2, gpt_neox,
-    olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, t5, roberta,
+    olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, stablelm, t5, roberta,
     xlm-roberta, distilbert, modernbert) is ``model_type``: the one of a class named in ``architectures`` (a
     config's: ``["LlamaModel"]``) where there is one, else the first (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
@@ -67,14 +67,14 @@ def by_model_type(model_type: str | None, architectures: list[str] | None = None
 def _arch_of_model(hf_model: nn.Module) -> type[Architecture]:
     name = type(hf_model).__name__
     if name not in ARCHS:
-        raise ConversionError(f"from_hf: {name} does not convert; supported: {', '.join(ARCHITECTURES)}")
+        raise ConversionError(f"from_hf: {name} does not convert; supported: {', '.join(ARCHS)}")
     return ARCHS[name]
 
 
 def arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architecture]:
     if architecture is not None:
         if architecture not in ARCHS:
-            raise ConversionError(f"to_hf: unknown architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
+            raise ConversionError(f"to_hf: unknown architecture {architecture!r}; choose from {', '.join(ARCHS)}")
         return ARCHS[architecture]
     family = [a for a in ARCHS.values() if claims_family(a.claims, spec.family)]
     if not family:

@@ -5,15 +5,24 @@ scaling by (1 + weight) (``unit_offset``), GeGLU with tanh GELU, and a head size
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from zoo.interop.hf.llama import LLAMA, Llama
+from zoo.interop.hf.table import Fixed, Refuse, Tokens, table
+from zoo.interop.hf.traits import gated_ffn
 
-from zoo.interop.claims import Claims, one_of
-from zoo.interop.common import unsupported
-from zoo.interop.hf.base import require
-from zoo.interop.hf.llama import Llama
-from zoo.spec import FamilySpec
+__all__ = ["GEMMA", "Gemma"]
 
-__all__ = ["Gemma"]
+GEMMA = table(
+    LLAMA,
+    # GemmaConfig reads hidden_act "gelu" as its tanh approximation, so exact GeGLU does not convert
+    gated_ffn({("geglu", "tanh"): "gelu_pytorch_tanh", ("swiglu", "none"): "silu"}),
+    Fixed("embedding.scale", True, why="embeddings times sqrt(d_model) rounded to their dtype (scale and round_scale: true)"),
+    Fixed("embedding.round_scale", True, why="embeddings times sqrt(d_model) rounded to their dtype (scale and round_scale: true)"),
+    Fixed("block.norm.unit_offset", True, why="RMSNorm scaling by (1 + weight)"),
+    Fixed("block.ffn.bias", False),
+    Refuse("use_bidirectional_attention", False, "zoo decoders attend causally", write=False, falsy=True),
+    # GemmaConfig's token ids, but no pad_token_id: its embedding would then keep the pad row's gradient at zero
+    Tokens({"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": None}),
+)
 
 
 class Gemma(Llama):
@@ -21,26 +30,4 @@ class Gemma(Llama):
     config_name = "GemmaConfig"
     model_type = "gemma"
     base = "GemmaModel"
-    # GemmaConfig reads hidden_act "gelu" as its tanh approximation, so exact GeGLU does not convert
-    acts: ClassVar[dict[tuple[str, str], str]] = {("geglu", "tanh"): "gelu_pytorch_tanh", ("swiglu", "none"): "silu"}
-    claims: ClassVar[Claims] = {**Llama.claims, "block.norm.unit_offset": one_of(True), "embedding.scale": one_of(True),
-                                "embedding.round_scale": one_of(True),
-                                "block.ffn.bias": one_of(False)}
-    # GemmaConfig's token ids, but no pad_token_id: its embedding would then keep the pad row's gradient at zero
-    token_defaults: ClassVar[dict[str, int | None]] = {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": None}
-
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        if getattr(c, "use_bidirectional_attention", None):
-            raise unsupported(where, "use_bidirectional_attention", True, "zoo decoders attend causally")
-        s["embedding"].update(scale=True, round_scale=True)
-        s["block"]["attention"]["bias"] = c.attention_bias
-        s["block"]["norm"]["unit_offset"] = True
-
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        att, e = s.block.attention, s.embedding
-        require(e.scale and e.round_scale, where, "embedding", e.model_dump(),
-                "Gemma multiplies its embeddings by sqrt(d_model) rounded to their dtype (scale: true, round_scale: true)")
-        require(s.block.norm.unit_offset, where, "block.norm.unit_offset", False, "Gemma's RMSNorm scales by (1 + weight)")
-        c["attention_bias"] = att.bias
+    table = GEMMA

@@ -16,18 +16,18 @@ two window sizes, are refused (Gemma 2 has one ``sliding_window``).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-from zoo.interop.claims import ANY, Claims, one_of
-from zoo.interop.common import Rule, rule, unsupported
+from zoo.interop.claims import ANY
+from zoo.interop.common import rule, unsupported
 from zoo.interop.hf.base import require
-from zoo.interop.hf.gemma import Gemma
-from zoo.interop.hf.llama import Llama
+from zoo.interop.hf.gemma import GEMMA, Gemma
+from zoo.interop.hf.llama import LLAMA_ACTS
+from zoo.interop.hf.table import Derived, Fixed, Tensors, table
+from zoo.interop.hf.traits import FULL, SLIDING, gated_ffn, softcaps, who
 from zoo.spec import FamilySpec
 
-__all__ = ["Gemma2", "layer_at", "read_layer_types", "write_layer_types"]
-
-FULL, SLIDING = "full_attention", "sliding_attention"
+__all__ = ["GEMMA2", "Gemma2", "layer_at", "layer_types", "read_layer_types", "write_layer_types"]
 
 
 def layer_at(indices: list[int], n: int) -> int | str | list[int]:
@@ -41,10 +41,10 @@ def layer_at(indices: list[int], n: int) -> int | str | list[int]:
     return list(indices)
 
 
-def read_layer_types(c: Any, s: dict, where: str, full_position: dict | None = None) -> None:
-    """Gemma's ``layer_types`` into the spec mapping ``s``: the sliding layers' window on the model's
-    block, and a pattern giving the full-attention layers no window (and, with ``full_position``,
-    their own rope, base and scaling, where it differs from the model's)."""
+def read_layer_types(c: Any, where: str, position: dict | None = None, full_position: dict | None = None) -> dict:
+    """Gemma's ``layer_types`` as spec paths: the sliding layers' window on the model's block, and a
+    pattern giving the full-attention layers no window (and, with ``full_position``, their own rope,
+    base and scaling, where it differs from the model's ``position``)."""
     types = list(c.layer_types)
     unknown = sorted(set(types) - {FULL, SLIDING})
     if unknown:
@@ -52,15 +52,16 @@ def read_layer_types(c: Any, s: dict, where: str, full_position: dict | None = N
     sliding = [i for i, t in enumerate(types) if t == SLIDING]
     full = [i for i, t in enumerate(types) if t == FULL]
     if not sliding:
-        return
+        return {}
     if c.sliding_window is None:
         raise unsupported(where, "sliding_window", None, "sliding_attention layers need a window")
-    s["block"]["attention"]["window"] = c.sliding_window
+    out: dict = {"block.attention.window": c.sliding_window}
     if full:
         pattern: dict = {"at": layer_at(full, len(types)), "block": {"attention": {"window": None}}}
-        if full_position is not None and full_position != s["position"]:
+        if full_position is not None and full_position != position:
             pattern["position"] = full_position
-        s["layers"] = [pattern]
+        out["layers"] = [pattern]
+    return out
 
 
 def write_layer_types(s: FamilySpec, where: str, name: str, *, own_positions: bool) -> tuple[list[str], int | None, dict]:
@@ -99,57 +100,52 @@ def _rope_text(position: Any) -> str:
                                              f"{scaling.model_dump(mode='json', exclude={'kind'}, exclude_none=True)}")
 
 
+def layer_types(*, own_positions: bool = False, full_position=None, position=None) -> Derived:
+    """``layer_types`` and ``sliding_window`` <-> the block's window and the full-attention layers'
+    pattern (:func:`read_layer_types`, :func:`write_layer_types`); with ``own_positions`` the full
+    layers' rope may differ, ``position(c, where)`` and ``full_position(c, where)`` reading each."""
+
+    def read(c: Any, where: str) -> dict:
+        if full_position is None:
+            return read_layer_types(c, where)
+        return read_layer_types(c, where, position(c, where), full_position(c, where))
+
+    def write(s: FamilySpec, where: str) -> dict:
+        types, window, _ = write_layer_types(s, where, who(where), own_positions=own_positions)
+        # HF builds the sliding mask even without sliding layers, so it needs a window: the context
+        return {"layer_types": types, "sliding_window": window if window is not None else s.max_seq_len}
+
+    return Derived("window", read, write, {"block.attention.window": ANY, "layers": ANY})
+
+
+def _scale_dim(c: Any, where: str) -> dict:
+    scalar = c.query_pre_attn_scalar
+    if scalar != int(scalar):
+        raise unsupported(where, "query_pre_attn_scalar", scalar, "zoo's scale_dim is a whole number")
+    return {"block.attention.scale_dim": None if int(scalar) == c.head_dim else int(scalar)}
+
+
+def _post_norms(s: FamilySpec, z: str, h: str) -> list:
+    return [rule(f"{z}.attn_post_norm.weight", f"{h}.post_attention_layernorm.weight"),
+            rule(f"{z}.ffn_post_norm.weight", f"{h}.post_feedforward_layernorm.weight")]
+
+
+GEMMA2 = table(
+    GEMMA,
+    gated_ffn(LLAMA_ACTS, "hidden_activation"),  # Gemma 2 reads "gelu" as exact GELU
+    Fixed("block.kind", "sandwich", why="a norm before and after each sub-layer (sandwich)"),
+    Derived("scale_dim", _scale_dim, lambda s, where: {"query_pre_attn_scalar": s.block.attention.scale_size(s.d_model)},
+            {"block.attention.scale_dim": ANY}),
+    softcaps(),
+    layer_types(),
+    Tensors("post norms", _post_norms),
+)
+
+
 class Gemma2(Gemma):
     name = "Gemma2ForCausalLM"
     config_name = "Gemma2Config"
     model_type = "gemma2"
     base = "Gemma2Model"
-    acts: ClassVar[dict[tuple[str, str], str]] = Llama.acts  # Gemma 2 reads "gelu" as exact GELU
-    act_field: ClassVar[str] = "hidden_activation"
-    block_kind: ClassVar[str] = "sandwich"
-    norm_names: ClassVar[tuple[str, str]] = ("input_layernorm", "pre_feedforward_layernorm")
-    own_positions: ClassVar[bool] = False  # each layer type may have its own rope (base and scaling)
-    claims: ClassVar[Claims] = {**Gemma.claims, "block.kind": one_of("sandwich"), "block.attention.window": ANY,
-                                "block.attention.scale_dim": ANY, "block.attention.softcap": ANY, "head.softcap": ANY,
-                                "layers": ANY}
-
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        super().read(c, s, where)
-        att = s["block"]["attention"]
-        scalar = c.query_pre_attn_scalar
-        if scalar != int(scalar):
-            raise unsupported(where, "query_pre_attn_scalar", scalar, "zoo's scale_dim is a whole number")
-        att.update(scale_dim=None if int(scalar) == c.head_dim else int(scalar), softcap=cls.attention_softcap(c, where))
-        s["head"]["softcap"] = c.final_logit_softcapping
-        read_layer_types(c, s, where, cls.full_position(c, where))
-
-    @classmethod
-    def attention_softcap(cls, c: Any, where: str) -> float | None:
-        """The attention logits' soft-capping the reference applies."""
-        return c.attn_logit_softcapping
-
-    @classmethod
-    def full_position(cls, c: Any, where: str) -> dict | None:
-        """The rope position of the full-attention layers where they have their own (None: the model's)."""
-        return None
-
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        super().write(s, c, where)
-        att = s.block.attention
-        types, window, positions = write_layer_types(s, where, cls.name, own_positions=cls.own_positions)
-        # HF builds the sliding mask even without sliding layers, so it needs a window: the context
-        c.update(query_pre_attn_scalar=att.scale_size(s.d_model), attn_logit_softcapping=att.softcap,
-                 final_logit_softcapping=s.head.softcap, layer_types=types,
-                 sliding_window=window if window is not None else s.max_seq_len)
-        cls.write_rope(s, c, positions)
-
-    @classmethod
-    def write_rope(cls, s: FamilySpec, c: dict, positions: dict) -> None:
-        """Each layer type's rope from its position (Gemma 2: the one ``rope_parameters`` LLaMA's writes)."""
-
-    @classmethod
-    def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
-        return [rule(f"{z}.attn_post_norm.weight", f"{h}.post_attention_layernorm.weight"),
-                rule(f"{z}.ffn_post_norm.weight", f"{h}.post_feedforward_layernorm.weight")]
+    norm_names = ("input_layernorm", "pre_feedforward_layernorm")
+    table = GEMMA2

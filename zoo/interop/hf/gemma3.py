@@ -16,13 +16,13 @@ model's ``position``, the global layers' their pattern's where it differs::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-from zoo.interop.claims import ANY, Claims
-from zoo.interop.common import Rule, rule, unsupported
-from zoo.interop.hf.base import require
-from zoo.interop.hf.gemma2 import FULL, SLIDING, Gemma2
+from zoo.interop.common import unsupported
+from zoo.interop.hf.gemma2 import GEMMA2, Gemma2, layer_types, write_layer_types
 from zoo.interop.hf.rope import rope_position, write_rope
+from zoo.interop.hf.table import Derived, Drop, Refuse, table
+from zoo.interop.hf.traits import FULL, SLIDING, qk_norm, rope, who
 from zoo.spec import FamilySpec
 
 __all__ = ["Gemma3"]
@@ -38,53 +38,32 @@ def rope_positions(c: Any, where: str) -> dict[str, dict]:
     return {kind: rope_position(params, where, field=f"rope_parameters.{kind}") for kind, params in rope.items()}
 
 
+def _position(c: Any, where: str) -> dict:
+    """The sliding layers' rope (the full layers' in a model without sliding layers)."""
+    kind = SLIDING if SLIDING in c.layer_types else FULL
+    return rope_positions(c, where).get(kind, {"kind": "rope", "base": 10000.0})
+
+
+def _full_position(c: Any, where: str) -> dict | None:
+    return rope_positions(c, where).get(FULL)
+
+
+def _write_ropes(s: FamilySpec, where: str) -> dict:
+    """Each layer type's rope from its position."""
+    _, _, positions = write_layer_types(s, where, who(where), own_positions=True)
+    return {"rope_parameters": {kind: write_rope(positions.get(kind, s.position)) for kind in (SLIDING, FULL)}}
+
+
 class Gemma3(Gemma2):
     name = "Gemma3ForCausalLM"
     config_name = "Gemma3TextConfig"
     model_type = "gemma3_text"
     base = "Gemma3TextModel"
-    own_positions: ClassVar[bool] = True
-    claims: ClassVar[Claims] = {**{k: v for k, v in Gemma2.claims.items() if k != "block.attention.softcap"},
-                                "block.attention.qk_norm": ANY}
-
-    @classmethod
-    def rope(cls, c: Any, where: str) -> dict:
-        """The sliding layers' rope (the full layers' in a model without sliding layers)."""
-        kind = SLIDING if SLIDING in c.layer_types else FULL
-        return rope_positions(c, where).get(kind, {"kind": "rope", "base": 10000.0})
-
-    @classmethod
-    def attention_softcap(cls, c: Any, where: str) -> float | None:
-        if c.attn_logit_softcapping is not None:
-            raise unsupported(where, "attn_logit_softcapping", c.attn_logit_softcapping,
-                              "Gemma3ForCausalLM keeps it in its config but never applies it; set it to None")
-        return None
-
-    @classmethod
-    def full_position(cls, c: Any, where: str) -> dict | None:
-        return rope_positions(c, where).get(FULL)
-
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        super().read(c, s, where)
-        s["block"]["attention"]["qk_norm"] = {"kind": "rmsnorm", "scope": "head", "eps": c.rms_norm_eps, "unit_offset": True}
-
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        qk, norm = s.block.attention.qk_norm, s.block.norm
-        require(qk is not None and (qk.kind, qk.scope, qk.unit_offset) == ("rmsnorm", "head", True), where,
-                "block.attention.qk_norm", qk.model_dump() if qk is not None else None,
-                "Gemma 3 applies a (1 + w) RMSNorm to each query and key head "
-                "(qk_norm: {kind: rmsnorm, scope: head, unit_offset: true})")
-        require(qk.eps == norm.eps, where, "block.attention.qk_norm.eps", qk.eps,
-                f"Gemma 3 has one rms_norm_eps for every norm (block.norm.eps is {norm.eps})")
-        super().write(s, c, where)
-
-    @classmethod
-    def write_rope(cls, s: FamilySpec, c: dict, positions: dict) -> None:
-        c["rope_parameters"] = {kind: write_rope(positions.get(kind, s.position)) for kind in (SLIDING, FULL)}
-
-    @classmethod
-    def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
-        return super().layer_rules(s, z, h) + [rule(f"{z}.attn.{n}.weight", f"{h}.self_attn.{n}.weight")
-                                               for n in ("q_norm", "k_norm")]
+    table = table(
+        GEMMA2,
+        Derived("rope", lambda c, where: {"position": _position(c, where)}, _write_ropes, rope().claims),
+        Drop("block.attention.softcap"),
+        Refuse("attn_logit_softcapping", None, "Gemma3ForCausalLM keeps it in its config but never applies it; set it to None"),
+        layer_types(own_positions=True, full_position=_full_position, position=_position),
+        qk_norm("head", "Gemma 3", "each query and key head", unit_offset=True),
+    )

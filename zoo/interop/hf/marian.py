@@ -11,11 +11,15 @@ from torch import Tensor, nn
 from zoo.components.position import sinusoid_table
 from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import ConversionError, Rule
-from zoo.interop.hf.base import require
-from zoo.interop.hf.seq2seq import SEQ2SEQ_CLAIMS, Seq2Seq
+from zoo.interop.hf.seq2seq import SEQ2SEQ_CLAIMS, Seq2Seq, seq2seq
+from zoo.interop.hf.table import Check, Derived, Fixed, Tokens, table
 from zoo.spec import FamilySpec
 
 __all__ = ["Marian", "permute_model_dim"]
+
+
+def _last_id(s: FamilySpec) -> int:
+    return min(s.vocab_size, s.src_vocab_size) - 1  # Marian's convention: the last id pads
 
 
 class Marian(Seq2Seq):
@@ -26,43 +30,36 @@ class Marian(Seq2Seq):
         **SEQ2SEQ_CLAIMS, "src_vocab_size": ANY, "block.kind": one_of("post"),
         "position.kind": one_of("sinusoidal"), "position.base": one_of(10000.0), "position.layout": ANY,
     }
+    table = table(
+        seq2seq("post"), Fixed("embedding.norm", False),
+        Fixed("position.kind", "sinusoidal"), Fixed("position.base", 10000.0), Fixed("position.layout", "concat"),
+        Fixed("head.kind", "lm"),
+        Check("head.tied", lambda s: s.head.tied or not s.share_embeddings,
+              lambda s: "HF Marian shares source and target embeddings only when it also ties the output projection; "
+                        "set share_embeddings: false or head.tied: true"),
+        Derived("vocabularies", lambda c, where: {},  # read with the ties (spec)
+                lambda s, where: {"vocab_size": s.src_vocab_size, "decoder_vocab_size": s.vocab_size,
+                                  "share_encoder_decoder_embeddings": s.share_embeddings}),
+        Tokens({"pad_token_id": _last_id, "decoder_start_token_id": _last_id}),
+    )
 
     @classmethod
     def spec(cls, c: Any, hf: nn.Module | None) -> dict:
-        s = cls.common_spec(c)
+        s = super().spec(c, None)
         if hf is None:
             shared, tied, bias = c.share_encoder_decoder_embeddings and c.tie_word_embeddings, c.tie_word_embeddings, False
         else:
             shared, tied, bias = cls.read_ties(hf)
         vocab = {"vocab_size": c.vocab_size} if shared else {"vocab_size": c.decoder_vocab_size, "src_vocab_size": c.vocab_size}
-        return {
-            **s, **vocab, "embedding": {"scale": c.scale_embedding, "norm": False}, "share_embeddings": shared,
-            "head": {"kind": "lm", "tied": tied, "bias": bias},  # final_logits_bias: a head bias where it is not zero
-            "position": {"kind": "sinusoidal", "base": 10000.0, "layout": "concat"},
-        }
-
-    @classmethod
-    def config(cls, s: FamilySpec, given: dict) -> dict:
-        where = "zoo -> MarianMTModel"
-        pos = s.position
-        require(pos.kind == "sinusoidal" and pos.base == 10000.0, where, "position", pos.model_dump(),
-                "Marian has fixed sinusoidal positions with base 10000")
-        require(s.head.tied or not s.share_embeddings, where, "head.tied", False,
-                "HF Marian shares source and target embeddings only when it also ties the output projection; "
-                "set share_embeddings: false or head.tied: true")
-        c = {**cls.common_config(s), "vocab_size": s.src_vocab_size, "decoder_vocab_size": s.vocab_size,
-             "share_encoder_decoder_embeddings": s.share_embeddings}
-        for field in ("pad_token_id", "decoder_start_token_id"):  # Marian's convention: the last id pads
-            if field not in given:
-                c[field] = min(s.vocab_size, s.src_vocab_size) - 1
-        return c
+        s["head"].update(tied=tied, bias=bias)  # final_logits_bias: a head bias where it is not zero
+        return {**s, **vocab, "share_embeddings": shared}
 
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:
         return cls.common_rules(s)
 
     @staticmethod
-    def table(s: FamilySpec, like: Tensor) -> Tensor:
+    def sinusoids(s: FamilySpec, like: Tensor) -> Tensor:
         return sinusoid_table(s.max_seq_len, s.d_model, base=10000.0, layout="concat").to(like)
 
     @classmethod
@@ -71,15 +68,15 @@ class Marian(Seq2Seq):
         handled = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
         for name in handled:
             t = ref[name]
-            if t.device.type != "meta" and not torch.allclose(t.float(), cls.table(s, t).float(), atol=1e-6):
+            if t.device.type != "meta" and not torch.allclose(t.float(), cls.sinusoids(s, t).float(), atol=1e-6):
                 raise ConversionError(f"MarianMTModel -> zoo: {name} is not the sinusoid table zoo computes "
-                                      f"(max difference {(t.float() - cls.table(s, t).float()).abs().max().item():.3g})")
+                                      f"(max difference {(t.float() - cls.sinusoids(s, t).float()).abs().max().item():.3g})")
         return handled + cls.unread(s, ref)
 
     @classmethod
     def extra_to(cls, state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
         like = state["head.weight"]
-        out = {f"model.{k}.embed_positions.weight": cls.table(s, like) for k in ("encoder", "decoder")}
+        out = {f"model.{k}.embed_positions.weight": cls.sinusoids(s, like) for k in ("encoder", "decoder")}
         return out | cls.zero_bias(state, s, shapes)
 
     @staticmethod

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-from zoo.interop.claims import ANY, Claims, one_of
-from zoo.interop.hf.llama import Llama
-from zoo.spec import FamilySpec
+from zoo.interop.hf.llama import LLAMA, Llama
+from zoo.interop.hf.table import table
+from zoo.interop.hf.traits import no_bias, sliding_window
 
 __all__ = ["Mistral"]
 
@@ -17,14 +15,4 @@ class Mistral(Llama):
     config_name = "MistralConfig"
     model_type = "mistral"
     base = "MistralModel"
-    claims: ClassVar[Claims] = {**Llama.claims, "block.attention.window": ANY, "block.attention.bias": one_of(False),
-                                "block.attention.out_bias": one_of(None, False),
-                                "block.ffn.bias": one_of(False)}
-
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        s["block"]["attention"].update(bias=False, window=c.sliding_window)
-
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        c["sliding_window"] = s.block.attention.window
+    table = table(LLAMA, no_bias(), sliding_window())

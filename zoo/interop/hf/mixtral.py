@@ -8,15 +8,22 @@ expert (:class:`~zoo.interop.hf.moe.MoEDecoder`). Checkpoints name each expert's
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-from zoo.interop.claims import ANY, Claims, one_of
-from zoo.interop.hf.base import MOE_CLAIMS
-from zoo.interop.hf.llama import Llama
-from zoo.interop.hf.moe import MoEDecoder
+from zoo.interop.hf.llama import LLAMA
+from zoo.interop.hf.moe import MoEDecoder, MoEFields, moe_ffn
+from zoo.interop.hf.table import Derived, table
+from zoo.interop.hf.traits import heads, no_bias, sliding_window
 from zoo.spec import FamilySpec
 
 __all__ = ["Mixtral"]
+
+_HEADS = heads()
+
+
+def _write_heads(s: FamilySpec, where: str) -> dict:
+    c = dict(_HEADS.write(s, where))
+    if c["head_dim"] * c["num_attention_heads"] == s.d_model and s.position.scaling is None:
+        c["head_dim"] = None  # as the released configs (null: hidden_size / heads); HF's rope scalings need it set
+    return c
 
 
 class Mixtral(MoEDecoder):
@@ -24,20 +31,6 @@ class Mixtral(MoEDecoder):
     config_name = "MixtralConfig"
     model_type = "mixtral"
     base = "MixtralModel"
-    n_experts_field: ClassVar[str] = "num_local_experts"
-    router_fields: ClassVar[dict[str, str]] = {"jitter": "router_jitter_noise"}
-    on_disk: ClassVar[tuple[str, tuple[str, str, str]]] = ("block_sparse_moe", ("w1", "w3", "w2"))
-    claims: ClassVar[Claims] = {**Llama.claims, **MOE_CLAIMS, "block.ffn.router.norm_topk_prob": one_of(True),
-                                "block.ffn.router.jitter": ANY, "block.attention.window": ANY,
-                                "block.attention.bias": one_of(False), "block.attention.out_bias": one_of(None, False)}
-
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        s["block"]["attention"].update(bias=False, window=c.sliding_window)
-        s["block"]["ffn"]["router"]["norm_topk_prob"] = True
-
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        c["sliding_window"] = s.block.attention.window
-        if c["head_dim"] * c["num_attention_heads"] == c["hidden_size"] and s.position.scaling is None:
-            c["head_dim"] = None  # as the released configs (null: hidden_size / heads); HF's rope scalings need it set
+    moe = MoEFields(n_experts="num_local_experts", router={"jitter": "router_jitter_noise"},
+                    fixed_router={"norm_topk_prob": True}, on_disk=("block_sparse_moe", ("w1", "w3", "w2")))
+    table = table(LLAMA, Derived("heads", _HEADS.read, _write_heads, _HEADS.claims), no_bias(), sliding_window(), moe_ffn(moe))

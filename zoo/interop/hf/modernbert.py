@@ -19,19 +19,18 @@ path unpads), zoo counts real tokens: the same for right padding."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-from torch import nn
-
-from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.claims import ANY, one_of
 from zoo.interop.common import Rule, unsupported
-from zoo.interop.hf.base import GATED, TEXT_CLAIMS, Architecture, act_name, ffn_of, require, token_ids, weights
+from zoo.interop.hf.base import Architecture, require, weights
+from zoo.interop.hf.table import Derived, Field, Fixed, Refuse, Tokens, table
+from zoo.interop.hf.traits import gated_ffn, mha, one_bias
 from zoo.spec import FamilySpec
 
 __all__ = ["ModernBert"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"
-_ACTS = {("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_pytorch_tanh", ("swiglu", "none"): "silu"}
 
 
 def _theta(c: Any, kind: str, where: str) -> float:
@@ -41,105 +40,84 @@ def _theta(c: Any, kind: str, where: str) -> float:
     return float(params["rope_theta"])
 
 
+def _read_layers(c: Any, where: str) -> dict:
+    """The global layers' rope as the model's position; the first layer without its attention norm,
+    and the local layers' window and rope as layer patterns."""
+    kinds = list(c.layer_types)
+    for kind in sorted(set(kinds) - {FULL, SLIDING}):
+        raise unsupported(where, "layer_types", kind, f"ModernBERT's layers are {FULL} or {SLIDING}")
+    local = [i for i, k in enumerate(kinds) if k == SLIDING]
+    layers: list[dict] = [{"at": 0, "block": {"attn_norm": False}}]
+    if local:
+        layers.append({"at": local, "block": {"attention": {"window": c.local_attention}},
+                       "position": {"kind": "rope", "base": _theta(c, SLIDING, where)}})
+    return {"position": {"kind": "rope", "base": _theta(c, FULL, where)}, "layers": layers}
+
+
+def _write_layers(s: FamilySpec, where: str) -> dict:
+    """``layer_types``, ``local_attention`` and each type's rope from the layers, checked to differ
+    only as ModernBERT's do."""
+    att, windows, thetas, kinds = s.block.attention, set(), {FULL: set(), SLIDING: set()}, []
+    for i, layer in enumerate(s.stack_layers()):
+        b = layer.block
+        window = b.attention.window
+        plain = b.model_copy(update={"attention": b.attention.model_copy(update={"window": att.window}), "attn_norm": s.block.attn_norm})
+        require(plain == s.block, where, "layers", f"layer {i}'s block",
+                "ModernBERT's layers differ only in their window, rope base and the first one's attention norm")
+        require(b.attn_norm == (i > 0), where, "layers", f"layer {i}'s attn_norm",
+                "ModernBERT's first layer has no attention norm (attn_norm: false) and every other layer one")
+        pos = layer.position or s.position
+        require(pos.kind == "rope" and pos.fraction == 1 and pos.scaling is None, where, "layers", f"layer {i}'s position",
+                "ModernBERT's layers rotate every dimension with a plain rope")
+        kind = FULL if window is None else SLIDING
+        kinds.append(kind)
+        thetas[kind].add(pos.base)
+        if window is not None:
+            windows.add(window)
+    require(len(windows) <= 1, where, "block.attention.window", sorted(windows), "ModernBERT has one local_attention")
+    for kind, bases in thetas.items():
+        require(len(bases) <= 1, where, "layers", f"{kind} rope bases {sorted(bases)}", "ModernBERT has one rope per layer type")
+    base = {kind: (next(iter(b)) if b else s.position.base) for kind, b in thetas.items()}
+    return {"layer_types": kinds, "rope_parameters": {k: {"rope_type": "default", "rope_theta": base[k]} for k in (FULL, SLIDING)},
+            "local_attention": next(iter(windows)) if windows else 128}
+
+
+def _classifier(c: Any, where: str) -> dict:
+    if c.classifier_activation not in ("gelu", "gelu_python"):
+        raise unsupported(where, "classifier_activation", c.classifier_activation, "zoo's masked-LM head transform uses exact GELU")
+    return {}
+
+
 class ModernBert(Architecture):
     name = "ModernBertForMaskedLM"
     config_name = "ModernBertConfig"
     model_type = "modernbert"
     base = "ModernBertModel"
     prefix = "model"
-    claims: ClassVar[Claims] = {
-        **TEXT_CLAIMS, "family": one_of("encoder"), "embedding.norm": one_of(True), "position.kind": one_of("rope"),
-        "position.base": ANY, "block.kind": one_of("pre"), "block.attn_norm": ANY, "block.norm.kind": one_of("layernorm"),
-        "block.norm.bias": ANY, "block.attention.out_bias": ANY, "block.attention.window": ANY, "layers": ANY,
-        "head.kind": one_of("mlm"), "head.transform": one_of(True), "head.transform_bias": ANY, "head.bias": ANY,
-        "dropout.embedding": ANY, "dropout.ffn": ANY,
-    }
-
-    @staticmethod
-    def spec(c: Any, hf: nn.Module | None) -> dict:
-        where = "ModernBertForMaskedLM -> zoo"
-        if c.classifier_activation not in ("gelu", "gelu_python"):
-            raise unsupported(where, "classifier_activation", c.classifier_activation,
-                              "zoo's masked-LM head transform uses exact GELU")
-        require(c.attention_dropout == 0, where, "attention_dropout", c.attention_dropout,
-                "ModernBERT drops the attention weights and the attention's output at one rate, which zoo does not")
-        kinds = list(c.layer_types)
-        for kind in sorted(set(kinds) - {FULL, SLIDING}):
-            raise unsupported(where, "layer_types", kind, f"ModernBERT's layers are {FULL} or {SLIDING}")
-        ffn = {**ffn_of(GATED, c.hidden_activation, where, "hidden_activation"), "hidden": c.intermediate_size, "bias": c.mlp_bias}
-        local = [i for i, k in enumerate(kinds) if k == SLIDING]
-        layers: list[dict] = [{"at": 0, "block": {"attn_norm": False}}]
-        if local:
-            layers.append({"at": local, "block": {"attention": {"window": c.local_attention}},
-                           "position": {"kind": "rope", "base": _theta(c, SLIDING, where)}})
-        tied = c.tie_word_embeddings if hf is None else hf.decoder.weight is hf.model.embeddings.tok_embeddings.weight
-        return {
-            "family": "encoder", "vocab_size": c.vocab_size, "max_seq_len": c.max_position_embeddings, "type_vocab_size": 0,
-            "d_model": c.hidden_size, "n_layers": c.num_hidden_layers, "embedding": {"scale": False, "norm": True},
-            "position": {"kind": "rope", "base": _theta(c, FULL, where)},
-            "head": {"kind": "mlm", "transform": True, "transform_bias": c.classifier_bias, "bias": c.decoder_bias, "tied": tied},
-            "block": {
-                "kind": "pre",
-                "attention": {"kind": "mha", "n_heads": c.num_attention_heads, "bias": c.attention_bias},
-                "ffn": ffn,
-                "norm": {"kind": "layernorm", "eps": c.norm_eps, "bias": c.norm_bias},
-            },
-            "layers": layers,
-            "dropout": {"embedding": c.embedding_dropout, "residual": 0.0, "attention": 0.0, "ffn": c.mlp_dropout},
-            "init": {"scheme": "trunc_normal", "std": c.initializer_range},
-        }
-
-    @staticmethod
-    def config(s: FamilySpec, given: dict) -> dict:
-        where = "zoo -> ModernBertForMaskedLM"
-        d, att, ffn = s.d_model, s.block.attention, s.block.ffn
-        require(att.n_kv_heads == att.n_heads, where, "block.attention.n_kv_heads", att.n_kv_heads,
-                "ModernBERT has multi-head attention only (n_kv_heads == n_heads)")
-        require(d % att.n_heads == 0 and (att.qk_size(d), att.v_size(d)) == (d // att.n_heads,) * 2, where,
-                "block.attention.head_dim", att.qk_size(d), "ModernBERT's head size is d_model / n_heads")
-        require(att.has_out_bias == att.bias, where, "block.attention.out_bias", att.out_bias,
-                "ModernBERT has one attention_bias for its Wqkv and Wo")
-        act = act_name(ffn, _ACTS, where)
-        require(s.type_vocab_size == 0, where, "type_vocab_size", s.type_vocab_size, "ModernBERT has no segment embeddings")
-        windows, thetas = set(), {FULL: set(), SLIDING: set()}
-        kinds = []
-        for i, layer in enumerate(s.stack_layers()):
-            b = layer.block
-            window = b.attention.window
-            plain = b.model_copy(update={"attention": b.attention.model_copy(update={"window": att.window}), "attn_norm": s.block.attn_norm})
-            require(plain == s.block, where, "layers", f"layer {i}'s block",
-                    "ModernBERT's layers differ only in their window, rope base and the first one's attention norm")
-            require(b.attn_norm == (i > 0), where, "layers", f"layer {i}'s attn_norm",
-                    "ModernBERT's first layer has no attention norm (attn_norm: false) and every other layer one")
-            pos = layer.position or s.position
-            require(pos.kind == "rope" and pos.fraction == 1 and pos.scaling is None, where, "layers", f"layer {i}'s position",
-                    "ModernBERT's layers rotate every dimension with a plain rope")
-            kind = FULL if window is None else SLIDING
-            kinds.append(kind)
-            thetas[kind].add(pos.base)
-            if window is not None:
-                windows.add(window)
-        require(len(windows) <= 1, where, "block.attention.window", sorted(windows), "ModernBERT has one local_attention")
-        for kind, bases in thetas.items():
-            require(len(bases) <= 1, where, "layers", f"{kind} rope bases {sorted(bases)}", "ModernBERT has one rope per layer type")
-        base = {kind: (next(iter(b)) if b else s.position.base) for kind, b in thetas.items()}
-        c = {
-            "vocab_size": s.vocab_size, "hidden_size": d, "intermediate_size": ffn.hidden_size(d), "num_hidden_layers": s.n_layers,
-            "num_attention_heads": att.n_heads, "hidden_activation": act, "max_position_embeddings": s.max_seq_len,
-            "initializer_range": s.init.std, "norm_eps": s.block.norm.eps, "norm_bias": s.block.norm.bias,
-            "attention_bias": att.bias, "attention_dropout": 0.0, "layer_types": kinds,
-            "rope_parameters": {k: {"rope_type": "default", "rope_theta": base[k]} for k in (FULL, SLIDING)},
-            "local_attention": next(iter(windows)) if windows else 128, "embedding_dropout": s.dropout.embedding,
-            "mlp_bias": ffn.bias, "mlp_dropout": s.dropout.ffn, "decoder_bias": s.head.bias,
-            "classifier_bias": getattr(s.head, "transform_bias", False),  # a backbone's head is none
-            "classifier_activation": "gelu", "tie_word_embeddings": s.head.tied,
-        }
-        require(s.dropout.residual == 0 and s.dropout.attention == 0, where, "dropout.residual", s.dropout.residual,
-                "ModernBERT has no residual dropout of its own (its attention_dropout is not zoo's)")
-        v = s.vocab_size
-        token_ids(c, v, {"pad_token_id": 50283, "eos_token_id": 50282, "bos_token_id": 50281, "cls_token_id": 50281,
-                         "sep_token_id": 50282}, given)
-        return c
+    tie = ("decoder", "model.embeddings.tok_embeddings")
+    table = table(
+        Derived("classifier", _classifier, lambda s, where: {"classifier_activation": "gelu"}),
+        Refuse("attention_dropout", 0.0, "ModernBERT drops the attention weights and the attention's output at one rate, "
+               "which zoo does not"),
+        Fixed("family", "encoder"), Field("vocab_size", "vocab_size"), Field("max_position_embeddings", "max_seq_len"),
+        Fixed("type_vocab_size", 0, why="no segment embeddings"), Field("hidden_size", "d_model"),
+        Field("num_hidden_layers", "n_layers"), Fixed("embedding.scale", False), Fixed("embedding.norm", True),
+        Fixed("head.kind", "mlm"), Fixed("head.transform", True),
+        Derived("head", lambda c, where: {"head.transform_bias": c.classifier_bias, "head.bias": c.decoder_bias},
+                lambda s, where: {"decoder_bias": s.head.bias, "classifier_bias": getattr(s.head, "transform_bias", False)},
+                {"head.transform_bias": ANY, "head.bias": ANY}),  # a backbone's head is none
+        Field("tie_word_embeddings", "head.tied"),
+        Fixed("block.kind", "pre"), mha(), one_bias(),
+        gated_ffn({("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_pytorch_tanh", ("swiglu", "none"): "silu"},
+                  "hidden_activation"),
+        Field("mlp_bias", "block.ffn.bias"),
+        Fixed("block.norm.kind", "layernorm"), Field("norm_eps", "block.norm.eps"), Field("norm_bias", "block.norm.bias"),
+        Derived("layers", _read_layers, _write_layers, {"position.kind": one_of("rope"), "position.base": ANY,
+                                                         "block.attn_norm": ANY, "block.attention.window": ANY, "layers": ANY}),
+        Field("embedding_dropout", "dropout.embedding"), Field("mlp_dropout", "dropout.ffn"),
+        Fixed("init.scheme", "trunc_normal"), Field("initializer_range", "init.std"),
+        Tokens({"pad_token_id": 50283, "eos_token_id": 50282, "bos_token_id": 50281, "cls_token_id": 50281, "sep_token_id": 50282}),
+    )
 
     @staticmethod
     def rules(s: FamilySpec) -> list[Rule]:

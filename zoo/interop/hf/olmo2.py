@@ -4,12 +4,9 @@ each sub-layer's output, before the residual add (``block.norm.placement: post_s
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-from zoo.interop.claims import ANY, Claims, one_of
-from zoo.interop.common import Rule
-from zoo.interop.hf.llama import Llama, qk_norm_rules, rms_qk_norm
-from zoo.spec import FamilySpec
+from zoo.interop.hf.llama import LLAMA, Llama
+from zoo.interop.hf.table import Fixed, Tokens, table
+from zoo.interop.hf.traits import heads, qk_norm
 
 __all__ = ["Olmo2"]
 
@@ -19,22 +16,7 @@ class Olmo2(Llama):
     config_name = "Olmo2Config"
     model_type = "olmo2"
     base = "Olmo2Model"
-    head_dim_field: ClassVar[bool] = False
-    block_kind: ClassVar[str] = "post_sublayer"
-    norm_names: ClassVar[tuple[str, str]] = ("post_attention_layernorm", "post_feedforward_layernorm")
-    claims: ClassVar[Claims] = {**Llama.claims, "block.kind": one_of("post_sublayer"), "block.attention.qk_norm": ANY,
-                                "block.attention.out_bias": ANY, "block.ffn.bias": one_of(False)}
-    token_defaults: ClassVar[dict[str, int | None]] = {"eos_token_id": 50279, "pad_token_id": None}
-
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        s["block"]["attention"].update(bias=c.attention_bias, qk_norm={"kind": "rmsnorm", "scope": "all", "eps": c.rms_norm_eps})
-
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        rms_qk_norm(s, where, scope="all", who="OLMo 2", what="the whole q and k projections")
-        c["attention_bias"] = s.block.attention.bias
-
-    @classmethod
-    def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
-        return qk_norm_rules(z, h)
+    norm_names = ("post_attention_layernorm", "post_feedforward_layernorm")
+    table = table(LLAMA, heads(head_dim_field=False), Fixed("block.kind", "post_sublayer", why="norms on each sub-layer's "
+                  "output, before the residual add (post_sublayer)"), qk_norm("all", "OLMo 2", "the whole q and k projections"),
+                  Fixed("block.ffn.bias", False), Tokens({"eos_token_id": 50279, "pad_token_id": None}))

@@ -8,14 +8,10 @@ zoo does not have: a config that sets it is refused."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-from zoo.interop.claims import ANY, Claims
-from zoo.interop.common import Rule
-from zoo.interop.hf.base import MOE_CLAIMS, refuse_config
-from zoo.interop.hf.llama import Llama, qk_norm_rules, rms_qk_norm
-from zoo.interop.hf.moe import MoEDecoder
-from zoo.spec import FamilySpec
+from zoo.interop.hf.llama import LLAMA
+from zoo.interop.hf.moe import MoEDecoder, MoEFields, moe_ffn
+from zoo.interop.hf.table import Refuse, Tokens, table
+from zoo.interop.hf.traits import heads, qk_norm
 
 __all__ = ["Olmoe"]
 
@@ -25,21 +21,7 @@ class Olmoe(MoEDecoder):
     config_name = "OlmoeConfig"
     model_type = "olmoe"
     base = "OlmoeModel"
-    head_dim_field: ClassVar[bool] = False
-    claims: ClassVar[Claims] = {**Llama.claims, **MOE_CLAIMS, "block.ffn.router.norm_topk_prob": ANY,
-                                "block.attention.qk_norm": ANY}
-    token_defaults: ClassVar[dict[str, int | None]] = {"eos_token_id": 50279, "pad_token_id": 1}
-
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        refuse_config(c, where, {"clip_qkv": (None, "zoo does not clamp the queries, keys and values")})
-        s["block"]["attention"].update(bias=c.attention_bias, qk_norm={"kind": "rmsnorm", "scope": "all", "eps": c.rms_norm_eps})
-
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        rms_qk_norm(s, where, scope="all", who="OLMoE", what="the whole q and k projections")
-        c.update(attention_bias=s.block.attention.bias, clip_qkv=None)
-
-    @classmethod
-    def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
-        return qk_norm_rules(z, h)
+    moe = MoEFields()
+    table = table(LLAMA, heads(head_dim_field=False), qk_norm("all", "OLMoE", "the whole q and k projections"),
+                  Refuse("clip_qkv", None, "zoo does not clamp the queries, keys and values"),
+                  Tokens({"eos_token_id": 50279, "pad_token_id": 1}), moe_ffn(moe))

@@ -3,7 +3,7 @@ layers where ``decoder_sparse_step`` and ``mlp_only_layers`` say (a layer patter
 
 ``Qwen2MoeForCausalLM`` (Qwen1.5-MoE, Qwen2-57B-A14B) <-> Qwen2's attention (biases on q, k and v by
 ``qkv_bias``, none on the output, the head size d_model / n_heads, sliding windows per layer by
-``layer_types``: :func:`~zoo.interop.hf.qwen2.read_windows`) and MoE blocks of ``num_experts``
+``layer_types``: :func:`~zoo.interop.hf.traits.layer_windows`) and MoE blocks of ``num_experts``
 experts ``moe_intermediate_size`` wide plus a shared expert (``shared_expert_intermediate_size``)
 scaled by the sigmoid of its gate.
 
@@ -13,21 +13,15 @@ or none (``use_sliding_window``), and MoE blocks without a shared expert."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-from zoo.interop.claims import ANY, Claims, one_of
-from zoo.interop.common import Rule
-from zoo.interop.hf.base import MOE_CLAIMS, same_layers
-from zoo.interop.hf.llama import Llama, qk_norm_rules, rms_qk_norm
-from zoo.interop.hf.moe import MoEDecoder
-from zoo.interop.hf.qwen2 import read_windows, write_windows
+from zoo.interop.claims import ANY
+from zoo.interop.hf.base import same_layers
+from zoo.interop.hf.llama import LLAMA
+from zoo.interop.hf.moe import MoEDecoder, MoEFields, moe_ffn
+from zoo.interop.hf.table import Derived, Tokens, table
+from zoo.interop.hf.traits import heads, layer_windows, qk_norm, qkv_bias
 from zoo.spec import FamilySpec
 
 __all__ = ["Qwen2Moe", "Qwen3Moe"]
-
-# the model's block may be dense with MoE layers in a pattern, or the other way round
-_QWEN_MOE_CLAIMS: Claims = {**Llama.claims, **MOE_CLAIMS, "block.ffn.kind": one_of("moe", "swiglu", "geglu"),
-                            "block.ffn.bias": one_of(False), "block.ffn.router.norm_topk_prob": ANY, "layers": ANY}
 
 
 class Qwen2Moe(MoEDecoder):
@@ -35,24 +29,19 @@ class Qwen2Moe(MoEDecoder):
     config_name = "Qwen2MoeConfig"
     model_type = "qwen2_moe"
     base = "Qwen2MoeModel"
-    head_dim_field: ClassVar[bool] = False
-    one_bias: ClassVar[bool] = False
-    expert_field: ClassVar[str] = "moe_intermediate_size"
-    shared: ClassVar[bool] = True
-    dense_layers: ClassVar[bool] = True
-    claims: ClassVar[Claims] = {**_QWEN_MOE_CLAIMS, "block.ffn.shared_hidden": ANY, "block.ffn.shared_gate": one_of(True),
-                                "block.attention.window": ANY, "block.attention.out_bias": one_of(False)}
-    token_defaults: ClassVar[dict[str, int | None]] = {}
+    moe = MoEFields(expert="moe_intermediate_size", shared=True, dense_layers=True)
+    table = table(LLAMA, heads(head_dim_field=False), qkv_bias("qkv_bias"), layer_windows("Qwen2-MoE", parts=("ffn",)),
+                  Tokens({}), moe_ffn(moe))
 
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        s["block"]["attention"].update(bias=c.qkv_bias, out_bias=False)
-        read_windows(c, s, where)
 
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        c["qkv_bias"] = s.block.attention.bias
-        write_windows(s, c, where, "Qwen2-MoE", parts=("ffn",))
+def _window(c, where: str) -> dict:
+    return {"block.attention.window": c.sliding_window if c.use_sliding_window else None}
+
+
+def _write_window(s: FamilySpec, where: str) -> dict:
+    same_layers(s, where, parts=("ffn",))  # one window for every layer
+    window = s.block.attention.window
+    return {"use_sliding_window": window is not None, "sliding_window": window}
 
 
 class Qwen3Moe(MoEDecoder):
@@ -60,24 +49,6 @@ class Qwen3Moe(MoEDecoder):
     config_name = "Qwen3MoeConfig"
     model_type = "qwen3_moe"
     base = "Qwen3MoeModel"
-    expert_field: ClassVar[str] = "moe_intermediate_size"
-    dense_layers: ClassVar[bool] = True
-    claims: ClassVar[Claims] = {**_QWEN_MOE_CLAIMS, "block.attention.qk_norm": ANY, "block.attention.window": ANY}
-    token_defaults: ClassVar[dict[str, int | None]] = {}
-
-    @classmethod
-    def read(cls, c: Any, s: dict, where: str) -> None:
-        window = c.sliding_window if c.use_sliding_window else None
-        s["block"]["attention"].update(bias=c.attention_bias, window=window,
-                                       qk_norm={"kind": "rmsnorm", "scope": "head", "eps": c.rms_norm_eps})
-
-    @classmethod
-    def write(cls, s: FamilySpec, c: dict, where: str) -> None:
-        rms_qk_norm(s, where, scope="head", who="Qwen3-MoE", what="each query and key head")
-        same_layers(s, where, parts=("ffn",))  # one window for every layer
-        window = s.block.attention.window
-        c.update(attention_bias=s.block.attention.bias, use_sliding_window=window is not None, sliding_window=window)
-
-    @classmethod
-    def layer_rules(cls, s: FamilySpec, z: str, h: str) -> list[Rule]:
-        return qk_norm_rules(z, h)
+    moe = MoEFields(expert="moe_intermediate_size", dense_layers=True)
+    table = table(LLAMA, qk_norm("head", "Qwen3-MoE", "each query and key head"),
+                  Derived("window", _window, _write_window, {"block.attention.window": ANY}), Tokens({}), moe_ffn(moe))

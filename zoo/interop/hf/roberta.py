@@ -18,11 +18,33 @@ from torch import Tensor, nn
 
 from zoo.interop.claims import ANY, Claims
 from zoo.interop.common import Rule, rule
-from zoo.interop.hf.base import require, token_ids, weights
-from zoo.interop.hf.bert import Bert, bert_layers
+from zoo.interop.hf.base import require, weights
+from zoo.interop.hf.bert import BERT, Bert, bert_layers
+from zoo.interop.hf.table import Derived, Drop, Tokens, table
+from zoo.interop.hf.traits import who
 from zoo.spec import FamilySpec
 
 __all__ = ["Roberta", "XLMRoberta"]
+
+
+def _positions(c: Any, where: str) -> dict:
+    pad = c.pad_token_id
+    require(pad is not None and pad >= 0, where, "pad_token_id", pad,
+            "its positions start past the padding token's id (pad_token_id), so it needs one")
+    rows = c.max_position_embeddings
+    require(rows > pad + 1, where, "max_position_embeddings", rows,
+            f"the position table's first pad_token_id + 1 = {pad + 1} rows are for no real token; it needs more")
+    return {"max_seq_len": rows - pad - 1, "position": {"kind": "learned", "padding_idx": pad}}
+
+
+def _write_positions(s: FamilySpec, where: str) -> dict:
+    pad = s.position.padding_idx if s.position.kind == "learned" else None
+    require(pad is not None, where, "position.padding_idx", None,
+            f"{who(where)}'s positions start past the padding token's (pad_token_id); set position.padding_idx "
+            f"(1 in RoBERTa), or convert to BertForMaskedLM")
+    require(pad < s.vocab_size, where, "position.padding_idx", pad,
+            f"it is the padding token's id (pad_token_id), so below vocab_size ({s.vocab_size})")
+    return {"max_position_embeddings": s.max_seq_len + pad + 1, "pad_token_id": pad}
 
 
 class Roberta(Bert):
@@ -32,36 +54,18 @@ class Roberta(Bert):
     base = "RobertaModel"
     prefix = "roberta"
     base_pooler = "pooler"
+    tie = ("lm_head.decoder", "roberta.embeddings.word_embeddings")
     claims: ClassVar[Claims] = {**Bert.claims, "position.padding_idx": ANY}
-
-    @classmethod
-    def spec(cls, c: Any, hf: nn.Module | None) -> dict:
-        where = f"{cls.name} -> zoo"
-        s = Bert.spec(c, None)
-        pad = c.pad_token_id
-        require(pad is not None and pad >= 0, where, "pad_token_id", pad,
-                "its positions start past the padding token's id (pad_token_id), so it needs one")
-        rows = c.max_position_embeddings
-        require(rows > pad + 1, where, "max_position_embeddings", rows,
-                f"the position table's first pad_token_id + 1 = {pad + 1} rows are for no real token; it needs more")
-        if hf is not None:
-            s["head"]["tied"] = hf.lm_head.decoder.weight is getattr(hf, cls.prefix).embeddings.word_embeddings.weight
-        return {**s, "max_seq_len": rows - pad - 1, "position": {"kind": "learned", "padding_idx": pad}}
+    # BERT's, with the positions past the padding token's id
+    table = table(BERT, Drop("max_seq_len"), Derived("positions", _positions, _write_positions),
+                  Tokens({"bos_token_id": 0, "eos_token_id": 2}))
 
     @classmethod
     def config(cls, s: FamilySpec, given: dict) -> dict:
-        where = f"zoo -> {cls.name}"
         pad = s.position.padding_idx if s.position.kind == "learned" else None
-        require(pad is not None, where, "position.padding_idx", None,
-                f"{cls.name}'s positions start past the padding token's (pad_token_id); set position.padding_idx "
-                f"(1 in RoBERTa), or convert to BertForMaskedLM")
-        require(given.get("pad_token_id", pad) == pad, where, "pad_token_id", given.get("pad_token_id"),
-                f"the padding token's id is position.padding_idx ({pad}): its positions follow from it")
-        require(pad < s.vocab_size, where, "position.padding_idx", pad,
-                f"it is the padding token's id (pad_token_id), so below vocab_size ({s.vocab_size})")
-        c = {**Bert.config(s, given), "max_position_embeddings": s.max_seq_len + pad + 1, "pad_token_id": pad}
-        token_ids(c, s.vocab_size, {"bos_token_id": 0, "eos_token_id": 2}, given)
-        return c
+        require(pad is None or given.get("pad_token_id", pad) == pad, f"zoo -> {cls.name}", "pad_token_id",
+                given.get("pad_token_id"), f"the padding token's id is position.padding_idx ({pad}): its positions follow from it")
+        return super().config(s, given)
 
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:

@@ -8,7 +8,7 @@ all zeros."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -23,13 +23,14 @@ from zoo.interop.hf.base import (
     fused,
     layernorm,
     plain_attention,
-    refuse_config,
     require,
     weights,
 )
+from zoo.interop.hf.table import Derived, Field, Fixed, Refuse
+from zoo.interop.hf.traits import hidden_dropout, who
 from zoo.spec import FamilySpec
 
-__all__ = ["SEQ2SEQ_CLAIMS", "Seq2Seq"]
+__all__ = ["SEQ2SEQ_CLAIMS", "Seq2Seq", "seq2seq"]
 
 SEQ2SEQ_CLAIMS: Claims = {
     **TEXT_CLAIMS, "family": one_of("encoder_decoder"), "n_encoder_layers": ANY, "n_decoder_layers": ANY,
@@ -37,43 +38,69 @@ SEQ2SEQ_CLAIMS: Claims = {
     "block.attention.out_bias": ANY, "block.cross_attention": ANY, "embedding.scale": ANY, "head.bias": ANY,
     "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY, "dropout.ffn": ANY,
 }
+_ACTS = {("relu", "none"): "relu", ("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_new", ("silu", "none"): "swish"}
+
+
+def _same(c: Any, where: str, enc: str, dec: str, what: str) -> None:
+    if getattr(c, enc) != getattr(c, dec):
+        raise unsupported(where, dec, getattr(c, dec), f"zoo's encoder and decoder share one block spec, so the {what} "
+                          f"must equal {enc} ({getattr(c, enc)})")
+
+
+def _layers(c: Any, where: str) -> dict:
+    _same(c, where, "encoder_attention_heads", "decoder_attention_heads", "heads")
+    _same(c, where, "encoder_ffn_dim", "decoder_ffn_dim", "FFN size")
+    layers = {"n_layers": c.encoder_layers}
+    if c.encoder_layers != c.decoder_layers:
+        layers.update(n_encoder_layers=c.encoder_layers, n_decoder_layers=c.decoder_layers)
+    return layers
+
+
+def _heads(s: FamilySpec, where: str) -> dict:
+    plain_attention(s, where, cross_too=True)
+    return {"encoder_attention_heads": s.block.attention.n_heads, "decoder_attention_heads": s.block.attention.n_heads}
+
+
+def _ffn(c: Any, where: str) -> dict:
+    return {"block.ffn": {**ffn_of(TWO_LAYER, c.activation_function, where, "activation_function"),
+                          "hidden": c.encoder_ffn_dim, "bias": True}}
+
+
+def _write_ffn(s: FamilySpec, where: str) -> dict:
+    require(s.block.ffn.bias, where, "block.ffn.bias", False, f"{who(where)}'s FFN has biases")
+    hidden = s.block.ffn.hidden_size(s.d_model)
+    return {"encoder_ffn_dim": hidden, "decoder_ffn_dim": hidden, "activation_function": act_name(s.block.ffn, _ACTS, where)}
+
+
+def seq2seq(kind: str) -> tuple:
+    """The table entries every one of these configs states alike, its blocks ``kind``: sizes (heads
+    and FFN sizes one for both stacks), MHA with biases, a two-layer FFN, LayerNorm with eps 1e-5,
+    dropout, init, scaled embeddings, the head's tying (which a model's ties refine)."""
+
+    def norm(s: FamilySpec, where: str) -> dict:
+        layernorm(s, where, kind)
+        require(s.block.norm.eps == 1e-5, where, "block.norm.eps", s.block.norm.eps, f"{who(where)}'s LayerNorms have eps 1e-5")
+        return {}
+
+    return (
+        Refuse("encoder_layerdrop", 0.0, "zoo has no layer drop", write=False),
+        Refuse("decoder_layerdrop", 0.0, "zoo has no layer drop", write=False),
+        Fixed("family", "encoder_decoder"), Field("max_position_embeddings", "max_seq_len"), Field("d_model", "d_model"),
+        Derived("layers", _layers, lambda s, where: {"encoder_layers": s.encoder_layers, "decoder_layers": s.decoder_layers}),
+        Derived("heads", lambda c, where: {"block.attention.kind": "mha", "block.attention.n_heads": c.encoder_attention_heads,
+                                           "block.attention.bias": True}, _heads),
+        Derived("ffn", _ffn, _write_ffn),
+        Fixed("block.norm.kind", "layernorm"), Fixed("block.norm.eps", 1e-5),  # nn.LayerNorm's default eps
+        Fixed("block.kind", kind), Derived("norm", lambda c, where: {}, norm),
+        hidden_dropout("dropout"), Field("attention_dropout", "dropout.attention"), Field("activation_dropout", "dropout.ffn"),
+        Fixed("init.scheme", "normal"), Field("init_std", "init.std"),
+        Field("scale_embedding", "embedding.scale"), Field("tie_word_embeddings", "head.tied"),
+    )
 
 
 class Seq2Seq(Architecture):
-    """The shared steps; a subclass adds its positions, embedding norms and vocabularies."""
-
-    acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> HF activation
-        ("relu", "none"): "relu", ("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_new", ("silu", "none"): "swish",
-    }
-    block_kind: ClassVar[str] = "post"
-
-    @classmethod
-    def common_spec(cls, c: Any) -> dict:
-        """The spec fields every one of these configs states alike (the block's ``kind`` is the class's)."""
-        where = f"{cls.name} -> zoo"
-        for enc, dec, what in (("encoder_attention_heads", "decoder_attention_heads", "heads"),
-                               ("encoder_ffn_dim", "decoder_ffn_dim", "FFN size")):
-            if getattr(c, enc) != getattr(c, dec):
-                raise unsupported(where, dec, getattr(c, dec), f"zoo's encoder and decoder share one block spec, so the {what} must equal {enc} ({getattr(c, enc)})")
-        refuse_config(c, where, {
-            "encoder_layerdrop": (0.0, "zoo has no layer drop"), "decoder_layerdrop": (0.0, "zoo has no layer drop"),
-        })
-        layers = {"n_layers": c.encoder_layers}
-        if c.encoder_layers != c.decoder_layers:
-            layers.update(n_encoder_layers=c.encoder_layers, n_decoder_layers=c.decoder_layers)
-        return {
-            "family": "encoder_decoder", "max_seq_len": c.max_position_embeddings, "d_model": c.d_model, **layers,
-            "block": {
-                "attention": {"kind": "mha", "n_heads": c.encoder_attention_heads, "bias": True},
-                "ffn": {**ffn_of(TWO_LAYER, c.activation_function, where, "activation_function"),
-                        "hidden": c.encoder_ffn_dim, "bias": True},
-                "norm": {"kind": "layernorm", "eps": 1e-5},  # nn.LayerNorm's default eps
-                "kind": cls.block_kind,
-            },
-            "dropout": {"embedding": c.dropout, "residual": c.dropout, "attention": c.attention_dropout,
-                        "ffn": c.activation_dropout},
-            "init": {"scheme": "normal", "std": c.init_std},
-        }
+    """The shared steps; a subclass's table adds its positions, embedding norms and vocabularies to
+    :func:`seq2seq`'s entries, and its ``spec`` the ties its model holds."""
 
     @staticmethod
     def read_ties(hf: nn.Module) -> tuple[bool, bool, bool]:
@@ -82,26 +109,6 @@ class Seq2Seq(Architecture):
         emb = hf.model.decoder.embed_tokens.weight
         bias = hf.final_logits_bias.device.type != "meta" and bool(hf.final_logits_bias.any())
         return hf.model.encoder.embed_tokens.weight is emb, hf.lm_head.weight is emb, bias
-
-    @classmethod
-    def common_config(cls, s: FamilySpec) -> dict:
-        """The config fields every one of these classes writes alike, after the checks they share."""
-        where = f"zoo -> {cls.name}"
-        layernorm(s, where, cls.block_kind)
-        require(s.block.norm.eps == 1e-5, where, "block.norm.eps", s.block.norm.eps, f"{cls.name}'s LayerNorms have eps 1e-5")
-        plain_attention(s, where, cross_too=True)
-        require(s.block.ffn.bias, where, "block.ffn.bias", False, f"{cls.name}'s FFN has biases")
-        require(s.dropout.embedding == s.dropout.residual, where, "dropout.embedding", s.dropout.embedding,
-                f"{cls.name}'s dropout is one rate for embeddings and residuals (dropout.residual is {s.dropout.residual})")
-        hidden = s.block.ffn.hidden_size(s.d_model)
-        return {
-            "d_model": s.d_model, "max_position_embeddings": s.max_seq_len, "encoder_layers": s.encoder_layers,
-            "decoder_layers": s.decoder_layers, "encoder_attention_heads": s.block.attention.n_heads,
-            "decoder_attention_heads": s.block.attention.n_heads, "encoder_ffn_dim": hidden, "decoder_ffn_dim": hidden,
-            "activation_function": act_name(s.block.ffn, cls.acts, where), "dropout": s.dropout.residual,
-            "attention_dropout": s.dropout.attention, "activation_dropout": s.dropout.ffn, "init_std": s.init.std,
-            "scale_embedding": s.embedding.scale, "tie_word_embeddings": s.head.tied,
-        }
 
     @staticmethod
     def common_rules(s: FamilySpec) -> list[Rule]:

@@ -17,22 +17,53 @@ from torch import nn
 
 from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
-from zoo.interop.hf.base import GATED, TEXT_CLAIMS, TWO_LAYER, Architecture, act_name, ffn_of, require, token_ids, weights
+from zoo.interop.hf.base import GATED, TEXT_CLAIMS, TWO_LAYER, Architecture, act_name, ffn_of, require, weights
+from zoo.interop.hf.table import Check, Derived, Field, Fixed, Tokens, table
 from zoo.spec import FamilySpec
 
 __all__ = ["T5"]
 
 _DROPOUTS = ("embedding", "residual", "attention", "ffn", "final")
+_ACTS = {  # (zoo FFN kind, approximate) -> feed_forward_proj
+    ("relu", "none"): "relu", ("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_new", ("silu", "none"): "silu",
+    ("geglu", "tanh"): "gated-gelu", ("geglu", "none"): "gated-gelu_python", ("swiglu", "none"): "gated-silu",
+}
+
+
+def _ffn(c: Any, where: str) -> dict:
+    acts = GATED if c.is_gated_act else TWO_LAYER
+    if c.dense_act_fn not in acts:
+        raise unsupported(where, "feed_forward_proj", c.feed_forward_proj, f"zoo's FFNs here are {', '.join(sorted(set(_ACTS.values())))}")
+    return {"block.ffn": {**ffn_of(acts, c.dense_act_fn, where, "feed_forward_proj"), "hidden": c.d_ff, "bias": False}}
+
+
+def _layers(c: Any, where: str) -> dict:
+    layers = {"n_layers": c.num_layers}
+    if c.num_decoder_layers != c.num_layers:
+        layers.update(n_encoder_layers=c.num_layers, n_decoder_layers=c.num_decoder_layers)
+    return layers
+
+
+def _heads(s: FamilySpec, where: str) -> dict:
+    d, att = s.d_model, s.block.attention
+    require(att.qk_size(d) == att.v_size(d), where, "block.attention.v_head_dim", att.v_size(d),
+            f"T5's queries, keys and values have one head size, d_kv (head_dim is {att.qk_size(d)})")
+    return {"d_kv": att.qk_size(d)}
+
+
+def _dropout(s: FamilySpec, where: str) -> dict:
+    for field in _DROPOUTS:
+        rate = getattr(s.dropout, field)
+        require(rate == s.dropout.residual, where, f"dropout.{field}", rate,
+                f"T5 has one dropout_rate for embeddings, residuals, attention, FFN and the stacks' outputs "
+                f"(dropout.residual is {s.dropout.residual})")
+    return {"dropout_rate": s.dropout.residual}
 
 
 class T5(Architecture):
     name = "T5ForConditionalGeneration"
     config_name = "T5Config"
     model_type = "t5"
-    acts: ClassVar[dict[tuple[str, str], str]] = {  # (zoo FFN kind, approximate) -> feed_forward_proj
-        ("relu", "none"): "relu", ("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_new", ("silu", "none"): "silu",
-        ("geglu", "tanh"): "gated-gelu", ("geglu", "none"): "gated-gelu_python", ("swiglu", "none"): "gated-silu",
-    }
     claims: ClassVar[Claims] = {
         **TEXT_CLAIMS, "family": one_of("encoder_decoder"), "n_encoder_layers": ANY, "n_decoder_layers": ANY, "src_vocab_size": ANY,
         "share_embeddings": one_of(True), "position.kind": one_of("relative_bias"), "position.num_buckets": ANY,
@@ -42,66 +73,39 @@ class T5(Architecture):
         "block.cross_attention": ANY, "block.ffn.bias": one_of(False), "head.scale_input": ANY,
         **{f"dropout.{d}": ANY for d in _DROPOUTS},
     }
-
-    @staticmethod
-    def spec(c: Any, hf: nn.Module | None) -> dict:
-        where = "T5ForConditionalGeneration -> zoo"
-        table = GATED if c.is_gated_act else TWO_LAYER
-        if c.dense_act_fn not in table:
-            raise unsupported(where, "feed_forward_proj", c.feed_forward_proj,
-                              f"zoo's FFNs here are {', '.join(sorted(set(T5.acts.values())))}")
-        ffn = ffn_of(table, c.dense_act_fn, where, "feed_forward_proj")
-        if hf is None:  # released configs: v1.0 ties and scales, v1.1 does neither
-            tied = c.scale_decoder_outputs
-        else:
-            require(hf.encoder.embed_tokens.weight is hf.shared.weight and hf.decoder.embed_tokens.weight is hf.shared.weight,
-                    where, "encoder.embed_tokens", "untied", "zoo's T5 layout shares one embedding between the stacks")
-            tied = hf.lm_head.weight is hf.shared.weight
-        layers = {"n_layers": c.num_layers}
-        if c.num_decoder_layers != c.num_layers:
-            layers.update(n_encoder_layers=c.num_layers, n_decoder_layers=c.num_decoder_layers)
-        rate = c.dropout_rate
-        return {
-            "family": "encoder_decoder", "vocab_size": c.vocab_size, "max_seq_len": getattr(c, "n_positions", 512),
-            "d_model": c.d_model, **layers, "share_embeddings": True,
-            "embedding": {"scale": False, "norm": False},
-            "head": {"kind": "lm", "tied": tied, "bias": False, "scale_input": c.scale_decoder_outputs},
-            "position": {"kind": "relative_bias", "num_buckets": c.relative_attention_num_buckets,
-                         "max_distance": c.relative_attention_max_distance},
-            "block": {
-                "kind": "pre",
-                "attention": {"kind": "mha", "n_heads": c.num_heads, "head_dim": c.d_kv, "v_head_dim": c.d_kv,
-                              "bias": False, "scale_dim": 1},  # T5 does not scale q.k (its init does)
-                "ffn": {**ffn, "hidden": c.d_ff, "bias": False},
-                "norm": {"kind": "rmsnorm", "eps": c.layer_norm_epsilon},
-            },
-            "dropout": dict.fromkeys(_DROPOUTS, rate),  # T5's one rate, on the stacks' outputs too
-            "init": {"scheme": "normal", "std": c.initializer_factor * c.d_model**-0.5},
-        }
+    table = table(
+        Derived("ffn", _ffn, lambda s, where: {"d_ff": s.block.ffn.hidden_size(s.d_model),
+                                               "feed_forward_proj": act_name(s.block.ffn, _ACTS, where)}),
+        Fixed("family", "encoder_decoder"), Field("vocab_size", "vocab_size"), Field("n_positions", "max_seq_len", default=512),
+        Field("d_model", "d_model"),
+        Derived("layers", _layers, lambda s, where: {"num_layers": s.encoder_layers, "num_decoder_layers": s.decoder_layers}),
+        Fixed("share_embeddings", True), Fixed("embedding.scale", False), Fixed("embedding.norm", False),
+        Fixed("head.kind", "lm"), Fixed("head.bias", False), Field("scale_decoder_outputs", "head.scale_input"),
+        # released configs: v1.0 ties and scales, v1.1 does neither (a model says itself: spec)
+        Derived("tie", lambda c, where: {"head.tied": c.scale_decoder_outputs}, lambda s, where: {"tie_word_embeddings": s.head.tied}),
+        Fixed("position.kind", "relative_bias"), Field("relative_attention_num_buckets", "position.num_buckets"),
+        Field("relative_attention_max_distance", "position.max_distance"),
+        Fixed("block.kind", "pre"), Fixed("block.attention.kind", "mha"), Field("num_heads", "block.attention.n_heads"),
+        Derived("heads", lambda c, where: {"block.attention.head_dim": c.d_kv, "block.attention.v_head_dim": c.d_kv}, _heads),
+        Fixed("block.attention.bias", False), Fixed("block.attention.scale_dim", 1),  # T5 does not scale q.k (its init does)
+        Check("block.cross_attention", lambda s: s.block.cross_attention in (None, s.block.attention),
+              lambda s: "T5's cross-attention is shaped as its self-attention; leave it null"),
+        Fixed("block.norm.kind", "rmsnorm"), Field("layer_norm_epsilon", "block.norm.eps"),
+        Derived("dropout", lambda c, where: {f"dropout.{d}": c.dropout_rate for d in _DROPOUTS}, _dropout),  # one rate
+        Fixed("init.scheme", "normal"),
+        Derived("init", lambda c, where: {"init.std": c.initializer_factor * c.d_model**-0.5}, lambda s, where: {}),
+        Tokens({"pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}),
+    )
 
     @classmethod
-    def config(cls, s: FamilySpec, given: dict) -> dict:
-        where = "zoo -> T5ForConditionalGeneration"
-        d, att = s.d_model, s.block.attention
-        require(att.qk_size(d) == att.v_size(d), where, "block.attention.v_head_dim", att.v_size(d),
-                f"T5's queries, keys and values have one head size, d_kv (head_dim is {att.qk_size(d)})")
-        require(s.block.cross_attention in (None, att), where, "block.cross_attention", s.block.cross_attention.kind
-                if s.block.cross_attention else None, "T5's cross-attention is shaped as its self-attention; leave it null")
-        rates = {f: getattr(s.dropout, f) for f in _DROPOUTS}
-        for field, rate in rates.items():
-            require(rate == s.dropout.residual, where, f"dropout.{field}", rate,
-                    f"T5 has one dropout_rate for embeddings, residuals, attention, FFN and the stacks' outputs "
-                    f"(dropout.residual is {s.dropout.residual})")
-        c = {
-            "vocab_size": s.vocab_size, "d_model": d, "d_kv": att.qk_size(d), "d_ff": s.block.ffn.hidden_size(d),
-            "num_layers": s.encoder_layers, "num_decoder_layers": s.decoder_layers, "num_heads": att.n_heads,
-            "relative_attention_num_buckets": s.position.num_buckets,
-            "relative_attention_max_distance": s.position.max_distance, "dropout_rate": s.dropout.residual,
-            "layer_norm_epsilon": s.block.norm.eps, "feed_forward_proj": act_name(s.block.ffn, cls.acts, where),
-            "tie_word_embeddings": s.head.tied, "scale_decoder_outputs": s.head.scale_input, "n_positions": s.max_seq_len,
-        }
-        token_ids(c, s.vocab_size, {"pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}, given)
-        return c
+    def spec(cls, c: Any, hf: nn.Module | None) -> dict:
+        s = super().spec(c, None)
+        if hf is not None:
+            require(hf.encoder.embed_tokens.weight is hf.shared.weight and hf.decoder.embed_tokens.weight is hf.shared.weight,
+                    f"{cls.name} -> zoo", "encoder.embed_tokens", "untied",
+                    "zoo's T5 layout shares one embedding between the stacks")
+            s["head"]["tied"] = hf.lm_head.weight is hf.shared.weight
+        return s
 
     @classmethod
     def made(cls, hf_model: nn.Module, s: FamilySpec) -> None:
