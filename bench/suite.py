@@ -51,9 +51,11 @@ def run_tier(name: str) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
-    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    lines = proc.stdout.strip().splitlines()
+    failed = [line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR "))]
     return {"command": "python -m pytest -q " + " ".join(f'"{a}"' if " " in a else a for a in TIERS[name]),
-            "seconds": round(seconds, 1), "returncode": proc.returncode, **counts(last)}
+            "seconds": round(seconds, 1), "returncode": proc.returncode, **counts(lines[-1] if lines else ""),
+            **({"not_passed": failed} if failed else {})}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -244,6 +244,10 @@ def suite_times(path: str) -> str:
     """The test tiers' wall times as ``python -m bench.suite`` measured them, and on what."""
     data = json.loads((ROOT / path).read_text(encoding="utf-8"))
     m, tiers = data["machine"], data["tiers"]
+    broken = [name for name, t in tiers.items() if t.get("returncode", 0) != 0]
+    if broken:
+        raise ValueError(f"{path}: the {', '.join(broken)} tier did not pass when it was timed; fix the suite and run "
+                         "python -m bench.suite again")
     words = {"full": "the whole suite", "fast": "the fast lane"}
     parts = [f"{words[name]}, {t['passed']:,} tests in {t['seconds'] / 60:.1f} min" for name, t in
              sorted(tiers.items(), key=lambda kv: kv[0] != "full")]

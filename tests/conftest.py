@@ -38,19 +38,28 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
-def pairwise(*dims: list) -> set[tuple]:
-    """A few combinations of ``dims``' values among which every pair of values of two dims occurs
-    (greedy, deterministic): the fast lane's share of a full cross product, which is slow."""
-    uncovered = {((i, a), (j, b)) for i in range(len(dims)) for j in range(i + 1, len(dims))
-                 for a in dims[i] for b in dims[j]}
+def covering(*dims: list, strength: int = 2) -> set[tuple]:
+    """A few combinations of ``dims``' values among which every ``strength`` values of as many dims
+    occur together (a covering array; greedy, deterministic): every pair (strength 2) or triple (3)
+    of choices is tested at a fraction of the full cross product's cost."""
+    groups = list(itertools.combinations(range(len(dims)), strength))
+
+    def tuples(c: tuple) -> set:
+        return {(g, tuple(c[i] for i in g)) for g in groups}
+
+    candidates = list(itertools.product(*dims))
+    uncovered = set().union(*map(tuples, candidates))
     chosen: set[tuple] = set()
     while uncovered:
-        def gain(c: tuple) -> int:
-            return sum(((i, c[i]), (j, c[j])) in uncovered for i in range(len(c)) for j in range(i + 1, len(c)))
-        best = max(itertools.product(*dims), key=gain)
+        best = max(candidates, key=lambda c: len(tuples(c) & uncovered))
         chosen.add(best)
-        uncovered -= {((i, best[i]), (j, best[j])) for i in range(len(best)) for j in range(i + 1, len(best))}
+        uncovered -= tuples(best)
     return chosen
+
+
+def pairwise(*dims: list) -> set[tuple]:
+    """Combinations holding every pair of two dims' values together: the fast lane's share."""
+    return covering(*dims, strength=2)
 
 
 # ------------------------------------------------------------------------ child processes
