@@ -20,7 +20,6 @@ from zoo.data import bpe
 from zoo.cli import main as zoo_main
 from zoo.data import text as T
 from zoo.train import read_metrics
-from conftest import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -285,13 +284,7 @@ def test_mlm_finetunes_on_a_labelled_tsv(tmp_path, capsys):
     assert "bad.tsv:1: expected 'text<TAB>label'" in capsys.readouterr().err
 
 
-@pytest.mark.torchrun
-def test_lm_under_torchrun(wordnet, tmp_path):
-    """Two gloo processes: the data is sharded, losses are all-reduced, rank 0 exports."""
-    args = lm_args(wordnet, tmp_path, "run.threads=1", "train.steps=4")
-    proc = launch(ROOT / "recipes" / "lm.py", args, 2)
-    assert "2 process(es)" in proc.stdout and proc.stdout.count("vs unigram") == 1
-    assert zoo.load(tmp_path / "model" / "model.safetensors").spec.family == "decoder"
+# under torchrun (DDP and FSDP, two gloo processes): tests/test_torchrun_loss.py and tests/test_scale_torchrun.py
 
 
 def test_the_unigram_comparison_says_higher_when_the_model_is_worse():

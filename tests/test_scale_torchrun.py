@@ -7,6 +7,7 @@ losses, token counts and the experts' biases resume exactly too."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import zoo
 from zoo.train import list_checkpoints, read_metrics
 from conftest import child_env, launch, launch_command
 
@@ -136,14 +138,19 @@ def translate_args(pairs: Path, out: Path, *extra: str) -> list[str]:
 
 def test_translate_fsdp_resumes_exactly_and_matches_ddp(data, tmp_path):  # noqa: F811 (the fixture)
     whole = tmp_path / "whole"
-    run("translate", translate_args(data, whole, *FSDP))
+    out = run("translate", translate_args(data, whole, *FSDP))
+    assert "2 process(es)" in out and "sacreBLEU signature" in out
     assert (whole / "model" / "model.safetensors").is_file()  # exported from the sharded run, averaged from shards
+    assert "test/averaged" in json.loads((whole / "results.json").read_text())
     cut = tmp_path / "cut"
     ckpt = cut_at(whole, 4, cut)
     run("translate", translate_args(data, cut, *FSDP) + ["--resume", str(ckpt)])
     assert losses(cut) == losses(whole)
     ddp = tmp_path / "ddp"
-    run("translate", translate_args(data, ddp, "train.steps=3"))
+    out = run("translate", translate_args(data, ddp, "train.steps=3"))
+    assert "2 process(es)" in out and "sacreBLEU signature" in out  # DDP: one report, rank 0 exports
+    assert json.loads((ddp / "results.json").read_text())["step"] == 3
+    assert zoo.load(ddp / "model" / "model.safetensors").spec.d_model == 32
     check_fsdp_matches_ddp(whole, ddp, 3)
     one = tmp_path / "one"
     ckpt = cut_at(whole, 4, one)

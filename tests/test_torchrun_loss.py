@@ -68,8 +68,11 @@ def test_lm_train_loss_on_two_processes_is_the_one_process_loss(wordnet, tmp_pat
 
     two, one = tmp_path / "two", tmp_path / "one"
     lm = ROOT / "recipes" / "lm.py"
-    launch(lm, lm_args(wordnet, two, f"run.strategy={strategy}"), processes=2)
+    out = launch(lm, lm_args(wordnet, two, f"run.strategy={strategy}"), processes=2).stdout
     launch(lm, lm_args(wordnet, one, f"run.strategy={strategy}", "run.grad_accum=2"), processes=1)
+    # the recipe under torchrun: data sharded, losses all-reduced, one report, rank 0 exports
+    assert "2 process(es)" in out and out.count("vs unigram") == 1
+    assert load(two / "model" / "model.safetensors").spec.family == "decoder"
     assert_same_losses(two, one, rel=1e-5)  # the same blocks in each step: only float rounding differs
     assert rows(two)[0]["tokens_per_s"] > 0
     for a, b in zip(rows(two), rows(one)):  # the router's losses are the micro-batches' mean, as the task's

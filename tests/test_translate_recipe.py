@@ -21,7 +21,6 @@ from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.cli import main as zoo_main
 from zoo.train import list_checkpoints, load_checkpoint, read_metrics
-from conftest import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "translate.py"
@@ -256,14 +255,7 @@ def test_resume_without_checkpoint_and_bad_data_fail_in_one_line(data, tmp_path,
     assert "train.tsv:2: expected 2 tab-separated columns" in err and "Traceback" not in err
 
 
-@pytest.mark.torchrun
-def test_torchrun_two_processes_gloo(data, tmp_path):
-    out = tmp_path / "ddp"
-    proc = launch(RECIPE, tiny(data, out, "train.steps=4", "decode.beams=1", "run.eval_every=2"), 2)
-    assert "2 process(es)" in proc.stdout and "sacreBLEU signature" in proc.stdout
-    results = json.loads((out / "results.json").read_text())
-    assert results["step"] == 4 and "test/averaged" in results
-    assert zoo.load(out / "model" / "model.safetensors").spec.d_model == 32
+# under torchrun (DDP and FSDP, two gloo processes): tests/test_scale_torchrun.py
 
 
 def test_decode_config_reads_the_old_length_penalty_name():
