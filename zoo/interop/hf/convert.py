@@ -13,6 +13,7 @@ from zoo.interop.common import (
     check_covered,
     check_used,
     device_dtype,
+    first_expressing,
     load_exact,
     reference_state,
     zoo_state,
@@ -81,18 +82,8 @@ def arch_for_spec(spec: FamilySpec, architecture: str | None) -> type[Architectu
         raise ConversionError(f"to_hf: family {spec.family!r} has no HF counterpart here (a vit converts with "
                               f"zoo.interop.timm.to_timm)")
     candidates = [a for a in family if claims_value(a.claims, "head.kind", spec.head.kind)] or family  # else the reasons
-    reasons = []
-    for arch in candidates:
-        try:
-            arch.express(spec, {})
-        except ConversionError as e:
-            reasons.append(str(e))
-        else:
-            return arch
-    if len(reasons) == 1:
-        raise ConversionError(reasons[0])
-    raise ConversionError(f"to_hf: no HF architecture expresses this {spec.family} (pass architecture= to pick one):\n  "
-                          + "\n  ".join(reasons))
+    return first_expressing(candidates, lambda arch: arch.express(spec, {}),
+                            f"to_hf: no HF architecture expresses this {spec.family} (pass architecture= to pick one)")
 
 
 def hf_spec(config: Any) -> FamilySpec:
