@@ -60,8 +60,8 @@ class Architecture:
     def spec(m: nn.Module) -> dict:
         raise NotImplementedError
 
-    @classmethod
-    def kwargs(cls, s: FamilySpec) -> dict[str, Any]:
+    @staticmethod
+    def kwargs(s: FamilySpec) -> dict[str, Any]:
         raise NotImplementedError
 
     @staticmethod

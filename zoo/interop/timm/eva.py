@@ -259,7 +259,4 @@ class Eva(Architecture):
     claims = CLAIMS
     spec = staticmethod(_spec)
     rules = staticmethod(_rules)
-
-    @classmethod
-    def kwargs(cls, s: FamilySpec) -> dict:
-        return _kwargs(s)
+    kwargs = staticmethod(_kwargs)
