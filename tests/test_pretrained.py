@@ -111,3 +111,48 @@ def test_bad_init_paths_name_the_fix(tmp_path, bad, message):
     save_file({"x": torch.zeros(2)}, str(tmp_path / "notzoo.safetensors"))
     with pytest.raises(TrainError, match=message):
         pretrained(tmp_path / bad, families=("decoder",), recipe="lm.py", work_dir=tmp_path / "init", dist=Dist())
+
+
+VIT = ["image_size=32", "patch_size=8", "d_model=32", "n_layers=1", "block.attention.n_heads=2", "block.ffn.hidden=40",
+       "head.num_classes=10"]
+
+
+@pytest.mark.parametrize("channels", [1, 2, 4, 5])
+def test_in_channels_adapt_the_patch_embedding_as_timm_does(tmp_path, channels):
+    timm_models = pytest.importorskip("timm.models")
+    ref, path = _saved(tmp_path, "vit-tiny-16", VIT)  # RGB
+    start = pretrained(path, families=("vit",), recipe="imagenet.py", overrides=[f"in_channels={channels}"],
+                       work_dir=tmp_path / "init", dist=Dist())
+    assert start.resized == ["patch_embed.proj.weight"] and start.new == [] and "resized 1" in start.describe()
+    stored = ref.patch_embed.proj.weight.detach()
+    want = timm_models.adapt_input_conv(channels, stored.clone())
+    torch.testing.assert_close(start.model.patch_embed.proj.weight.detach(), want, rtol=0, atol=0)
+    if channels == 1:  # a gray image gives what the RGB model gives for it in all three channels
+        x = torch.randn(2, 1, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(start.model.eval()(x), ref(x.expand(-1, 3, -1, -1)), atol=1e-5, rtol=1e-5)
+
+
+def test_conv_stem_adapts_its_first_convolution(tmp_path):
+    ref, path = _saved(tmp_path, "vitc-fashion-mnist-7", ["in_channels=3", "d_model=32", "n_layers=1",
+                                                          "block.attention.n_heads=2", "block.ffn.hidden=40"])
+    start = pretrained(path, families=("vit",), recipe="imagenet.py", overrides=["in_channels=1"],
+                       work_dir=tmp_path / "init", dist=Dist())
+    first = next(n for n, t in ref.state_dict().items() if t.ndim == 4)
+    assert start.resized == [first] and start.new == []
+    torch.testing.assert_close(start.model.state_dict()[first], ref.state_dict()[first].sum(1, keepdim=True))
+
+
+@pytest.mark.parametrize("position", ["sincos2d", "rope2d"])
+def test_positions_without_a_table_need_nothing_at_a_new_image_size(tmp_path, position):
+    _, path = _saved(tmp_path, "vit-tiny-16", [*VIT, f"position.kind={position}"])
+    start = pretrained(path, families=("vit",), recipe="imagenet.py", overrides=["image_size=48"],
+                       work_dir=tmp_path / "init", dist=Dist())
+    assert start.spec.image_size == 48 and start.new == [] and start.resized == [] and start.dropped == []
+    assert start.model(torch.randn(1, 3, 48, 48)).shape == (1, 10)
+
+
+def test_vit_recipe_refuses_a_decoder_naming_both(tmp_path):
+    _, path = _saved(tmp_path, "llama-tiny", SMALL)
+    with pytest.raises(TrainError, match=r"holds a decoder.*imagenet\.py trains a vit"):
+        pretrained(path, families=("vit",), recipe="imagenet.py", work_dir=tmp_path / "init", dist=Dist())

@@ -9,8 +9,11 @@
 code into ``work_dir`` (once: a resumed run finds it there) with the model's tokenizer files beside it.
 The spec comes from the weights. ``model_overrides`` may change only what keeps the weights
 meaningful: dropout rates, attention windows, ``max_seq_len``, the head (``head.*``, an encoder's
-``classifier.*`` and ``pooler``) and a ViT's ``image_size`` (its learned position table resampled to
-the new grid, as timm does); any other key is refused by name before anything is built. Tensors of
+``classifier.*`` and ``pooler``), a ViT's ``image_size`` (its learned position table resampled to
+the new grid, as timm does; sin-cos and 2-D rotary positions hold no table) and its ``in_channels``
+(the first convolution's weight adapted as timm's ``adapt_input_conv`` does: summed over the file's
+channels for one, repeated and rescaled for more); any other key is refused by name before anything
+is built. Tensors of
 the new model are taken from the file by name where the shapes agree; a head whose shape changed
 starts fresh and is reported as new; the file's tensors the new model has no place for (an MLM head
 under a classifier) are reported as dropped. Nothing is dropped silently: :meth:`Start.report` goes
@@ -29,10 +32,10 @@ from torch import nn
 
 from zoo.train.errors import TrainError
 
-__all__ = ["Start", "pretrained", "ALLOWED_OVERRIDES", "check_overrides"]
+__all__ = ["Start", "pretrained", "ALLOWED_OVERRIDES", "check_overrides", "adapt_input_conv"]
 
 # first segments of spec keys an init= run may override: they keep the pretrained weights meaningful
-ALLOWED_OVERRIDES = ("dropout", "head", "classifier", "pooler", "max_seq_len", "image_size")
+ALLOWED_OVERRIDES = ("dropout", "head", "classifier", "pooler", "max_seq_len", "image_size", "in_channels")
 # module prefixes that may start fresh when their shape changes (the task's head)
 FRESH_PREFIXES = ("head.", "classifier.", "pooler.")
 SOURCE_NOTE = "source.json"  # in work_dir: which init= the converted file came from
@@ -48,7 +51,7 @@ class Start:
     loaded: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)  # the model's tensors the file did not give (a fresh head)
     dropped: list[str] = field(default_factory=list)  # the file's tensors the model has no place for
-    resized: list[str] = field(default_factory=list)  # loaded after resampling (a ViT's positions)
+    resized: list[str] = field(default_factory=list)  # loaded after fitting (a ViT's positions, first convolution)
 
     @property
     def spec(self):
@@ -85,7 +88,7 @@ def check_overrides(overrides: Sequence[str], *, setting: str = "model_overrides
             continue
         raise TrainError(f"{setting}: {text!r} would change the architecture the init= weights were trained for; "
                          f"with init= only dropout rates, attention windows, max_seq_len, the head "
-                         f"(head.*, classifier.*, pooler) and a ViT's image_size may change — drop the override, "
+                         f"(head.*, classifier.*, pooler) and a ViT's image_size and in_channels may change — drop the override, "
                          f"or train from scratch without init=")
 
 
@@ -152,6 +155,27 @@ def _fit_positions(stored: torch.Tensor, base, spec) -> torch.Tensor | None:
     return resample_grid_table(stored, base.grid, spec.grid, prefix=stored.shape[0] - base.grid[0] * base.grid[1])
 
 
+def adapt_input_conv(weight: torch.Tensor, in_channels: int) -> torch.Tensor:
+    """A first convolution's weight ``[out, c, kh, kw]`` for ``in_channels`` inputs, as timm adapts an
+    RGB checkpoint: one channel sums the ``c`` (a gray image's response is the RGB one's for equal
+    channels); more are the ``c`` repeated, cut to ``in_channels`` and scaled by ``c / in_channels``
+    so the activations keep their size."""
+    have = weight.shape[1]
+    if in_channels == have:
+        return weight
+    w = weight.float()
+    if in_channels == 1:
+        w = w.sum(1, keepdim=True)
+    else:
+        w = w.repeat(1, -(-in_channels // have), 1, 1)[:, :in_channels] * (have / in_channels)
+    return w.to(weight.dtype)
+
+
+def _first_conv(state: dict[str, torch.Tensor], in_channels: int) -> str | None:
+    """The name of the model's first convolution weight (the one that sees the image's channels)."""
+    return next((n for n, t in state.items() if t.ndim == 4 and t.shape[1] == in_channels), None)
+
+
 def pretrained(init: str | Path, *, families: Sequence[str], recipe: str, overrides: Sequence[str] = (),
                work_dir: str | Path, dist, seed: int = 0) -> Start:
     """The model ``init`` holds (see the module's docstring), built with ``overrides`` on its spec.
@@ -179,6 +203,8 @@ def pretrained(init: str | Path, *, families: Sequence[str], recipe: str, overri
     start = Start(model, path, source)
     take: dict[str, torch.Tensor] = {}
     refused = []
+    first_conv = _first_conv(state, spec.in_channels) if getattr(base, "in_channels", None) != getattr(
+        spec, "in_channels", None) else None
     for name, want in state.items():
         if name not in stored:
             start.new.append(name)
@@ -186,6 +212,8 @@ def pretrained(init: str | Path, *, families: Sequence[str], recipe: str, overri
         t = stored[name]
         if tuple(t.shape) != tuple(want.shape):
             fitted = _fit_positions(t, base, spec) if name.startswith("position.") else None
+            if name == first_conv:
+                fitted = adapt_input_conv(t, spec.in_channels)
             if fitted is not None and tuple(fitted.shape) == tuple(want.shape):
                 t = fitted
                 start.resized.append(name)
