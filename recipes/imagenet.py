@@ -5,12 +5,20 @@
     python recipes/imagenet.py data.path=/data/imagenet model=vit-small-16 --config imagenet-vit-s16.yaml
     torchrun --nproc_per_node 8 recipes/imagenet.py data.path=/data/imagenet ...   # DDP, same script
     python recipes/imagenet.py --resume                          # continue from the newest checkpoint
+    python recipes/imagenet.py init=timm-vit/ data.image_size=42 optim.layer_decay=0.75   # fine-tune a downloaded ViT
+    python recipes/imagenet.py init=timm-vit/ train.probe=true   # a linear probe: the head alone on frozen features
 
 Data: with ``data.path`` an ImageNet-layout folder (``train/<class>/*``, ``val/<class>/*``) read by
 torchvision's ImageFolder through timm's transforms (RandomResizedCrop, flip, RandAugment, random
 erasing; Mixup/CutMix), unreadable images skipped and counted. Without it, Fashion-MNIST from the
 Debian package ``dataset-fashion-mnist``, held as tensors and augmented in batch (random crop with
-padding, flip).
+padding, flip), resized to ``data.image_size`` where given.
+
+With ``init`` (a zoo file, or a timm/HF ViT directory converted on the fly) the run starts from those
+weights, and the data's class count, channels and image size become overrides of the file's spec: a
+new head starts fresh, learned positions are resampled to the new grid, an RGB patch embedding is
+summed for gray images (see :mod:`zoo.train.pretrained`). ``optim.layer_decay`` gives lower blocks
+lower learning rates (BEiT); ``train.probe`` trains the head alone on the frozen backbone.
 
 Writes to ``run.out_dir``: ``metrics.jsonl``, ``curves.png``, ``ckpt-<step>.pt`` (atomic; ``--resume``
 continues exactly: data position, RNG, optimizer, schedule, EMA), ``model.safetensors`` (and
@@ -36,6 +44,7 @@ from zoo.atomic import atomic_write_text
 from zoo.data.images import DatasetMissing
 from zoo.train import (Config, Dist, OptimConfig, RunConfig, ScheduleConfig, Task, TrainError, distributed, fit,
                        parse_args, resolve_precision, resolve_resume, seed_everything, tune_malloc)
+from zoo.train.pretrained import locate, pretrained
 
 from imagenet_data import FolderImages, ImageDataConfig, TensorImages, evaluate_images  # beside this script
 
@@ -49,11 +58,16 @@ class TrainConfig(Config):
     max_steps: PositiveInt | None = Field(None, description="stop after this many optimizer steps (schedule included)")
     warmup_epochs: NonNegativeFloat | None = Field(None, description="warmup in epochs; overrides schedule.warmup")
     label_smoothing: NonNegativeFloat = Field(0.1, description="cross-entropy label smoothing")
+    probe: bool = Field(False, description="a linear probe: train the head alone, the rest of the model frozen")
 
 
 class RecipeConfig(Config):
-    model: str = Field("vitc-fashion-mnist-7", description="a preset name or a spec file")
-    model_overrides: list[str] = Field([], description="key=value overrides of the model spec")
+    init: Path | None = Field(None, description="start from these weights: a zoo file, or a timm/HF ViT directory "
+                              "(converted on the fly); the data's classes, channels and image size override its spec; "
+                              "null: the model spec from random weights")
+    model: str = Field("vitc-fashion-mnist-7", description="without init: a preset name or a spec file")
+    model_overrides: list[str] = Field([], description="key=value overrides of the model spec (with init: only those "
+                                       "that keep the weights meaningful: dropout, head.*, image_size, in_channels)")
     data: ImageDataConfig = ImageDataConfig()
     train: TrainConfig = TrainConfig()
     optim: OptimConfig = OptimConfig(lr=1e-3)
@@ -160,7 +174,13 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     seed_everything(cfg.run.seed)
 
     # data, then the model it implies
-    spec = zoo.load_spec(cfg.model, cfg.model_overrides)
+    weights = start = None
+    if cfg.init is not None:
+        weights = locate(cfg.init, work_dir=out / "init", dist=dist, families=("vit",), recipe="imagenet.py")
+        spec = weights.spec
+        dist.print(f"init: the model is the one {cfg.init} holds ({spec.name or 'unnamed'}); model={cfg.model} is not used")
+    else:
+        spec = zoo.load_spec(cfg.model, cfg.model_overrides)
     if cfg.data.path is None:
         data: Any = TensorImages(cfg.data, dist, micro, cfg.run.seed)
     else:
@@ -168,9 +188,19 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     fixes = [f"{key}={v}" for key, k, v in (("head.num_classes", "num_classes", data.num_classes),
                                             ("in_channels", "in_channels", data.in_channels),
                                             ("image_size", "image_size", data.image_size)) if getattr(spec, k) != v]
-    if fixes:
-        spec = zoo.load_spec(cfg.model, list(cfg.model_overrides) + fixes)
-    model = zoo.build(spec, seed=cfg.run.seed).to(dist.device)
+    if weights is not None:
+        start = pretrained(weights, families=("vit",), recipe="imagenet.py", overrides=[*cfg.model_overrides, *fixes],
+                           work_dir=out / "init", dist=dist, seed=cfg.run.seed)
+        dist.print(start.describe())
+        model, spec = start.model, start.spec
+    else:
+        if fixes:
+            spec = zoo.load_spec(cfg.model, list(cfg.model_overrides) + fixes)
+        model = zoo.build(spec, seed=cfg.run.seed)
+    model = model.to(dist.device)
+    if cfg.train.probe:
+        head = freeze_all_but_head(model)
+        dist.print(f"probe: training {head:,} head parameters, the rest of the model frozen")
     task = ImageTask(cfg, dist, data, accum)
     steps_per_epoch = task.steps(0)
     if steps_per_epoch == 0:
@@ -182,6 +212,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     if cfg.train.warmup_epochs is not None:
         schedule = schedule.model_copy(update={"warmup": round(cfg.train.warmup_epochs * steps_per_epoch)})
     n_params = zoo.count_parameters(model)
+    n_trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     dist.print(f"{spec.name or 'vit'}: {n_params / 1e6:.2f}M parameters, {spec.n_tokens} tokens | "
                f"{data.n_train} train / {data.n_valid} valid images, {data.num_classes} classes | "
                f"{dist.world_size} process(es) on {dist.device}, batch {cfg.data.batch_size}, "
@@ -205,7 +236,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     train_time = sum(dist.gather_object(fitted.train_seconds)) / dist.world_size
     images = float(dist.all_reduce(torch.tensor([fitted.sums.get("images", 0.0)], dtype=torch.float64))[0])
     results = {
-        "model": spec.name, "parameters": n_params, "steps": step, "epochs": round(step / steps_per_epoch, 3),
+        "model": spec.name, "parameters": n_params, "trained_parameters": n_trained, "steps": step, "epochs": round(step / steps_per_epoch, 3),
         "world_size": dist.world_size, "batch_size": cfg.data.batch_size, "valid_images": last_valid["images"],
         "top1": last_valid["top1"], "top5": last_valid["top5"], "loss": last_valid["loss"],
         "ema_top1": last_valid.get("ema_top1"), "ema_top5": last_valid.get("ema_top5"), "ema_loss": last_valid.get("ema_loss"),
@@ -217,6 +248,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         "skipped_valid_images": last_valid["skipped"],
         "train_images_per_s": round(images / max(train_time, 1e-9), 1) if train_time else None,
         "train_s": round(train_time, 1), "wall_s": round(time.perf_counter() - wall_start, 1),
+        "init": None if start is None else start.report(),
     }
     same = results["reloaded_top1"] == results["top1"] and abs(results["reloaded_loss"] - results["loss"]) < 1e-6
     if dist.is_main:
@@ -229,6 +261,18 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
              f"| {results['wall_s']:.0f}s")
     dist.print(line)
     return results
+
+
+def freeze_all_but_head(model: nn.Module) -> int:
+    """A linear probe's model: every parameter but the head's (``head.*``) frozen; returns how many
+    the head has. The optimizer then holds the head alone (frozen parameters have no group)."""
+    head = 0
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("head."))
+        head += p.numel() if p.requires_grad else 0
+    if not head:
+        raise TrainError("train.probe: the model has no head (head.*) to train; set head.kind, or train.probe=false")
+    return head
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -47,7 +47,8 @@ class ImageDataConfig(Config):
     crop_padding: NonNegativeInt = Field(0, description="Fashion-MNIST: random crop with this zero padding (0: off)")
     flip: bool = Field(True, description="Fashion-MNIST: random horizontal flip")
     # image folders: timm's pipeline
-    image_size: PositiveInt | None = Field(None, description="crop size; default: the model's image_size")
+    image_size: PositiveInt | None = Field(None, description="crop size (Fashion-MNIST: resized to it); default: the "
+                                           "model's image_size (Fashion-MNIST: 28)")
     auto_augment: str | None = Field("rand-m9-mstd0.5-inc1", description="image folders: timm's RandAugment policy; null: off")
     re_prob: NonNegativeFloat = Field(0.25, description="image folders: random-erasing probability")
     interpolation: str = Field("bicubic", description="image folders: resize interpolation")
@@ -65,7 +66,7 @@ class TensorImages:
         lim, vlim = cfg.train_limit, cfg.valid_limit
         self.train_x, self.train_y = data["train_x"][:lim], data["train_y"][:lim]
         self.valid_x, self.valid_y = data["test_x"][:vlim], data["test_y"][:vlim]
-        self.num_classes, self.in_channels, self.image_size = 10, 1, 28
+        self.num_classes, self.in_channels, self.image_size = 10, 1, cfg.image_size or 28
         self.cfg, self.dist, self.batch, self.seed = cfg, dist, batch, seed
         self.sampler = dist.sampler(range(len(self.train_y)), shuffle=True, seed=seed, drop_last=True)
         self.batches_per_epoch = len(self.sampler) // batch
@@ -81,13 +82,20 @@ class TensorImages:
                 (seed * 1_000_003 + (epoch * self.batches_per_epoch + b) * self.dist.world_size + self.dist.rank) % 2**63
             )
             x = augment_batch(self.train_x[idx], generator=g, padding=d.crop_padding, flip=d.flip)
-            yield normalize(x, FASHION_MNIST_MEAN, FASHION_MNIST_STD), self.train_y[idx], 0
+            yield self._sized(normalize(x, FASHION_MNIST_MEAN, FASHION_MNIST_STD)), self.train_y[idx], 0
 
     def valid_batches(self) -> Iterator[tuple[Tensor, Tensor, int]]:
         mine = torch.tensor(list(self.dist.eval_indices(self.n_valid)), dtype=torch.long)
         for i in range(0, len(mine), self.cfg.eval_batch_size):
             idx = mine[i:i + self.cfg.eval_batch_size]
-            yield normalize(self.valid_x[idx], FASHION_MNIST_MEAN, FASHION_MNIST_STD), self.valid_y[idx], 0
+            yield self._sized(normalize(self.valid_x[idx], FASHION_MNIST_MEAN, FASHION_MNIST_STD)), self.valid_y[idx], 0
+
+    def _sized(self, x: Tensor) -> Tensor:
+        """``x`` at ``data.image_size`` (bilinear, antialiased when shrinking), or as it is."""
+        if x.shape[-1] == self.image_size:
+            return x
+        return F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False,
+                             antialias=self.image_size < x.shape[-1])
 
 
 class _Skip(torch.utils.data.Sampler):

@@ -67,7 +67,8 @@ class Config(BaseModel):
 
 class OptimConfig(Config):
     """Adam(W). Weight decay is decoupled (AdamW) and skips norms, biases, position tables and class
-    tokens (see :func:`zoo.train.param_groups`). ``clip_grad``: max global gradient norm, or null."""
+    tokens (see :func:`zoo.train.param_groups`). ``clip_grad``: max global gradient norm, or null.
+    ``layer_decay``: BEiT's layer-wise learning-rate decay, lower layers' lrs scaled down geometrically."""
 
     name: Literal["adamw", "adam"] = Field("adamw", description="adamw: decoupled weight decay; adam: L2 added to the gradient")
     lr: PositiveFloat = Field(1e-3, description="peak learning rate (inverse_sqrt: a factor on the paper's schedule)")
@@ -75,6 +76,9 @@ class OptimConfig(Config):
     eps: PositiveFloat = Field(1e-8, description="Adam's epsilon")
     weight_decay: NonNegativeFloat = Field(0.05, description="on matrices only (not norms, biases, position tables)")
     clip_grad: PositiveFloat | None = Field(1.0, description="max global gradient norm; null: no clipping")
+    layer_decay: float | None = Field(None, gt=0.0, le=1.0, description="layer-wise lr decay (BEiT, fine-tuning): "
+                                      "block i of n gets lr * layer_decay ** (n - i), the embeddings lr * "
+                                      "layer_decay ** (n + 1), the head lr; null: one lr for all")
 
 
 class ScheduleConfig(Config):

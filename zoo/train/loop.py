@@ -409,7 +409,7 @@ def fit(model: nn.Module, task: Task, *, optim: OptimConfig, schedule: ScheduleC
                 for k, v in stats.items():
                     window[k] = window.get(k, 0.0) + v
                     totals[k] = totals.get(k, 0.0) + v
-                lr = scheduler.get_last_lr()[0]
+                lr = max(scheduler.get_last_lr())  # the top layer's, where optim.layer_decay lowers the others
                 progress.update(1, loss=stats["loss"] / max(stats["count"], 1e-9), lr=lr)
                 if budget is not None:
                     elapsed = torch.tensor([elapsed_before + time.perf_counter() - t_loop], dtype=torch.float64)

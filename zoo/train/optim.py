@@ -1,6 +1,7 @@
 """Optimizers, learning-rate schedules, precision and seeding for recipes.
 
-    opt = build_optimizer(model, cfg.optim)                  # AdamW/Adam, no decay on norms/biases/tables
+    opt = build_optimizer(model, cfg.optim)                  # AdamW/Adam, no decay on norms/biases/tables,
+                                                             # optim.layer_decay: lower lrs for lower layers
     sched = build_scheduler(opt, cfg.schedule, total_steps, d_model=512)
     with autocast(device, "bf16"): loss = ...
 """
@@ -17,32 +18,73 @@ from torch import nn
 
 from zoo.train.config import OptimConfig, ScheduleConfig
 
-__all__ = ["param_groups", "build_optimizer", "lr_factor", "build_scheduler", "autocast", "seed_everything", "EMA"]
+__all__ = ["param_groups", "layer_ids", "build_optimizer", "lr_factor", "build_scheduler", "autocast", "seed_everything", "EMA"]
 
 # parameter names that hold tables or tokens rather than weights: never decayed
 _NO_DECAY_NAMES = ("position", "cls_token", "dist_token", "reg_token", "pos_embed", "relative_position")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
+    """Each parameter's layer for layer-wise lr decay, and the number of blocks ``n`` (BEiT's count):
+    what comes before the blocks (embeddings, patch embedding, class token, positions) is layer 0,
+    block ``i`` of a stack is layer ``i + 1``, and what comes after them (the final norm, the head; a
+    stack's tables shared by its blocks, as BEiT places its shared relative-position bias) layer
+    ``n + 1``. An encoder-decoder's two stacks count their blocks alike. Raises ValueError for a
+    model without a stack of blocks."""
+    from zoo.components.stack import Stack
+
+    stacks = [(prefix + ".", m) for prefix, m in model.named_modules() if isinstance(m, Stack)]
+    if not stacks:
+        raise ValueError(f"optim.layer_decay: {type(model).__name__} has no stack of blocks to count layers in; "
+                         f"set optim.layer_decay=null")
+    n = max(len(m.blocks) for _, m in stacks)
+    ids: dict[str, int] = {}
+    past_blocks = False
+    for name, _ in model.named_parameters():
+        prefix = next((pre for pre, _ in stacks if name.startswith(pre)), None)
+        if prefix is None:
+            ids[name] = n + 1 if past_blocks else 0
+            continue
+        past_blocks = True
+        rest = name[len(prefix):].split(".")
+        ids[name] = int(rest[1]) + 1 if rest[0] == "blocks" else n + 1
+    return ids, n
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
     """Two groups: weights with decay; biases, norm gains, position tables and class tokens without
-    (any parameter with fewer than two dimensions, or named as a table/token)."""
-    decay, no_decay = [], []
+    (any parameter with fewer than two dimensions, or named as a table/token). Parameters that do not
+    require a gradient (a frozen backbone) are left out.
+
+    With ``layer_decay`` (BEiT's layer-wise lr decay, timm's ``param_groups_layer_decay``) each layer
+    of :func:`layer_ids` has its two groups, each with an ``lr_scale`` of
+    ``layer_decay ** (n + 1 - layer)``: 1 for the head, ``layer_decay`` for the last block, down to
+    ``layer_decay ** (n + 1)`` for the embeddings; :func:`build_optimizer` multiplies the lr by it."""
+    ids, n = layer_ids(model) if layer_decay is not None else ({}, 0)
+    groups: dict[tuple[int, bool], dict] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if p.ndim < 2 or any(t in name for t in _NO_DECAY_NAMES):
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+        decays = not (p.ndim < 2 or any(t in name for t in _NO_DECAY_NAMES))
+        layer = ids.get(name, 0)
+        group = groups.get((layer, decays))
+        if group is None:
+            group = groups[(layer, decays)] = {"params": [], "weight_decay": weight_decay if decays else 0.0}
+            if layer_decay is not None:
+                group["lr_scale"] = layer_decay ** (n + 1 - layer)
+        group["params"].append(p)
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], not k[1]))]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW (decoupled decay) or Adam (the paper; ``weight_decay`` must then be 0) from ``cfg``.
+    """AdamW (decoupled decay) or Adam (the paper; ``weight_decay`` must then be 0) from ``cfg``, over the
+    parameters that require a gradient, with ``cfg.layer_decay``'s lr per layer (:func:`param_groups`).
 
     Uses the fused kernel on CUDA and on CPU where this torch has it, foreach otherwise."""
-    params = param_groups(model, cfg.weight_decay)
+    params = param_groups(model, cfg.weight_decay, cfg.layer_decay)
+    for group in params:
+        if "lr_scale" in group:
+            group["lr"] = cfg.lr * group["lr_scale"]
     first = next(iter(model.parameters()))
     kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam

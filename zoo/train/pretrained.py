@@ -32,13 +32,38 @@ from torch import nn
 
 from zoo.train.errors import TrainError
 
-__all__ = ["Start", "pretrained", "ALLOWED_OVERRIDES", "check_overrides", "adapt_input_conv"]
+__all__ = ["Start", "Weights", "locate", "pretrained", "ALLOWED_OVERRIDES", "check_overrides", "adapt_input_conv"]
 
 # first segments of spec keys an init= run may override: they keep the pretrained weights meaningful
 ALLOWED_OVERRIDES = ("dropout", "head", "classifier", "pooler", "max_seq_len", "image_size", "in_channels")
 # module prefixes that may start fresh when their shape changes (the task's head)
 FRESH_PREFIXES = ("head.", "classifier.", "pooler.")
 SOURCE_NOTE = "source.json"  # in work_dir: which init= the converted file came from
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where an ``init=`` run's weights are (:func:`locate`), before any model is built."""
+
+    init: Path  # what init= named
+    path: Path  # the zoo file (the converted one for an HF/timm directory)
+    source: str  # init=, in words
+    spec: Any  # the file's model spec
+
+
+def locate(init: str | Path, *, work_dir: str | Path, dist, families: Sequence[str] = (), recipe: str = "") -> Weights:
+    """The zoo file ``init`` names, and its spec: an HF/timm directory is converted into ``work_dir``
+    here (once); a model of none of ``families`` (where given) is refused. For a recipe that needs
+    the spec before it can say its overrides (the image size an image folder is read at); pass the
+    result to :func:`pretrained` in place of the path."""
+    from zoo.io import read_spec
+
+    path, source = _resolve(Path(init), Path(work_dir), dist)
+    base = read_spec(path)
+    if families and base.family not in families:
+        raise TrainError(f"init={init} holds a {base.family} ({base.name or 'unnamed'}); {recipe} trains "
+                         f"{' or '.join(f'a {f}' for f in families)} — pass such a model")
+    return Weights(Path(init), path, source, base)
 
 
 @dataclass
@@ -176,23 +201,23 @@ def _first_conv(state: dict[str, torch.Tensor], in_channels: int) -> str | None:
     return next((n for n, t in state.items() if t.ndim == 4 and t.shape[1] == in_channels), None)
 
 
-def pretrained(init: str | Path, *, families: Sequence[str], recipe: str, overrides: Sequence[str] = (),
+def pretrained(init: str | Path | Weights, *, families: Sequence[str], recipe: str, overrides: Sequence[str] = (),
                work_dir: str | Path, dist, seed: int = 0) -> Start:
-    """The model ``init`` holds (see the module's docstring), built with ``overrides`` on its spec.
+    """The model ``init`` holds (see the module's docstring; or :func:`locate`'s result for it), built
+    with ``overrides`` on its spec.
 
     ``families`` are those the recipe trains (refused otherwise, naming both), ``recipe`` names the
     recipe in messages, ``work_dir`` receives an HF/timm directory's conversion, ``dist`` is the run's
     :class:`zoo.train.Dist` (rank 0 converts, the others wait), ``seed`` seeds what starts fresh."""
     import zoo
-    from zoo.io import read_lazily, read_spec
+    from zoo.io import read_lazily
     from zoo.spec import SpecError
 
     check_overrides(overrides)
-    path, source = _resolve(Path(init), Path(work_dir), dist)
-    base = read_spec(path)
-    if base.family not in families:
-        raise TrainError(f"init={init} holds a {base.family} ({base.name or 'unnamed'}); {recipe} trains "
-                         f"{' or '.join(f'a {f}' for f in families)} — pass such a model")
+    if not isinstance(init, Weights) or init.spec.family not in families:
+        init = locate(init.init if isinstance(init, Weights) else init, work_dir=work_dir, dist=dist,
+                      families=families, recipe=recipe)
+    init, path, source, base = init.init, init.path, init.source, init.spec
     try:
         spec = zoo.load_spec(base, list(overrides))
     except SpecError as e:

@@ -1,0 +1,176 @@
+"""Fine-tuning a ViT in the image recipe: layer-wise lr decay (optim.layer_decay), a linear probe
+(train.probe), and init= from a timm-converted ViT at a new image size against training from scratch."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo.data import images
+from zoo.train import OptimConfig, TrainError, build_optimizer, build_scheduler, param_groups
+from zoo.train.config import ScheduleConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "imagenet.py"
+HAVE_FMNIST = all((images.FASHION_MNIST_DIR / f).is_file() for f in images._FILES.values())
+needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason="dataset-fashion-mnist is not installed")
+VIT = ["image_size=32", "patch_size=8", "d_model=32", "n_layers=2", "block.attention.n_heads=2", "block.ffn.hidden=40",
+       "head.num_classes=10"]
+# a plain patch-7 ViT (timm expresses it; the default recipe model's conv stem it does not)
+SMALL_VIT = "[patch_size=7,d_model=64,n_layers=2,block.attention.n_heads=2,block.ffn.hidden=128]"
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("imagenet_recipe", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the config's annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def _lrs(model, optimizer) -> dict[str, float]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: g["lr"] for g in optimizer.param_groups for p in g["params"]}
+
+
+# ---------------------------------------------------------------------------- layer decay
+def test_layer_decay_lrs_of_a_vit_by_hand():
+    model = zoo.build("vit-tiny-16", VIT, seed=0)
+    opt = build_optimizer(model, OptimConfig(lr=1e-3, layer_decay=0.5))
+    lrs = _lrs(model, opt)
+    assert set(lrs) == {n for n, _ in model.named_parameters()}
+    for name, lr in lrs.items():  # 2 blocks: embeddings 0.5^3, block 0 0.5^2, block 1 0.5, final norm and head 1
+        if name.startswith(("cls_token", "patch_embed.", "position.")):
+            want = 1e-3 * 0.125
+        elif name.startswith("stack.blocks.0."):
+            want = 1e-3 * 0.25
+        elif name.startswith("stack.blocks.1."):
+            want = 1e-3 * 0.5
+        else:
+            assert name.startswith(("stack.norm.", "head.")), name
+            want = 1e-3
+        assert lr == pytest.approx(want, rel=1e-12), name
+    params = dict(model.named_parameters())
+    decay = {n for g in opt.param_groups if g["weight_decay"] for n, p in params.items() if any(p is q for q in g["params"])}
+    assert decay == {n for n, p in model.named_parameters() if p.ndim >= 2 and n not in ("cls_token", "position.weight")}
+    sched = build_scheduler(opt, ScheduleConfig(warmup=4), 10)  # the schedule scales every layer alike
+    opt.step()
+    sched.step()
+    assert _lrs(model, opt)["stack.blocks.0.attn.qkv.weight"] == pytest.approx(0.25 * 1e-3 * 2 / 4)
+    assert _lrs(model, opt)["head.weight"] == pytest.approx(1e-3 * 2 / 4)
+
+
+def test_layer_decay_lrs_of_a_decoder_by_hand():
+    model = zoo.build("llama-tiny", ["d_model=32", "n_layers=3", "block.attention.n_heads=2",
+                                     "block.attention.n_kv_heads=1", "block.ffn.hidden=40", "vocab_size=50"], seed=0)
+    lrs = _lrs(model, build_optimizer(model, OptimConfig(lr=1.0, layer_decay=0.8)))
+    for name, lr in lrs.items():  # 3 blocks: the embedding 0.8^4, block i 0.8^(3 - i), the final norm 1
+        if name.startswith("stack.blocks."):
+            want = 0.8 ** (3 - int(name.split(".")[2]))
+        else:
+            want = {"tok_emb.weight": 0.8 ** 4, "stack.norm.weight": 1.0}[name]
+        assert lr == pytest.approx(want, rel=1e-12), name
+
+
+def test_without_layer_decay_two_groups_as_before():
+    model = zoo.build("vit-tiny-16", VIT, seed=0)
+    groups = param_groups(model, 0.05)
+    assert [g["weight_decay"] for g in groups] == [0.05, 0.0] and all("lr_scale" not in g for g in groups)
+    with pytest.raises(ValueError, match="layer_decay"):
+        OptimConfig(layer_decay=1.5)
+
+
+def test_layer_decay_on_a_model_without_blocks_names_the_setting():
+    with pytest.raises(ValueError, match=r"optim\.layer_decay: Linear has no stack"):
+        build_optimizer(torch.nn.Linear(3, 4), OptimConfig(layer_decay=0.7))
+
+
+# ---------------------------------------------------------------------------- probe
+def test_probe_freezes_all_but_the_head_and_the_optimizer_holds_the_head_alone():
+    model = zoo.build("vit-tiny-16", VIT, seed=0)
+    n = _recipe().freeze_all_but_head(model)
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trained == {"head.weight", "head.bias"} and n == 32 * 10 + 10
+    opt = build_optimizer(model, OptimConfig(layer_decay=0.5))
+    assert set(_lrs(model, opt)) == trained
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    opt.step()
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == trained
+
+
+def test_probe_without_a_head_is_refused():
+    model = zoo.build("vit-tiny-16", [*VIT, "head=none"], seed=0)
+    with pytest.raises(TrainError, match=r"train\.probe: the model has no head"):
+        _recipe().freeze_all_but_head(model)
+
+
+# ---------------------------------------------------------------------------- init= runs
+def _rgb_timm_dir(zoo_file: Path, out: Path) -> Path:
+    """The recipe's gray model as an RGB one (its patch weights spread over three channels, so a gray
+    image summed back gives the same), written as a timm directory by ``zoo convert``'s code."""
+    from zoo.interop.files import convert
+
+    gray = zoo.load(zoo_file)
+    rgb = zoo.build(zoo.load_spec(gray.spec, ["in_channels=3"]))
+    state = gray.state_dict()
+    state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"].repeat(1, 3, 1, 1) / 3
+    rgb.load_state_dict(state)
+    zoo.save(rgb, out / "rgb.safetensors")
+    convert(out / "rgb.safetensors", out / "timm")
+    return out / "timm"
+
+
+@pytest.mark.recipe
+@needs_fmnist
+def test_finetune_from_a_timm_vit_at_a_new_image_size_beats_scratch(tmp_path):
+    recipe = _recipe()
+    common = ["data.train_limit=4096", "data.valid_limit=500", "data.batch_size=64", "run.ema=null", "run.plot=false",
+              "run.log_every=100", "schedule.warmup=5", "run.threads=1"]  # 2 threads on a busy 2-core machine: 40x slower
+    pre = recipe.main([f"run.out_dir={tmp_path / 'pre'}", "model=vit-tiny-16", f"model_overrides={SMALL_VIT}",
+                       "train.max_steps=300", *common])
+    timm_dir = _rgb_timm_dir(tmp_path / "pre" / "model.safetensors", tmp_path)
+    assert (timm_dir / "config.json").is_file()
+
+    tune = ["data.image_size=42", "train.max_steps=40", "optim.layer_decay=0.75", *common]
+    ft = recipe.main([f"run.out_dir={tmp_path / 'ft'}", f"init={timm_dir}", *tune])
+    scratch = recipe.main([f"run.out_dir={tmp_path / 'scratch'}", "model=vit-tiny-16", f"model_overrides={SMALL_VIT}",
+                           *tune])
+    init = ft["init"]
+    assert set(init["resized"]) == {"position.weight", "patch_embed.proj.weight"} and init["dropped"] == []
+    assert ft["parameters"] == scratch["parameters"] and ft["steps"] == scratch["steps"] == 40
+    # seeds 0-2: pretrained 73-75% at 28 px; at 42 px after 40 steps fine-tuned 60-65%, from scratch 32-34%
+    assert ft["top1"] > scratch["top1"] + 15, (pre["top1"], ft["top1"], scratch["top1"])
+
+    probe = recipe.main([f"run.out_dir={tmp_path / 'probe'}", f"init={timm_dir}", "train.probe=true",
+                         "data.image_size=42", "train.max_steps=40", *common])  # seeds 0-2: 43-51%
+    assert probe["trained_parameters"] == 64 * 10 + 10 and probe["top1"] > scratch["top1"]
+
+
+@pytest.mark.torchrun
+@needs_fmnist
+def test_probe_and_layer_decay_under_torchrun_keep_the_backbone(tmp_path):
+    """Two processes (gloo, DDP): frozen parameters have no gradient to reduce; the exported backbone
+    is the init file's, bit for bit, its head trained; a layer-decayed fine-tune runs alike."""
+    from safetensors.torch import load_file
+
+    from conftest import launch
+
+    model = zoo.build("vit-tiny-16", ["image_size=28", "patch_size=7", "in_channels=1", "d_model=32", "n_layers=2",
+                                      "block.attention.n_heads=2", "block.ffn.hidden=48", "head.num_classes=10"], seed=1)
+    zoo.save(model, tmp_path / "init.safetensors")
+    common = [f"init={tmp_path / 'init.safetensors'}", "data.train_limit=512", "data.valid_limit=200",
+              "data.batch_size=64", "train.max_steps=4", "run.plot=false", "run.log_every=2", "optim.layer_decay=0.7"]
+    launch(RECIPE, [f"run.out_dir={tmp_path / 'probe'}", "train.probe=true", *common], 2)
+    before, after = load_file(str(tmp_path / "init.safetensors")), load_file(str(tmp_path / "probe" / "model.safetensors"))
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"head.weight", "head.bias"}
+    launch(RECIPE, [f"run.out_dir={tmp_path / 'tune'}", *common], 2)
+    tuned = load_file(str(tmp_path / "tune" / "model.safetensors"))
+    assert not torch.equal(tuned["patch_embed.proj.weight"], before["patch_embed.proj.weight"])
