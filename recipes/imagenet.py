@@ -178,7 +178,7 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     if cfg.init is not None:
         weights = locate(cfg.init, work_dir=out / "init", dist=dist, families=("vit",), recipe="imagenet.py")
         spec = weights.spec
-        dist.print(f"init: the model is the one {cfg.init} holds ({spec.name or 'unnamed'}); model={cfg.model} is not used")
+        dist.print(f"init: the model and its spec come from {cfg.init}; model={cfg.model} is not used")
     else:
         spec = zoo.load_spec(cfg.model, cfg.model_overrides)
     if cfg.data.path is None:
@@ -189,6 +189,10 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
                                             ("in_channels", "in_channels", data.in_channels),
                                             ("image_size", "image_size", data.image_size)) if getattr(spec, k) != v]
     if weights is not None:
+        if data.image_size % spec.patch_size:
+            raise TrainError(f"data.image_size: {data.image_size}-px images are not tiled by the {spec.patch_size}-px "
+                             f"patches of init={cfg.init}; set data.image_size to a multiple of {spec.patch_size} "
+                             f"(the model's own: {spec.image_size})")
         start = pretrained(weights, families=("vit",), recipe="imagenet.py", overrides=[*cfg.model_overrides, *fixes],
                            work_dir=out / "init", dist=dist, seed=cfg.run.seed)
         dist.print(start.describe())

@@ -12,7 +12,7 @@ import torch
 
 import zoo
 from zoo.data import images
-from zoo.train import OptimConfig, TrainError, build_optimizer, build_scheduler, param_groups
+from zoo.train import OptimConfig, TrainError, build_optimizer, build_scheduler, param_groups, read_metrics
 from zoo.train.config import ScheduleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,3 +174,37 @@ def test_probe_and_layer_decay_under_torchrun_keep_the_backbone(tmp_path):
     launch(RECIPE, [f"run.out_dir={tmp_path / 'tune'}", *common], 2)
     tuned = load_file(str(tmp_path / "tune" / "model.safetensors"))
     assert not torch.equal(tuned["patch_embed.proj.weight"], before["patch_embed.proj.weight"])
+
+
+@needs_fmnist
+def test_init_whose_patches_do_not_tile_the_images_names_data_image_size(tmp_path, capsys):
+    zoo.save(zoo.build("vit-tiny-16", VIT, seed=0), tmp_path / "p8.safetensors")  # 8-px patches; Fashion-MNIST is 28 px
+    with pytest.raises(SystemExit):
+        _recipe().main([f"run.out_dir={tmp_path / 'run'}", f"init={tmp_path / 'p8.safetensors'}"])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "data.image_size: 28-px images are not tiled by the 8-px patches" in err
+    assert "multiple of 8 (the model's own: 32)" in err
+
+
+@pytest.mark.recipe
+@needs_fmnist
+def test_probe_resumes_exactly_from_a_checkpoint(tmp_path):
+    """A probe's checkpoint holds the head's optimizer state alone; resumed from its middle, the run
+    ends with the weights of the one that never stopped."""
+    from safetensors.torch import load_file
+
+    zoo.save(zoo.build("vit-tiny-16", ["image_size=28", "patch_size=7", "in_channels=1", "d_model=32", "n_layers=1",
+                                       "block.attention.n_heads=2", "block.ffn.hidden=48"], seed=1), tmp_path / "i.safetensors")
+    common = [f"init={tmp_path / 'i.safetensors'}", "train.probe=true", "optim.layer_decay=0.5", "data.train_limit=512",
+              "data.valid_limit=100", "data.batch_size=64", "train.max_steps=8", "run.checkpoint_every=4",
+              "run.plot=false", "run.threads=1", "run.log_every=2"]
+    recipe = _recipe()
+    recipe.main([f"run.out_dir={tmp_path / 'full'}", *common])
+    before = load_file(str(tmp_path / "i.safetensors"))
+    recipe.main([f"run.out_dir={tmp_path / 'cut'}", *common, "--resume", str(tmp_path / "full" / "ckpt-0000004.pt")])
+    steps = [r["step"] for r in read_metrics(tmp_path / "cut" / "metrics.jsonl") if r["split"] == "train"]
+    assert steps and min(steps) > 4  # it went on from step 4
+    a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("full", "cut"))
+    assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["head.weight"], before["head.weight"])
+    ea, eb = (load_file(str(tmp_path / d / "model-ema.safetensors")) for d in ("full", "cut"))
+    assert all(torch.equal(ea[k], eb[k]) for k in ea)
