@@ -65,6 +65,34 @@ def test_layer_decay_lrs_of_a_vit_by_hand():
     assert _lrs(model, opt)["head.weight"] == pytest.approx(1e-3 * 2 / 4)
 
 
+def test_layer_decay_agrees_with_timm_but_for_the_final_norm():
+    """timm's param_groups_layer_decay on the same ViT converted (each tensor found by its values):
+    the same scale and weight decay for every parameter, except that timm gives the final norm the
+    last block's lr where BEiT (and zoo) give it the head's."""
+    timm_optim = pytest.importorskip("timm.optim")
+    from zoo.interop.timm import to_timm
+
+    model = zoo.build("vit-tiny-16", VIT, seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()  # distinct values: each tensor has one twin in the timm model
+    ref = to_timm(model)
+    theirs = {}
+    for g in timm_optim.param_groups_layer_decay(ref, 0.05, layer_decay=0.5, no_weight_decay_list=ref.no_weight_decay()):
+        theirs.update({id(p): (g["lr_scale"], g["weight_decay"]) for p in g["params"]})
+    twins = {n: [q for q in ref.parameters() if q.numel() == p.numel() and torch.equal(q.reshape(p.shape), p)]
+             for n, p in model.named_parameters()}
+    ours = {}
+    for g in param_groups(model, 0.05, layer_decay=0.5):
+        ours.update({id(p): (g["lr_scale"], g["weight_decay"]) for p in g["params"]})
+    for name, p in model.named_parameters():
+        assert len(twins[name]) == 1, name
+        scale, decay = theirs[id(twins[name][0])]
+        if name.startswith("stack.norm."):
+            scale = 1.0
+        assert ours[id(p)] == (pytest.approx(scale), decay), name
+
+
 def test_layer_decay_lrs_of_a_decoder_by_hand():
     model = zoo.build("llama-tiny", ["d_model=32", "n_layers=3", "block.attention.n_heads=2",
                                      "block.attention.n_kv_heads=1", "block.ffn.hidden=40", "vocab_size=50"], seed=0)
@@ -208,3 +236,21 @@ def test_probe_resumes_exactly_from_a_checkpoint(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["head.weight"], before["head.weight"])
     ea, eb = (load_file(str(tmp_path / d / "model-ema.safetensors")) for d in ("full", "cut"))
     assert all(torch.equal(ea[k], eb[k]) for k in ea)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder", "vit"])
+def test_layer_decay_covers_every_family(family):
+    """Every parameter in one group; block i of a stack (both of an encoder-decoder's) at decay^(n - i)."""
+    from conftest import tiny_model
+    from zoo.train.optim import layer_ids
+
+    model = tiny_model(family)
+    groups = param_groups(model, 0.05, layer_decay=0.5)
+    scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    assert len(scale) == len(list(model.parameters()))
+    ids, n = layer_ids(model)
+    assert n == 2 and set(ids.values()) <= set(range(n + 2)) and 0 in ids.values()
+    for name, p in model.named_parameters():
+        block = name.split("blocks.")[1].split(".")[0] if "blocks." in name else None
+        if block is not None:
+            assert scale[id(p)] == 0.5 ** (n - int(block)), name
