@@ -240,7 +240,8 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     train_time = sum(dist.gather_object(fitted.train_seconds)) / dist.world_size
     images = float(dist.all_reduce(torch.tensor([fitted.sums.get("images", 0.0)], dtype=torch.float64))[0])
     results = {
-        "model": spec.name, "parameters": n_params, "trained_parameters": n_trained, "steps": step, "epochs": round(step / steps_per_epoch, 3),
+        "model": spec.name, "parameters": n_params, "trained_parameters": n_trained, "steps": step,
+        "epochs": round(step / steps_per_epoch, 3),
         "world_size": dist.world_size, "batch_size": cfg.data.batch_size, "valid_images": last_valid["images"],
         "top1": last_valid["top1"], "top5": last_valid["top5"], "loss": last_valid["loss"],
         "ema_top1": last_valid.get("ema_top1"), "ema_top5": last_valid.get("ema_top5"), "ema_loss": last_valid.get("ema_loss"),

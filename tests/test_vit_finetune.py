@@ -56,8 +56,9 @@ def test_layer_decay_lrs_of_a_vit_by_hand():
             want = 1e-3
         assert lr == pytest.approx(want, rel=1e-12), name
     params = dict(model.named_parameters())
-    decay = {n for g in opt.param_groups if g["weight_decay"] for n, p in params.items() if any(p is q for q in g["params"])}
-    assert decay == {n for n, p in model.named_parameters() if p.ndim >= 2 and n not in ("cls_token", "position.weight")}
+    decay = {n for g in opt.param_groups if g["weight_decay"] for n, p in params.items()
+             if any(p is q for q in g["params"])}
+    assert decay == {n for n, p in params.items() if p.ndim >= 2 and n not in ("cls_token", "position.weight")}
     sched = build_scheduler(opt, ScheduleConfig(warmup=4), 10)  # the schedule scales every layer alike
     opt.step()
     sched.step()
@@ -78,7 +79,8 @@ def test_layer_decay_agrees_with_timm_but_for_the_final_norm():
             p.normal_()  # distinct values: each tensor has one twin in the timm model
     ref = to_timm(model)
     theirs = {}
-    for g in timm_optim.param_groups_layer_decay(ref, 0.05, layer_decay=0.5, no_weight_decay_list=ref.no_weight_decay()):
+    for g in timm_optim.param_groups_layer_decay(ref, 0.05, layer_decay=0.5,
+                                                 no_weight_decay_list=ref.no_weight_decay()):
         theirs.update({id(p): (g["lr_scale"], g["weight_decay"]) for p in g["params"]})
     twins = {n: [q for q in ref.parameters() if q.numel() == p.numel() and torch.equal(q.reshape(p.shape), p)]
              for n, p in model.named_parameters()}
@@ -159,8 +161,9 @@ def _rgb_timm_dir(zoo_file: Path, out: Path) -> Path:
 @needs_fmnist
 def test_finetune_from_a_timm_vit_at_a_new_image_size_beats_scratch(tmp_path):
     recipe = _recipe()
+    # run.threads=1: two threads on a busy 2-core machine ran 40x slower
     common = ["data.train_limit=4096", "data.valid_limit=500", "data.batch_size=64", "run.ema=null", "run.plot=false",
-              "run.log_every=100", "schedule.warmup=5", "run.threads=1"]  # 2 threads on a busy 2-core machine: 40x slower
+              "run.log_every=100", "schedule.warmup=5", "run.threads=1"]
     pre = recipe.main([f"run.out_dir={tmp_path / 'pre'}", "model=vit-tiny-16", f"model_overrides={SMALL_VIT}",
                        "train.max_steps=300", *common])
     timm_dir = _rgb_timm_dir(tmp_path / "pre" / "model.safetensors", tmp_path)
@@ -196,7 +199,8 @@ def test_probe_and_layer_decay_under_torchrun_keep_the_backbone(tmp_path):
     common = [f"init={tmp_path / 'init.safetensors'}", "data.train_limit=512", "data.valid_limit=200",
               "data.batch_size=64", "train.max_steps=4", "run.plot=false", "run.log_every=2", "optim.layer_decay=0.7"]
     launch(RECIPE, [f"run.out_dir={tmp_path / 'probe'}", "train.probe=true", *common], 2)
-    before, after = load_file(str(tmp_path / "init.safetensors")), load_file(str(tmp_path / "probe" / "model.safetensors"))
+    before = load_file(str(tmp_path / "init.safetensors"))
+    after = load_file(str(tmp_path / "probe" / "model.safetensors"))
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed == {"head.weight", "head.bias"}
     launch(RECIPE, [f"run.out_dir={tmp_path / 'tune'}", *common], 2)
@@ -223,8 +227,8 @@ def test_probe_resumes_exactly_from_a_checkpoint(tmp_path):
 
     zoo.save(zoo.build("vit-tiny-16", ["image_size=28", "patch_size=7", "in_channels=1", "d_model=32", "n_layers=1",
                                        "block.attention.n_heads=2", "block.ffn.hidden=48"], seed=1), tmp_path / "i.safetensors")
-    common = [f"init={tmp_path / 'i.safetensors'}", "train.probe=true", "optim.layer_decay=0.5", "data.train_limit=512",
-              "data.valid_limit=100", "data.batch_size=64", "train.max_steps=8", "run.checkpoint_every=4",
+    common = [f"init={tmp_path / 'i.safetensors'}", "train.probe=true", "optim.layer_decay=0.5",
+              "data.train_limit=512", "data.valid_limit=100", "data.batch_size=64", "train.max_steps=8", "run.checkpoint_every=4",
               "run.plot=false", "run.threads=1", "run.log_every=2"]
     recipe = _recipe()
     recipe.main([f"run.out_dir={tmp_path / 'full'}", *common])

@@ -18,7 +18,8 @@ from torch import nn
 
 from zoo.train.config import OptimConfig, ScheduleConfig
 
-__all__ = ["param_groups", "layer_ids", "build_optimizer", "lr_factor", "build_scheduler", "autocast", "seed_everything", "EMA"]
+__all__ = ["param_groups", "layer_ids", "build_optimizer", "lr_factor", "build_scheduler", "autocast", "seed_everything",
+           "EMA"]
 
 # parameter names that hold tables or tokens rather than weights: never decayed
 _NO_DECAY_NAMES = ("position", "cls_token", "dist_token", "reg_token", "pos_embed", "relative_position")

@@ -13,9 +13,8 @@ meaningful: dropout rates, attention windows, ``max_seq_len``, the head (``head.
 the new grid, as timm does; sin-cos and 2-D rotary positions hold no table) and its ``in_channels``
 (the first convolution's weight adapted as timm's ``adapt_input_conv`` does: summed over the file's
 channels for one, repeated and rescaled for more); any other key is refused by name before anything
-is built. Tensors of
-the new model are taken from the file by name where the shapes agree; a head whose shape changed
-starts fresh and is reported as new; the file's tensors the new model has no place for (an MLM head
+is built. Tensors of the new model are taken from the file by name where the shapes agree (or fitted,
+as above); a head whose shape changed starts fresh and is reported as new; the file's tensors the new model has no place for (an MLM head
 under a classifier) are reported as dropped. Nothing is dropped silently: :meth:`Start.report` goes
 into ``results.json``.
 """
@@ -113,8 +112,8 @@ def check_overrides(overrides: Sequence[str], *, setting: str = "model_overrides
             continue
         raise TrainError(f"{setting}: {text!r} would change the architecture the init= weights were trained for; "
                          f"with init= only dropout rates, attention windows, max_seq_len, the head "
-                         f"(head.*, classifier.*, pooler) and a ViT's image_size and in_channels may change — drop the override, "
-                         f"or train from scratch without init=")
+                         f"(head.*, classifier.*, pooler) and a ViT's image_size and in_channels may change — drop "
+                         f"the override, or train from scratch without init=")
 
 
 def _zoo_file(path: Path) -> bool:
