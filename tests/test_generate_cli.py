@@ -285,3 +285,34 @@ def test_convert_round_trip_keeps_the_tokenizer_files(llama, tmp_path, capsys):
         assert (tmp_path / "back" / name).read_bytes() == (folder / name).read_bytes(), name
     back = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
     assert back(PROMPTS[0]).input_ids == hf_tok(PROMPTS[0]).input_ids
+
+
+def test_text_streams_as_it_settles(llama):
+    """Pieces written one token at a time add up to the whole text, never show the start of a stop
+    string before it is settled, and end before the stop string."""
+    from zoo.cli_generate import TextStream
+
+    tok = ModelTokenizer.from_dir(llama[0])
+    prompt, new = tok.encode("the act of"), tok.encode(" the cat sat on the mat\nand ran", add_special_tokens=False)
+    whole = tok.decode(prompt + new)[len(tok.decode(prompt)):]
+    for stops, escape in (([], False), (["mat"], False), (["cat", "nope"], True)):
+        pieces: list[str] = []
+        stream = TextStream(tok, prompt, stops, pieces.append, escape=escape)
+        for i in new:
+            if stream.push([i]):
+                break
+            assert not any("".join(pieces).endswith(s[:n]) for s in stops for n in range(1, len(s) + 1))
+        text = stream.finish()
+        want = whole[:min((whole.index(s) for s in stops if s in whole), default=len(whole))]
+        assert text == want and "".join(pieces) == (want.replace("\n", "\\n") if escape else want)
+    stream = TextStream(tok, prompt, [], pieces.append)
+    assert stream.push([new[0], 1, new[1]]) and stream.ids == [new[0]]  # eos ends the text
+
+
+def test_special_ids_beyond_the_embedding_and_a_tokenizer_folder(llama, capsys, monkeypatch):
+    folder, path, _, hf_tok = llama
+    tok = ModelTokenizer.from_dir(folder)
+    with pytest.raises(TokenizerError, match=r"the eos token id 500 is beyond the model's 100 embedding rows \(vocab_size\); give this"):
+        ModelTokenizer(tok.tokenizer, eos_ids=(1, 500)).check_vocab(100)
+    code, out, _ = generate(capsys, monkeypatch, path, PROMPTS[0], "--max-new-tokens", N, "--tokenizer", folder)
+    assert code == 0 and out == hf_text(llama, hf_tok(PROMPTS[0]).input_ids) + "\n"

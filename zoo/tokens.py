@@ -216,8 +216,9 @@ class ModelTokenizer:
         for name, value in (("bos", self.bos_id), ("pad", self.pad_id), ("decoder start", self.decoder_start_id),
                             *(("eos", i) for i in self.eos_ids)):
             if value is not None and value >= model_vocab_size:
-                raise TokenizerError(f"the {name} token id {value} (beside {where}) is beyond the model's "
-                                     f"{model_vocab_size} embedding rows; is generation_config.json this model's?")
+                fix = f"are the files beside {self.path} this model's?" if self.path else "give this model's special ids"
+                raise TokenizerError(f"the {name} token id {value} is beyond the model's {model_vocab_size} embedding "
+                                     f"rows (vocab_size); {fix}")
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """The ids of ``text``: with the tokenizer's special tokens and bos as :attr:`add_bos` says
