@@ -102,7 +102,7 @@ def commands(script: str) -> list[str]:
     return [c for c in (line.strip() for line in joined.splitlines()) if c and not c.startswith("#")]
 
 
-IN_PROCESS = ("average", "convert", "inspect", "list", "presets", "show", "summary")  # zoo commands without global state
+IN_PROCESS = ("average", "convert", "generate", "inspect", "list", "presets", "show", "summary")  # zoo commands without global state
 
 
 def _in_process(command: str) -> subprocess.CompletedProcess | None:

@@ -20,6 +20,9 @@
     zoo embed MODEL [--tokenizer PATH] [--pooling mean|cls|max] [--[no-]normalize] [--similarity]
                              sentence embeddings of stdin's lines, one vector a line (numbers
                              separated by spaces), or their cosine similarity matrix
+    zoo generate MODEL [PROMPT] [--max-new-tokens N] [--sample | --beams K] [--stop STR ...] [--chat] [--echo]
+                             text in, text out: the model's continuation of PROMPT (or of each line of
+                             stdin), with its own tokenizer; written as it comes
     zoo ablate GRID [-o OUT] [--jobs N] [--only ROW ...]
                              run an ablation grid (rows of overrides over one recipe); table + plot
     zoo kernels [--measure SPEC [--set k=v ...] [--batch B] [--seq T] [--precision P] [--infer]]
@@ -42,7 +45,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from zoo import cli_kernels
+from zoo import cli_generate, cli_kernels
 from zoo.build import build, count_parameters
 from zoo.cli_tables import human_bytes, inspect_lines, layer_lines, memory_table, presets_table, summary_table
 from zoo.io import LoadError, SaveError, one_line, read_header, read_spec, save
@@ -365,6 +368,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("schema", help="JSON Schema of spec files")
     _convert_parser(sub)
     _embed_parser(sub)
+    cli_generate.add_parser(sub, positive_int, DTYPES)
     _average_parser(sub)
     _ablate_parser(sub)
     cli_kernels.add_parser(sub, positive_int)
@@ -378,7 +382,8 @@ def commands() -> list[tuple[str, str]]:
     out = []
     for name, p in sub.choices.items():
         args = [f"{a.option_strings[0]} {a.metavar}" for a in p._actions if a.option_strings and a.required]
-        args += [(a.metavar or a.dest) + ("..." if a.nargs in ("+", "*") else "") for a in p._actions if not a.option_strings]
+        args += [(f"[{a.metavar or a.dest}]" if a.nargs == "?" else (a.metavar or a.dest) + ("..." if a.nargs in ("+", "*") else ""))
+                 for a in p._actions if not a.option_strings]
         out.append((" ".join(["zoo", name, *args]), helps[name]))
     return out
 
@@ -422,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
             _convert(args)
         elif args.command == "embed":
             _embed(args)
+        elif args.command == "generate":
+            cli_generate.run(args, DTYPES)
         elif args.command == "average":
             _average(args)
         elif args.command == "ablate":

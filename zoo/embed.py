@@ -36,13 +36,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.models.family import Family
+from zoo.tokens import read_tokenizer, tokenizer_path
 
 __all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "has_tokens", "load_tokenizer",
            "stored_settings"]
 
 POOLINGS = ("mean", "cls", "max")
 KEY_EMBEDDING = "zoo.embedding"  # the zoo file's metadata key of its Settings (JSON)
-TOKENIZER = "tokenizer.json"
 
 
 def _refused(model: nn.Module) -> str | None:
@@ -115,19 +115,9 @@ def stored_settings(metadata: Mapping[str, str], where: str = "the file") -> Set
 # ------------------------------------------------------------------------------------------- texts
 def load_tokenizer(model_path: str | Path, tokenizer: str | Path | None = None) -> Any:
     """The ``tokenizers.Tokenizer`` of the model file ``model_path``: ``tokenizer`` if given, else
-    ``tokenizer.json`` beside the model file (where ``zoo convert`` and the recipes put it)."""
-    from tokenizers import Tokenizer
-
-    path = Path(tokenizer) if tokenizer is not None else Path(model_path).parent / TOKENIZER
-    if not path.is_file():
-        if tokenizer is not None:
-            raise ValueError(f"--tokenizer {path}: no such file")
-        raise ValueError(f"no tokenizer for {model_path}: {path} does not exist; put the model's {TOKENIZER} next "
-                         f"to the model file, or name one with --tokenizer PATH")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # the library's own parse errors
-        raise ValueError(f"{path}: not a tokenizers tokenizer.json ({str(e).splitlines()[0]})") from None
+    ``tokenizer.json`` beside the model file (where ``zoo convert`` and the recipes put it); the
+    special tokens and settings beside it: :class:`zoo.tokens.ModelTokenizer`."""
+    return read_tokenizer(tokenizer_path(model_path, tokenizer))
 
 
 def has_tokens(tokenizer: Any, text: str) -> bool:

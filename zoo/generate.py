@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 import einops
 import torch
@@ -149,6 +149,7 @@ def generate(
     cache: Cache = "dynamic",
     compile: bool | str = False,
     check_every: int | None = None,
+    on_token: Callable[[Tensor], bool | None] | None = None,
 ) -> Generation:
     """Generate from a decoder (``inputs`` = prompt [B, T], left-padded with ``padding_mask``) or an
     encoder-decoder (``inputs`` = source [B, S], right-padded with ``padding_mask``; needs ``bos_id``).
@@ -168,6 +169,10 @@ def generate(
     ``reduce-overhead`` (CUDA graphs) on CUDA, or a mode's name. ``check_every``: steps between the
     host's checks whether every row has ended (default 1 with the dynamic cache, 8 with the static);
     the tokens are the same, a check costs a device sync.
+
+    ``on_token`` (greedy and sampling): called after each step with its tokens [B] (``pad_id`` in
+    rows that have ended), outside any compiled step, e.g. to print text as it comes; returning True
+    ends every row there (a stop string found).
     """
     encdec = decodes_from(model) == "source"
     if isinstance(stop_tokens, (int, str, Tensor)) and not (isinstance(stop_tokens, Tensor) and stop_tokens.dim() == 1):
@@ -192,6 +197,8 @@ def generate(
     check_every = check_every if check_every is not None else (8 if cache == "static" else 1)
     if check_every < 1:
         raise ValueError(f"generate: check_every must be >= 1, got {check_every}")
+    if on_token is not None and K > 1:
+        raise ValueError("generate: on_token follows greedy or sampled tokens; beam search knows its tokens at the end")
     stops = stops.to(device)
     if max_new_tokens is not None:
         max_len = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
@@ -212,7 +219,7 @@ def generate(
             return _beam_search(stepper, B, K, max_len, stops, pad_id, length_norm, alpha, min_new_tokens,
                                 finish_from, check_every)
         return _sample(stepper, B, max_len, stops, pad_id, min_new_tokens, do_sample, temperature, top_k, top_p, generator,
-                       check_every)
+                       check_every, on_token)
     finally:
         model.train(was_training)
 
@@ -265,7 +272,7 @@ def _check_request(model, inputs, padding_mask, stops, bos_id, max_new_tokens, m
 
 
 def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature, top_k, top_p, generator,
-            check_every=1) -> Generation:
+            check_every=1, on_token=None) -> Generation:
     device = max_len.device
     N = int(max_len.max())
     tokens = torch.full((B, N), pad_id, dtype=torch.long, device=device)
@@ -289,6 +296,9 @@ def _sample(stepper, B, max_len, stops, pad_id, min_new, do_sample, temperature,
         ended = ~finished & (torch.isin(tok, stops) | (t + 1 >= max_len))
         lengths = torch.where(ended, t + 1, lengths)
         finished |= ended
+        if on_token is not None and on_token(tok):
+            lengths = torch.where(finished, lengths, t + 1)  # every row ends here
+            break
         if t + 1 == N or (t + 1) % check_every == 0 and bool(finished.all()):
             break
         logits = stepper.step(tok)

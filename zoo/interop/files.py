@@ -29,8 +29,12 @@ class does not read (BERT's pooler and next-sentence head) are left out and list
 A sentence-transformers directory (``modules.json``: a transformer, its pooling, perhaps a
 normalisation) converts as its transformer, and the zoo file keeps how it embeds in its metadata
 (:mod:`zoo.interop.sentence`, ``zoo.embedding``), which ``zoo embed`` reads. An HF directory's
-``tokenizer.json`` is copied beside the zoo file, where ``zoo embed`` and the recipes look for it
-(one already there that differs is kept, and said so in ``notes``).
+tokenizer and generation files (``tokenizer.json``, ``tokenizer_config.json``,
+``special_tokens_map.json``, ``generation_config.json``, ``chat_template.jinja``) are copied beside
+the zoo file, where ``zoo generate``, ``zoo embed`` and the recipes read them
+(:class:`zoo.tokens.ModelTokenizer`; one already there that differs is kept, and said so in
+``notes``), and from beside a zoo file into the HF directory written from it, so that HF's
+``AutoTokenizer`` reads the folder.
 """
 
 from __future__ import annotations
@@ -54,8 +58,9 @@ from zoo.interop.timm import arch_for_spec as timm_arch_for_spec
 from zoo.interop.timm import from_timm, to_timm
 from zoo.io import load, read_header, read_spec, save
 from zoo.shards import DEFAULT_MAX_SHARD_SIZE, parse_size, resolve
+from zoo.tokens import SIDECARS, TOKENIZER
 
-__all__ = ["Converted", "convert", "TIMM_LAYERNORM_EPS"]
+__all__ = ["Converted", "convert", "copy_sidecars", "TIMM_LAYERNORM_EPS"]
 
 TIMM_LAYERNORM_EPS = 1e-6  # timm's ViT builds its LayerNorms with this eps when the config names none
 TIMM_WEIGHTS = "model.safetensors"
@@ -256,7 +261,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
             raise ConversionError(f"{architecture!r} is a timm class; an HF target takes an HF class")
         _fresh_dir(dst)
         done = zoo_to_hf_dir(src, dst, architecture=architecture, dtype=dtype, max_shard_size=max_shard_size)
-        return Converted("hf", done.reference, done.path, done.parameters)
+        return Converted("hf", done.reference, done.path, done.parameters, notes=copy_sidecars(src.parent, dst, replace=True))
 
     if to is not None or architecture is not None:
         raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files")
@@ -276,7 +281,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
                 done = hf_dir_to_zoo(src, dst, _hf_arch(src, config), dtype=dtype, max_shard_size=max_shard_size,
                                      metadata=metadata)
                 return Converted("zoo", done.reference, done.path, done.parameters, done.ignored,
-                                 notes + _copy_tokenizer(src, done.path))
+                                 notes + copy_sidecars(src, done.path.parent))
             except NotStreamable:
                 ref, ignored = _load_hf_dir(src)
                 model, hf_read = from_hf(ref), True
@@ -292,19 +297,30 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
         raise ConversionError(f"{src} has no zoo spec; for a timm checkpoint name its model with --timm-model NAME, "
                               f"or pass an HF model directory")
     path = save(model, dst, dtype=dtype, max_shard_size=max_shard_size, metadata=metadata)
-    copied = _copy_tokenizer(src, Path(path)) if hf_read else ()
+    copied = copy_sidecars(src, Path(path).parent) if hf_read else ()
     return Converted("zoo", type(ref).__name__, Path(path), count_parameters(model), tuple(ignored), notes + copied)
 
 
-def _copy_tokenizer(src: Path, written: Path) -> tuple[str, ...]:
-    """``src/tokenizer.json`` copied beside the zoo file ``written``, where ``zoo embed`` and the recipes
-    read it; what was done, as a note (none without a tokenizer)."""
-    found, target = src / "tokenizer.json", written.parent / "tokenizer.json"
-    if not found.is_file():
-        return ()
-    if target.exists():
-        if target.read_bytes() == found.read_bytes():
-            return (f"{target} is already the model's tokenizer",)
-        return (f"kept {target}, which is another tokenizer; the model's is {found} (zoo embed --tokenizer)",)
-    shutil.copyfile(found, target)
-    return (f"copied {found} to {target}",)
+def copy_sidecars(src: Path, dst: Path, *, replace: bool = False) -> tuple[str, ...]:
+    """The tokenizer's and generation's files in the folder ``src`` (:data:`zoo.tokens.SIDECARS`) copied
+    into the folder ``dst``; what was done, as notes (none without such files). A file already in
+    ``dst`` that differs is another model's and kept, unless ``replace`` (a new HF folder: its
+    ``generation_config.json``, written from the spec, gives way to the model's own, with its eos ids)."""
+    copied, notes = [], []
+    for name in SIDECARS:
+        found, target = src / name, dst / name
+        if not found.is_file() or found.resolve() == target.resolve():
+            continue
+        if target.exists() and target.read_bytes() == found.read_bytes():
+            notes.append(f"{target} is already the model's {'tokenizer' if name == TOKENIZER else name}")
+            continue
+        if target.exists() and not replace:
+            what = "another tokenizer" if name == TOKENIZER else f"another {name}"
+            notes.append(f"kept {target}, which is {what}; the model's is {found}"
+                         + (" (zoo embed --tokenizer)" if name == TOKENIZER else ""))
+            continue
+        shutil.copyfile(found, target)
+        copied.append(name)
+    if copied:
+        notes.insert(0, f"copied {', '.join(copied)} from {src} to {dst}")
+    return tuple(notes)
