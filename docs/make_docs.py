@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REGION = re.compile(r"<!-- generated: (?P<name>[\w-]+)(?P<args>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
 FILES = [ROOT / "README.md", ROOT / "bench" / "NOTES.md", *sorted((ROOT / "docs").rglob("*.md"))]
-RECIPES = {"translate": "TranslateConfig", "imagenet": "RecipeConfig", "lm": "LMConfig", "mlm": "MLMConfig"}
+RECIPES = {"translate": "TranslateConfig", "imagenet": "RecipeConfig", "lm": "LMConfig", "mlm": "MLMConfig",
+           "classify": "ClassifyConfig"}
 
 
 # ---------------------------------------------------------------------------------- benchmarks

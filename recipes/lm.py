@@ -5,6 +5,7 @@ unigram baseline, sample from it, and export it with its tokenizer.
     python recipes/lm.py model=gpt2-small data.text=[corpus/] train.steps=20000 ...
     torchrun --nproc_per_node 8 recipes/lm.py --config my.yaml
     python recipes/lm.py --resume                          # continue exactly where the run stopped
+    python recipes/lm.py init=my-llama/ data.text=[corpus/] # fine-tune a downloaded decoder with its own tokenizer
     zoo ablate recipes/ablations/lm-moe.yaml               # dense vs mixture of experts at equal active parameters
 
 Data (``data.text``): plain-text files or folders of ``*.txt`` (one document a line); without it, the
@@ -14,6 +15,9 @@ glosses of WordNet (Debian's ``wordnet-base``). A byte-level BPE is trained on t
 to itself with its positions from 0), ``concat`` (the same rows attending across documents) or
 ``pad`` (one document a row, padded). Any decoder spec works (``model``: a preset or a YAML file), a mixture
 of experts too (``block.ffn.kind=moe``: the loop adds its router losses and logs its experts' load).
+With ``init`` (a zoo file, or an HF directory converted on the fly) the run starts from those weights
+and the model's own tokenizer (``tokenizer.json`` and the special tokens beside it): bos opens each
+document and eos ends it; the valid perplexity before training is reported beside the one after.
 The run writes ``results.json`` (parameters, valid perplexity) for ``zoo ablate``. See
 docs/recipes/lm.md.
 """
@@ -35,6 +39,7 @@ from zoo.data import bpe
 from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.summary import active_parameters
+from zoo.tokens import SIDECARS
 from zoo.train import (
     Config,
     ListTask,
@@ -52,8 +57,9 @@ from zoo.train import (
     seed_everything,
     tune_malloc,
 )
+from zoo.train.pretrained import pretrained
 
-from text_data import TextDataConfig, get_tokenizer, load_text  # beside this script: shared with mlm.py
+from text_data import TextDataConfig, export_tokenizer, get_tokenizer, load_text, own_tokenizer  # beside this script
 
 DEFAULT_CONFIG = Path(__file__).with_name("lm.yaml")
 GPU_CONFIG = Path(__file__).with_name("lm.gpu.yaml")  # laid under the user's settings on CUDA
@@ -76,8 +82,12 @@ class SampleConfig(Config):
 
 
 class LMConfig(Config):
-    model: str = Field("llama-tiny", description="a decoder preset or spec YAML")
-    model_overrides: list[str] = Field([], description="key=value overrides of the model spec")
+    init: Path | None = Field(None, description="start from these weights: a zoo file, or an HF model directory "
+                              "(converted on the fly), trained on with the model's own tokenizer (tokenizer.json "
+                              "beside it); null: the model spec from random weights and a BPE trained on the data")
+    model: str = Field("llama-tiny", description="without init: a decoder preset or spec YAML")
+    model_overrides: list[str] = Field([], description="key=value overrides of the model spec (with init: only those "
+                                       "that keep the weights meaningful: dropout, windows, max_seq_len)")
     data: TextDataConfig = TextDataConfig()
     train: TrainConfig = TrainConfig()
     sample: SampleConfig = SampleConfig()
@@ -100,14 +110,43 @@ def lm_loss(model, rows: T.Rows) -> tuple[torch.Tensor, torch.Tensor]:
     return loss, torch.tensor(rows.targets)
 
 
-def make_rows(cfg: LMConfig, docs: list[list[int]], eos: int, max_position: int | None) -> T.Rows:
-    """The documents as training rows, as ``data.packing`` says."""
+def make_rows(cfg: LMConfig, docs: list[list[int]], opener: int, max_position: int | None, pad_id: int) -> T.Rows:
+    """The documents as training rows, as ``data.packing`` says, each opened by ``opener``."""
     L = cfg.train.block_len
     if cfg.data.packing == "documents":
-        return T.pack_documents(docs, L, eos_id=eos, max_position=max_position)
+        return T.pack_documents(docs, L, eos_id=opener, max_position=max_position)
     if cfg.data.packing == "pad":
-        return T.pad_documents(docs, L, eos_id=eos, pad_id=T.SPECIALS.index(T.PAD))
-    return T.Rows(T.pack_blocks(docs, L, eos_id=eos))
+        return T.pad_documents(docs, L, eos_id=opener, pad_id=pad_id)
+    return T.Rows(T.pack_blocks(docs, L, eos_id=opener))
+
+
+class Tokens:
+    """The run's tokenizer and its special ids: the model's own (``init``: bos opens each document,
+    eos ends it) or the recipe's BPE (``<eos>`` between documents)."""
+
+    def __init__(self, cfg: LMConfig, train_texts, out: Path, dist, resume: bool, start) -> None:
+        if start is None:
+            self.tok, self.how = get_tokenizer(cfg.data, train_texts, out, dist, resume=resume)
+            self.eos_ids = (self.tok.token_to_id(T.EOS),)
+            self.opener, self.closer, self.pad_id = self.eos_ids[0], None, T.SPECIALS.index(T.PAD)
+            self.own = None
+            return
+        if cfg.data.tokenizer is not None:
+            raise TrainError(f"data.tokenizer={cfg.data.tokenizer}: with init= the model's own tokenizer is used "
+                             f"(tokenizer.json beside the weights); drop data.tokenizer")
+        own = own_tokenizer(start.folder, start.spec.vocab_size, where=f"init={cfg.init}")
+        if not own.eos_ids:
+            raise TrainError(f"init={cfg.init}: its tokenizer names no eos token (generation_config.json eos_token_id, "
+                             f"or tokenizer_config.json eos_token); documents need one to end")
+        self.own, self.tok, self.how = own, own.tokenizer, f"the model's own ({own.path})"
+        self.eos_ids = tuple(own.eos_ids)
+        self.opener = own.bos_id if own.bos_id is not None else self.eos_ids[0]
+        self.closer = self.eos_ids[0] if own.bos_id is not None and own.bos_id != self.eos_ids[0] else None
+        self.pad_id = own.pad_id if own.pad_id is not None else self.eos_ids[0]
+
+    def docs(self, texts) -> list[list[int]]:
+        ids = bpe.encode(self.tok, texts)
+        return ids if self.closer is None else [d + [self.closer] for d in ids]
 
 
 class LMTask(ListTask):
@@ -155,22 +194,32 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     # text, tokenizer, blocks
     t0 = time.perf_counter()
     train_texts, valid_texts, source = load_text(cfg.data)
-    tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
-    V, eos = tok.get_vocab_size(), tok.token_to_id(T.EOS)
+    seed_everything(cfg.run.seed)
+    start = None
+    if cfg.init is not None:
+        start = pretrained(cfg.init, families=("decoder",), recipe="lm.py", overrides=cfg.model_overrides,
+                           work_dir=out / "init", dist=dist, seed=cfg.run.seed)
+        dist.print(start.describe())
+    toks = Tokens(cfg, train_texts.texts, out, dist, ckpt_path is not None, start)
+    tok, how, eos = toks.tok, toks.how, toks.eos_ids[0]
     L = cfg.train.block_len
-    spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
+    if start is None:
+        spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={tok.get_vocab_size()}"])
+    else:
+        spec = start.spec
+    V = spec.vocab_size
     if spec.family != "decoder":
         raise TrainError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
     if spec.max_seq_len < L:
         raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
-    train_rows = make_rows(cfg, bpe.encode(tok, train_texts.texts), eos, spec.max_seq_len)
-    valid_rows = make_rows(cfg, bpe.encode(tok, valid_texts.texts), eos, spec.max_seq_len)
+    train_rows = make_rows(cfg, toks.docs(train_texts.texts), toks.opener, spec.max_seq_len, toks.pad_id)
+    valid_rows = make_rows(cfg, toks.docs(valid_texts.texts), toks.opener, spec.max_seq_len, toks.pad_id)
     real = (lambda r: r.tokens[:, 1:] if r.padding is None else r.tokens[:, 1:][r.padding[:, 1:]])  # noqa: E731
     unigram = T.unigram_perplexity(real(train_rows), real(valid_rows), V)
     slots = train_rows.tokens[:, 1:].numel()
     packing = {"documents": "packed with document masks", "concat": "packed, attending across documents",
                "pad": "one document a row, padded"}[cfg.data.packing]
-    dist.print(f"data: {source}: {len(train_texts):,} train / {len(valid_texts):,} valid texts; BPE {how}: {V:,} tokens; "
+    dist.print(f"data: {source}: {len(train_texts):,} train / {len(valid_texts):,} valid texts; tokenizer {how}: {V:,} tokens; "
                f"{len(train_rows):,} train / {len(valid_rows):,} valid rows of {L} ({packing}): "
                f"{train_rows.targets:,} train tokens in {slots:,} slots ({100 * (1 - train_rows.targets / slots):.1f}% padding); "
                f"{time.perf_counter() - t0:.1f}s")
@@ -182,14 +231,19 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     dist.print(f"unigram baseline (add-one, fit on train): valid perplexity {unigram:.1f}")
 
     # model
-    seed_everything(cfg.run.seed)
-    model = zoo.build(spec, seed=cfg.run.seed).to(device)
+    model = (zoo.build(spec, seed=cfg.run.seed) if start is None else start.model).to(device)
     params, active = zoo.count_parameters(model), active_parameters(model)
-    dist.print(f"model: {cfg.model} ({spec.name}), {params / 1e6:.2f}M parameters"
+    dist.print(f"model: {cfg.model if start is None else cfg.init} ({spec.name}), {params / 1e6:.2f}M parameters"
                + (f" ({active / 1e6:.2f}M active per token)" if active != params else "")
                + f", {dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
     task = LMTask(cfg, dist, train_rows, valid_rows)
+    first = None
+    if start is not None and ckpt_path is None:  # where the pretrained weights start on this data
+        with torch.no_grad():
+            first = task.evaluate(model.eval())
+        model.train()
+        dist.print(f"valid perplexity before training {first['ppl']:.2f} (loss {first['loss']:.3f})")
     fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist, total_steps=cfg.train.steps,
                  resume=ckpt_path, config=cfg.model_dump(mode="json"), minutes=cfg.train.minutes)
     model, valid, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
@@ -200,22 +254,29 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
     # samples and export
     results = {"params": params, "active_params": active, "steps": fitted.step, "valid_ppl": ppl,
                "valid_loss": valid["loss"], "unigram_ppl": unigram, "train_seconds": train_s,
-               "padding": round(1 - train_rows.targets / slots, 4)}
+               "padding": round(1 - train_rows.targets / slots, 4),
+               "start_valid_loss": None if first is None else first["loss"],
+               "init": None if start is None else start.report()}
     if dist.is_main:
         atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
         model.eval()
         g = torch.Generator(device=device).manual_seed(cfg.sample.seed)
         for prompt in cfg.sample.prompts:
-            ids = [eos, *tok.encode(prompt, add_special_tokens=False).ids]  # <eos> opens a document
+            ids = [toks.opener, *tok.encode(prompt, add_special_tokens=False).ids]  # as each document opens
             gen = zoo.generate(model, torch.tensor([ids], device=device), max_new_tokens=cfg.sample.max_new_tokens,
                                do_sample=True, top_p=cfg.sample.top_p, temperature=cfg.sample.temperature,
-                               generator=g, eos_id=eos)
-            new = [t for t in gen.tokens[0].tolist() if t != eos]
+                               generator=g, eos_id=eos, stop_tokens=toks.eos_ids[1:])
+            new = [t for t in gen.tokens[0].tolist() if t not in toks.eos_ids]
             print(f"  sample: {prompt}|{tok.decode(new)}", flush=True)
         model_dir = out / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
         zoo.save(model, model_dir / "model.safetensors")
-        shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
+        if start is None:  # <eos> opens each document: zoo generate starts prompts with it
+            export_tokenizer(tok, model_dir, bos_token=T.EOS, eos_token=T.EOS, pad_token=T.PAD, add_bos=True)
+        else:
+            for name in SIDECARS:
+                if (start.folder / name).is_file():
+                    shutil.copyfile(start.folder / name, model_dir / name)
         atomic_write_text(model_dir / "config.yaml", config_to_yaml(cfg))
         print(f"exported {model_dir}/model.safetensors and tokenizer.json; total {(time.perf_counter() - t_start) / 60:.1f} min",
               flush=True)

@@ -19,7 +19,6 @@ import json
 import shutil
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from zoo.atomic import atomic_write_text
 from zoo.data import bpe
 from zoo.data import text as T
 from zoo.spec import SpecError
+from zoo.tokens import SIDECARS
 from zoo.train import (
     Config,
     OptimConfig,
@@ -46,12 +46,18 @@ from zoo.train import (
     seed_everything,
     tune_malloc,
 )
+from zoo.train.pretrained import pretrained
 
-from text_data import LengthBatched, TextDataConfig, eval_batches, get_tokenizer, load_text  # beside this script
+# beside this script
+from classify_data import (Classifying, ClassifyTask, Labelled, encode_labelled, majority, read_labelled,
+                           recipe_template)
+from text_data import (LengthBatched, TextDataConfig, eval_batches, export_tokenizer, get_tokenizer, load_text,
+                       own_tokenizer)
 
 DEFAULT_CONFIG = Path(__file__).with_name("mlm.yaml")
 GPU_CONFIG = Path(__file__).with_name("mlm.gpu.yaml")  # laid under the user's settings on CUDA
 PAD_ID, EOS_ID, CLS_ID, MASK_ID = (T.SPECIALS.index(s) for s in (T.PAD, T.EOS, T.CLS, T.MASK))
+SPECIAL_TOKENS = {"pad_token": T.PAD, "cls_token": T.CLS, "sep_token": T.EOS, "eos_token": T.EOS, "mask_token": T.MASK}
 
 
 class TrainConfig(Config):
@@ -77,8 +83,12 @@ class FinetuneConfig(Config):
 
 
 class MLMConfig(Config):
-    model: str = Field("bert-mini", description="an encoder preset or spec YAML")
-    model_overrides: list[str] = Field([], description="key=value overrides of the model spec")
+    init: Path | None = Field(None, description="start from these weights: a zoo file, or an HF model directory "
+                              "(converted on the fly), trained on with the model's own tokenizer (its template and "
+                              "mask token); null: the model spec from random weights and a BPE trained on the data")
+    model: str = Field("bert-mini", description="without init: an encoder preset or spec YAML")
+    model_overrides: list[str] = Field([], description="key=value overrides of the model spec (with init: only those "
+                                       "that keep the weights meaningful: dropout, windows, the head)")
     data: TextDataConfig = TextDataConfig()
     train: TrainConfig = TrainConfig()
     finetune: FinetuneConfig = FinetuneConfig()
@@ -87,9 +97,35 @@ class MLMConfig(Config):
     run: RunConfig = RunConfig(out_dir=Path("runs/mlm"))
 
 
-def examples(tok, texts, max_len: int) -> list[list[int]]:
-    """``<cls> text <eos>``, the text cut to fit ``max_len``."""
-    return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in bpe.encode(tok, texts)]
+class Vocab:
+    """The tokenizer and the ids masking needs: the recipe's BPE (``<pad> <eos> <cls> <mask>`` as ids
+    0-3; examples ``<cls> text <eos>``) or, with ``own`` (a ``zoo.tokens.ModelTokenizer``), the
+    model's tokenizer: its template (``[CLS] text [SEP]``), pad and mask tokens, and its special
+    tokens never masked; random replacements drawn from its whole vocabulary, as HF's collator does."""
+
+    def __init__(self, tok, own=None, where: str = "") -> None:
+        self.tok, self.own, self.size = tok, own, tok.get_vocab_size()
+        if own is None:
+            self.pad, self.mask, self.special, self.first_regular = PAD_ID, MASK_ID, list(range(len(T.SPECIALS))), len(T.SPECIALS)
+            return
+        name = own.special_tokens.get("mask_token")
+        self.mask = tok.token_to_id(name) if name else None
+        if self.mask is None:
+            raise TrainError(f"{where}: its tokenizer names no mask token (tokenizer_config.json mask_token); masked "
+                             f"language modelling needs one")
+        self.pad = own.pad_id if own.pad_id is not None else 0
+        self.special = sorted(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+        self.first_regular = 0
+
+    def examples(self, texts, max_len: int) -> list[list[int]]:
+        """Each text as one example of at most ``max_len`` tokens, special tokens included."""
+        if self.own is None:
+            return [[CLS_ID, *ids[: max_len - 2], EOS_ID] for ids in bpe.encode(self.tok, texts)]
+        self.tok.enable_truncation(max_len)
+        try:
+            return [e.ids for e in self.tok.encode_batch(list(texts))]
+        finally:
+            self.tok.no_truncation()
 
 
 def pack(cfg: MLMConfig, rows: list[list[int]]) -> tuple[list[list[int]], list[list[int]] | None]:
@@ -101,13 +137,13 @@ def pack(cfg: MLMConfig, rows: list[list[int]]) -> tuple[list[list[int]], list[l
     return packed, ids if cfg.data.packing == "documents" else None
 
 
-def mlm_batch(rows, mask_prob: float, vocab_size: int, generator: torch.Generator, docs=None):
+def mlm_batch(rows, mask_prob: float, vocab: Vocab, generator: torch.Generator, docs=None):
     """(inputs, padding mask, labels, document ids or None) of ``rows``, BERT-masked (per document)."""
-    tokens, pad_mask = T.pad_batch(rows, pad_id=PAD_ID)
+    tokens, pad_mask = T.pad_batch(rows, pad_id=vocab.pad)
     documents = None if docs is None else T.pad_batch(docs, pad_id=-1)[0]
-    maskable = pad_mask & (tokens >= len(T.SPECIALS))
-    inputs, labels = T.mask_tokens(tokens, maskable, mask_id=MASK_ID, vocab_size=vocab_size, prob=mask_prob,
-                                   generator=generator, documents=documents)
+    maskable = pad_mask & ~torch.isin(tokens, torch.tensor(vocab.special))
+    inputs, labels = T.mask_tokens(tokens, maskable, mask_id=vocab.mask, vocab_size=vocab.size, prob=mask_prob,
+                                   first_regular=vocab.first_regular, generator=generator, documents=documents)
     return inputs, pad_mask, labels, documents
 
 
@@ -118,23 +154,37 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
     ckpt_path = resolve_resume(resume, out)
     t0 = time.perf_counter()
     train_texts, valid_texts, source = load_text(cfg.data)
-    tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
-    V = tok.get_vocab_size()
-    texts = examples(tok, train_texts.texts, cfg.train.max_len)
+    seed_everything(cfg.run.seed)
+    start = None
+    if cfg.init is not None:
+        if cfg.data.tokenizer is not None:
+            raise TrainError(f"data.tokenizer={cfg.data.tokenizer}: with init= the model's own tokenizer is used "
+                             f"(tokenizer.json beside the weights); drop data.tokenizer")
+        start = pretrained(cfg.init, families=("encoder",), recipe="mlm.py", overrides=cfg.model_overrides,
+                           work_dir=out / "init", dist=dist, seed=cfg.run.seed)
+        dist.print(start.describe())
+        own = own_tokenizer(start.folder, start.spec.vocab_size, where=f"init={cfg.init}")
+        vocab, how = Vocab(own.tokenizer, own, where=f"init={cfg.init}"), f"the model's own ({own.path})"
+    else:
+        tok, how = get_tokenizer(cfg.data, train_texts.texts, out, dist, resume=ckpt_path is not None)
+        vocab, how = Vocab(tok), f"BPE {how}"
+    tok, V = vocab.tok, vocab.size
+    texts = vocab.examples(train_texts.texts, cfg.train.max_len)
     train_rows, train_docs = pack(cfg, texts)
-    valid_rows, valid_docs = pack(cfg, examples(tok, valid_texts.texts, cfg.train.max_len))
+    valid_rows, valid_docs = pack(cfg, vocab.examples(valid_texts.texts, cfg.train.max_len))
     n_tok = sum(map(len, train_rows))
     how_rows = {"documents": "packed with document masks", "concat": "packed, attending across texts",
                 "pad": "one text a row"}[cfg.data.packing]
     dist.print(f"data: {source}: {len(texts):,} train / {len(valid_texts):,} valid texts ({n_tok:,} train tokens) in "
-               f"{len(train_rows):,} rows ({how_rows}); BPE {how}: {V:,} tokens; {time.perf_counter() - t0:.1f}s")
+               f"{len(train_rows):,} rows ({how_rows}); tokenizer {how}: {V:,} tokens; {time.perf_counter() - t0:.1f}s")
 
     # fixed validation masks: every evaluation scores the same positions
     g = torch.Generator().manual_seed(4321)
-    valid = [mlm_batch([valid_rows[i] for i in b], cfg.train.mask_prob, V, g,
+    valid = [mlm_batch([valid_rows[i] for i in b], cfg.train.mask_prob, vocab, g,
                        None if valid_docs is None else [valid_docs[i] for i in b])
              for b in eval_batches(valid_rows, cfg.train.batch_size, 0, 1)]
-    counts = torch.bincount(torch.tensor([t for r in train_rows for t in r if t >= len(T.SPECIALS)]), minlength=V)
+    special = set(vocab.special)
+    counts = torch.bincount(torch.tensor([t for r in train_rows for t in r if t not in special]), minlength=V)
     top = int(counts.argmax())
     targets = torch.cat([lab[lab != -100] for _, _, lab, _ in valid])
     baseline = float((targets == top).double().mean())
@@ -142,17 +192,16 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
                f"on {targets.numel():,} masked valid tokens")
     mine = valid[dist.rank :: dist.world_size]
 
-    seed_everything(cfg.run.seed)
-    spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
+    spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"]) if start is None else start.spec
     if spec.family != "encoder":
         raise TrainError(f"model {cfg.model!r} is a {spec.family}; masked language modelling needs an encoder")
     if spec.max_seq_len < cfg.train.max_len:
         raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.max_len {cfg.train.max_len}")
-    model = zoo.build(spec, seed=cfg.run.seed).to(device)
-    dist.print(f"model: {cfg.model} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
+    model = (zoo.build(spec, seed=cfg.run.seed) if start is None else start.model).to(device)
+    dist.print(f"model: {cfg.model if start is None else cfg.init} ({spec.name}), {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
                f"{dist.world_size} process(es) on {device}, {cfg.run.precision}")
 
-    task = MLMTask(cfg, dist, train_rows, mine, V, train_docs)
+    task = MLMTask(cfg, dist, train_rows, mine, vocab, train_docs)
     fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=cfg.run, dist=dist, total_steps=cfg.train.steps,
                  resume=ckpt_path, config=cfg.model_dump(mode="json"))
     model, last, train_s = fitted.best, fitted.best_valid, fitted.train_seconds
@@ -163,30 +212,47 @@ def pretrain(cfg: MLMConfig, resume: str | None, dist, out: Path):
         model_dir = out / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
         zoo.save(model, model_dir / "model.safetensors")
-        shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
+        export_vocab(vocab, model_dir, start)
         atomic_write_text(model_dir / "config.yaml", config_to_yaml(cfg))
         dist.print(f"exported {model_dir}/model.safetensors and tokenizer.json")
-    results = {"mlm_accuracy": acc, "mlm_loss": last["loss"], "baseline_accuracy": baseline, "pretrain_seconds": train_s}
-    return model, tok, (train_texts, valid_texts), results
+    results = {"mlm_accuracy": acc, "mlm_loss": last["loss"], "baseline_accuracy": baseline, "pretrain_seconds": train_s,
+               "init": None if start is None else start.report()}
+    return model, (vocab, start), (train_texts, valid_texts), results
+
+
+def export_vocab(vocab: Vocab, model_dir: Path, start) -> None:
+    """The tokenizer beside an exported model: the model's own files, or the recipe's BPE with the
+    template ``<cls> a <eos> [b <eos>]`` (how classify.py init= encodes) and its special tokens named."""
+    if start is not None:
+        for name in SIDECARS:
+            if (start.folder / name).is_file():
+                shutil.copyfile(start.folder / name, model_dir / name)
+        return
+    recipe_template(vocab.tok)
+    export_tokenizer(vocab.tok, model_dir, **SPECIAL_TOKENS)
 
 
 # --------------------------------------------------------------------------------------- fine-tune
-def finetune_data(cfg: MLMConfig, splits) -> tuple[T.Texts, T.Texts, str] | None:
+def finetune_data(cfg: MLMConfig, splits) -> tuple[Labelled, Labelled, str] | None:
     ft = cfg.finetune
     if ft.train is not None:
-        train = T.read_labelled_tsv(ft.train)
+        train = read_labelled(ft.train)
         if ft.valid is not None:
-            valid = T.read_labelled_tsv(ft.valid)
+            valid = read_labelled(ft.valid)
         else:
-            train, valid = T.split_texts(train, valid_fraction=ft.valid_fraction, seed=cfg.data.split_seed)
+            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.data.split_seed)).tolist()
+            n_valid = max(1, round(len(train) * ft.valid_fraction))
+            pick = lambda idx: Labelled([train.texts[i] for i in idx], [train.labels[i] for i in idx],  # noqa: E731
+                                        None if train.seconds is None else [train.seconds[i] for i in idx])
+            train, valid = pick(order[n_valid:]), pick(order[:n_valid])
         return train, valid, str(ft.train)
     if cfg.data.text:
         return None
     train, valid = splits  # the WordNet split, labelled with each gloss's part of speech
-    return train, valid, "WordNet gloss -> part of speech"
+    return Labelled(train.texts, train.labels), Labelled(valid.texts, valid.labels), "WordNet gloss -> part of speech"
 
 
-def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, tok, splits) -> dict:
+def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, encoder, tokens, splits) -> dict:
     ft = cfg.finetune
     device = dist.device
     data = finetune_data(cfg, splits)
@@ -195,33 +261,34 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, to
         return {}
     train, valid, source = data
     if ft.train_limit:
-        train = T.Texts(train.texts[: ft.train_limit], train.labels[: ft.train_limit])
+        train = train.take(ft.train_limit)
     names = sorted(set(train.labels))
-    unknown = sorted(set(valid.labels) - set(names))
-    if unknown:
-        raise TrainError(f"finetune: valid labels {unknown[:5]} never occur in the training data")
     label_id = {n: i for i, n in enumerate(names)}
-    L = cfg.train.max_len
-    train_rows, valid_rows = examples(tok, train.texts, L), examples(tok, valid.texts, L)
-    train_y = torch.tensor([label_id[x] for x in train.labels])
-    valid_y = torch.tensor([label_id[x] for x in valid.labels])
-    majority = Counter(train.labels).most_common(1)[0][0]
-    baseline = float((valid_y == label_id[majority]).double().mean())
-    dist.print(f"fine-tuning data: {source}: {len(train_rows):,} train / {len(valid_rows):,} valid, labels {names}; "
-               f"majority-class baseline ({majority}) accuracy {baseline:.2%}")
+    vocab, start = tokens
+    tok = vocab.tok
+    if vocab.own is None:
+        recipe_template(tok)  # <cls> text <eos>, pairs <cls> a <eos> b <eos>; a model's own has its template
+    train_enc = encode_labelled(tok, train, label_id, cfg.train.max_len)
+    valid_enc = encode_labelled(tok, valid, label_id, cfg.train.max_len)
+    majority_label, baseline = majority(train, valid_enc.labels, label_id)
+    dist.print(f"fine-tuning data: {source}: {len(train):,} train / {len(valid):,} valid, labels {names}; "
+               f"majority-class baseline ({majority_label}) accuracy {baseline:.2%}")
 
     ft_dir = out / "finetune"
-    spec = zoo.load_spec(pretrained.spec.model_dump(mode="json"),
-                         [f"classifier={{num_labels: {len(names)}, dropout: {ft.dropout}}}"])
+    segments = train.seconds is not None and encoder.spec.type_vocab_size < 2
+    spec = zoo.load_spec(encoder.spec.model_dump(mode="json"),
+                         [f"classifier={{num_labels: {len(names)}, dropout: {ft.dropout}}}",
+                          *(["type_vocab_size=2"] if segments else [])])
     seed_everything(cfg.run.seed + 1)
     model = zoo.build(spec, seed=cfg.run.seed + 1).to(device)
-    missing, unexpected = model.load_state_dict(pretrained.state_dict(), strict=False)
-    if unexpected or any(not k.startswith("classifier.") for k in missing):
+    missing, unexpected = model.load_state_dict(encoder.state_dict(), strict=False)
+    if unexpected or any(not k.startswith(("classifier.", "type_emb.")) for k in missing):
         raise TrainError(f"pre-trained weights do not fit the classifier model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model = Classifying(model)
     ckpt_path = resolve_resume(resume, ft_dir, required=False)
 
-    task = ClassifyTask(cfg, dist, train_rows, train_y, valid_rows, valid_y)
+    task = ClassifyTask(dist, cfg.run.grad_accum, train_enc, valid_enc, batch_size=ft.batch_size, seed=cfg.run.seed + 1,
+                        pad_id=vocab.pad, segments=spec.type_vocab_size > 1)
     run = cfg.run.model_copy(update={"out_dir": ft_dir, "eval_every": ft.eval_every, "checkpoint_every": ft.checkpoint_every})
     fitted = fit(model, task, optim=ft.optim, schedule=ft.schedule, run=run, dist=dist, total_steps=ft.steps,
                  resume=ckpt_path, config=cfg.model_dump(mode="json"))
@@ -232,7 +299,7 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, pretrained, to
         model_dir = ft_dir / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
         zoo.save(model.encoder, model_dir / "model.safetensors")
-        shutil.copyfile(cfg.data.tokenizer or out / "tokenizer.json", model_dir / "tokenizer.json")
+        export_vocab(vocab, model_dir, start)
         atomic_write_text(model_dir / "labels.json", json.dumps(names) + "\n")
         dist.print(f"exported {model_dir}/model.safetensors, tokenizer.json and labels.json")
     return {"finetune_accuracy": acc, "majority_accuracy": baseline, "finetune_seconds": secs}
@@ -245,9 +312,9 @@ class MLMTask(LengthBatched):
     panels = [("loss", ["train/loss", "valid/loss"]), ("masked-token accuracy", ["valid/accuracy"]),
               ("tokens/s", ["train/tokens_per_s"])]
 
-    def __init__(self, cfg: MLMConfig, dist, rows, valid_batches, vocab_size: int, docs=None) -> None:
+    def __init__(self, cfg: MLMConfig, dist, rows, valid_batches, vocab: Vocab, docs=None) -> None:
         super().__init__(dist, cfg.run.grad_accum, rows, cfg.train.batch_size, cfg.run.seed)
-        self.cfg, self.valid, self.V, self.docs = cfg, valid_batches, vocab_size, docs
+        self.cfg, self.valid, self.vocab, self.docs = cfg, valid_batches, vocab, docs
         self._gen: tuple[int, torch.Generator] | None = None
 
     def loss(self, model, batch, step):
@@ -256,7 +323,7 @@ class MLMTask(LengthBatched):
             self._gen = (step, torch.Generator().manual_seed(seed))
         docs = None if self.docs is None else [self.docs[i] for i in batch]
         inputs, pad_mask, labels, documents = (None if x is None else x.to(self.dist.device) for x in mlm_batch(
-            [self.rows[i] for i in batch], self.cfg.train.mask_prob, self.V, self._gen[1], docs))
+            [self.rows[i] for i in batch], self.cfg.train.mask_prob, self.vocab, self._gen[1], docs))
         # the masked tokens' mean cross-entropy, from the head without the [B, T, V] logits (zoo.kernels.loss)
         loss = model(inputs, pad_mask, documents=documents, targets=labels, reduction="mean")
         masked = float((labels != -100).sum())
@@ -281,64 +348,14 @@ class MLMTask(LengthBatched):
         return {"loss": float(total[0] / total[2]), "accuracy": float(total[1] / total[2])}
 
 
-class ClassifyTask(LengthBatched):
-    """Fine-tuning the classification head (and the encoder) on labelled text."""
-
-    name = "finetune"
-    panels = [("loss", ["train/loss", "valid/loss"]), ("accuracy", ["valid/accuracy"])]
-
-    def __init__(self, cfg: MLMConfig, dist, rows, labels, valid_rows, valid_labels) -> None:
-        ft = cfg.finetune
-        super().__init__(dist, cfg.run.grad_accum, rows, ft.batch_size, cfg.run.seed + 1)
-        self.labels, self.valid_rows, self.valid_labels = labels, valid_rows, valid_labels
-        self.mine = eval_batches(valid_rows, ft.batch_size, dist.rank, dist.world_size)
-
-    def loss(self, model, batch, step):
-        tokens, pad_mask = T.pad_batch([self.rows[i] for i in batch], pad_id=PAD_ID)
-        logits = model(tokens.to(self.dist.device), pad_mask.to(self.dist.device))
-        return F.cross_entropy(logits.float(), self.labels[batch].to(self.dist.device)), {"tokens": float(pad_mask.sum())}
-
-    def evaluate(self, model) -> dict[str, float]:
-        device = self.dist.device
-        total = torch.zeros(3, dtype=torch.float64, device=device)
-        for b in self.mine:
-            tokens, pad_mask = T.pad_batch([self.valid_rows[i] for i in b], pad_id=PAD_ID)
-            y = self.valid_labels[b].to(device)
-            logits = model(tokens.to(device), pad_mask.to(device)).float()
-            total += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(), (logits.argmax(-1) == y).sum().double(),
-                                  torch.tensor(len(b), dtype=torch.float64, device=device)])
-        self.dist.all_reduce(total)
-        return {"loss": float(total[0] / total[2]), "accuracy": float(total[1] / total[2])}
-
-
-class Classifying(torch.nn.Module):
-    """An encoder whose forward is ``classify`` (so DDP syncs it). The MLM head, unused here, is
-    frozen (its projection stays trainable where it is the tied embedding)."""
-
-    def __init__(self, encoder: torch.nn.Module) -> None:
-        super().__init__()
-        self.encoder = encoder
-        shared = {id(p) for p in encoder.tok_emb.parameters()}
-        for p in encoder.head.parameters():
-            if id(p) not in shared:
-                p.requires_grad_(False)
-
-    def forward(self, tokens, padding_mask=None):
-        return self.encoder.classify(tokens, padding_mask)
-
-    def rebuild(self) -> Classifying:
-        """A fresh copy of the same structure (how a sharded run hands back a whole model)."""
-        return Classifying(zoo.build(self.encoder.spec))
-
-
 def train(cfg: MLMConfig, resume: str | None, dist) -> dict:
     t0 = time.perf_counter()
     out = Path(cfg.run.out_dir)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    model, tok, splits, results = pretrain(cfg, resume, dist, out)
+    model, tokens, splits, results = pretrain(cfg, resume, dist, out)
     if cfg.finetune.enabled:
-        results.update(finetune(cfg, resume, dist, out, model, tok, splits))
+        results.update(finetune(cfg, resume, dist, out, model, tokens, splits))
     dist.print(f"total {(time.perf_counter() - t0) / 60:.1f} min")
     return results
 

@@ -13,7 +13,7 @@ from zoo.data import bpe
 from zoo.data import text as T
 from zoo.train import Config, Dist, ListTask
 
-__all__ = ["TextDataConfig", "load_text", "get_tokenizer", "LengthBatched", "eval_batches"]
+__all__ = ["TextDataConfig", "load_text", "get_tokenizer", "own_tokenizer", "export_tokenizer", "LengthBatched", "eval_batches"]
 
 
 class TextDataConfig(Config):
@@ -59,6 +59,35 @@ def get_tokenizer(cfg: TextDataConfig, train_texts: Sequence[str], out_dir: Path
         tok.save(str(path))
     dist.barrier()
     return bpe.load_bpe(path, specials=T.SPECIALS), "trained on the training split"
+
+
+def own_tokenizer(folder: Path, vocab_size: int, *, where: str):
+    """The model's own tokenizer (``zoo.tokens.ModelTokenizer``: tokenizer.json and its special ids
+    from the files in ``folder``), refused when its vocabulary is larger than the model's embedding."""
+    from zoo.tokens import ModelTokenizer, TokenizerError
+    from zoo.train import TrainError
+
+    try:
+        tok = ModelTokenizer.from_dir(folder)
+        tok.check_vocab(vocab_size)
+    except TokenizerError as e:
+        raise TrainError(f"{where}: {e}") from None
+    return tok
+
+
+def export_tokenizer(tok, model_dir: Path, *, add_bos: bool = False, **special_tokens: str) -> None:
+    """``tok`` in ``model_dir`` as a model's own tokenizer (``zoo.tokens.ModelTokenizer.save``:
+    tokenizer.json, tokenizer_config.json naming its special tokens by HF's names, e.g.
+    ``eos_token="<eos>"``, generation_config.json with their ids): what ``zoo generate``, ``init=``
+    and HF's ``AutoTokenizer`` read beside an exported model."""
+    from zoo.tokens import ModelTokenizer
+
+    def ids(name: str) -> int | None:
+        return tok.token_to_id(special_tokens[name]) if name in special_tokens else None
+
+    eos = ids("eos_token")
+    ModelTokenizer(tok, bos_id=ids("bos_token"), eos_ids=() if eos is None else (eos,), pad_id=ids("pad_token"),
+                   add_bos=add_bos, special_tokens=special_tokens).save(model_dir)
 
 
 class LengthBatched(ListTask):

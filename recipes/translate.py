@@ -35,6 +35,8 @@ from zoo.train import (Config, ListTask, OptimConfig, RunConfig, ScheduleConfig,
                        resolve_precision, resolve_resume, seed_everything, tune_malloc)
 
 # this recipe's own code, beside it (a script's folder is on sys.path when it runs)
+from zoo.train.pretrained import pretrained
+
 from translate_data import TranslationDataConfig, describe_corpus, load_splits, shared_bpe, word_dropout
 from translate_eval import (DecodeConfig, attention_picture, decode_settings, export_model_dir, score_domains,
                             score_models, translate_split, translate_stdin, valid_loss)
@@ -58,7 +60,10 @@ class TrainConfig(Config):
 
 
 class TranslateConfig(Config):
-    model: str = Field("transformer-tiny-ding", description="a zoo preset or spec YAML")
+    init: Path | None = Field(None, description="start from these weights: a zoo encoder-decoder (a translation run's "
+                              "model/model.safetensors) whose tokenizer.json beside it holds this recipe's <pad> <s> </s> "
+                              "<unk> as ids 0-3; its tokenizer is used; null: the model spec from random weights")
+    model: str = Field("transformer-tiny-ding", description="without init: a zoo preset or spec YAML")
     model_overrides: list[str] = Field(default_factory=list, description="spec overrides, e.g. dropout.residual=0.1")
     data: TranslationDataConfig = TranslationDataConfig()
     train: TrainConfig = TrainConfig()
@@ -174,7 +179,16 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     splits, labels, corpus = load_splits(cfg.data)
     if corpus is not None:
         describe_corpus(corpus, dist, out)
-    tok, how = shared_bpe(cfg.data, splits, out, dist, resume=ckpt_path is not None, corpus=corpus)
+    start = None
+    if cfg.init is not None:
+        start = pretrained(cfg.init, families=("encoder_decoder",), recipe="translate.py", overrides=cfg.model_overrides,
+                           work_dir=out / "init", dist=dist, seed=cfg.run.seed)
+        dist.print(start.describe())
+        tok, how = init_tokenizer(cfg, start.folder / "tokenizer.json"), f"from init ({start.folder / 'tokenizer.json'})"
+        if dist.is_main:  # where the export and a resumed run read it
+            tok.save(str(out / "tokenizer.json"))
+    else:
+        tok, how = shared_bpe(cfg.data, splits, out, dist, resume=ckpt_path is not None, corpus=corpus)
     V = tok.get_vocab_size()
     ids = {name: tuple(bpe.encode(tok, side, eos=T.EOS, max_len=cfg.data.max_len) for side in (p.src, p.tgt))
            for name, p in splits.items()}
@@ -185,10 +199,10 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
 
     # model and task
     seed_everything(cfg.run.seed)
-    spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"])
+    spec = zoo.load_spec(cfg.model, [*cfg.model_overrides, f"vocab_size={V}"]) if start is None else start.spec
     if spec.family != "encoder_decoder":
         raise TrainError(f"model {cfg.model!r} is a {spec.family}; translation needs an encoder_decoder")
-    model = zoo.build(spec, seed=cfg.run.seed).to(device)
+    model = (zoo.build(spec, seed=cfg.run.seed) if start is None else start.model).to(device)
     n_params = zoo.count_parameters(model)
     accum = cfg.run.grad_accum
     if cfg.train.batch_tokens:
@@ -213,6 +227,18 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
                  resume=ckpt_path, config=cfg.model_dump(mode="json"), minutes=cfg.train.minutes, d_model=spec.d_model,
                  info=info)
     return finish(cfg, dist, fitted, spec, tok, splits, ids, out, labels=labels, corpus=corpus, t_start=t_start, pad=pad)
+
+
+def init_tokenizer(cfg: TranslateConfig, path: Path):
+    """The tokenizer beside ``init``'s weights, which must be this recipe's kind (its special ids)."""
+    if cfg.data.tokenizer is not None:
+        raise TrainError(f"data.tokenizer={cfg.data.tokenizer}: with init= the tokenizer beside the weights is used; "
+                         f"drop data.tokenizer")
+    try:
+        return bpe.load_bpe(path, specials=T.SPECIALS)
+    except T.DataError as e:
+        raise TrainError(f"init={cfg.init}: {e}; this recipe continues models trained by it (a run's model/ folder), "
+                         f"not other tokenizers' models") from None
 
 
 def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corpus, t_start, pad) -> dict:

@@ -17,6 +17,7 @@ from conftest import DE_NOUNS, NOUNS, messages, write_catalog
 from translate_data import word_dropout  # recipes/, on pytest's path
 
 import zoo
+from zoo.data import bpe
 from zoo.data import corpus as C
 from zoo.data import translation as T
 from zoo.cli import main as zoo_main
@@ -113,6 +114,23 @@ def test_trains_scores_exports_and_translates(data, tmp_path, capsys, monkeypatc
     (tmp_path / "damaged" / "translate.json").write_text('{"max_len": 2')
     assert recipe.main(["translate", "--model", str(tmp_path / "damaged")]) == 2
     assert f"{tmp_path / 'damaged' / 'translate.json'}: unreadable (" in capsys.readouterr().err
+
+
+@pytest.mark.recipe
+def test_init_continues_a_run_s_export_and_refuses_another_tokenizer(data, tmp_path, capsys):
+    first = tmp_path / "first"
+    assert recipe.main(tiny(data, first, "train.steps=4", "train.average_last=1", "decode.final_splits=[valid]")) == 0
+    exported = first / "model" / "model.safetensors"
+    args = [a for a in tiny(data, tmp_path / "again", "train.steps=4", "train.average_last=1",
+                            "decode.final_splits=[valid]", f"init={exported}") if not a.startswith("model_overrides=")]
+    assert recipe.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"init: {exported}: loaded" in out and "new 0, dropped 0" in out and "from init" in out
+    assert (tmp_path / "again" / "model" / "tokenizer.json").read_bytes() == (first / "model" / "tokenizer.json").read_bytes()
+    other = bpe.train_bpe(["ein kleiner Test", "a small test"] * 5, 300, specials=["<unk>", "<s>"], min_frequency=1)
+    other.save(str(first / "model" / "tokenizer.json"))  # another model's tokenizer, beside the same weights
+    assert recipe.main([a.replace("again", "third") for a in args]) == 2
+    assert "this recipe continues models trained by it" in capsys.readouterr().err
 
 
 @pytest.mark.recipe
