@@ -173,12 +173,13 @@ def _load_hf_dir(src: Path) -> nn.Module:
         except RuntimeError as e:  # tensors of other shapes than config.json's; transformers' report is logged, not raised
             if "ignore_mismatched_sizes" not in str(e) or kwargs.get("ignore_mismatched_sizes"):
                 raise
+            reason = str(e).splitlines()[0]
         model, info = read(**kwargs, ignore_mismatched_sizes=True)
         unexpected = info.get("unexpected_keys") or []
         check_counted(set(model.state_dict()) - set(info.get("missing_keys") or []), unexpected, config, str(src))
         wrong = [f"{key} is {list(disk)}, config.json makes {list(made)}" for key, disk, made in sorted(info.get("mismatched_keys") or [])]
         shown = ", ".join(wrong[:3]) + (f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else "")
-        raise ConversionError(f"{src}: the checkpoint's tensors do not fit its config.json ({arch.name}): {shown or str(e)}; "
+        raise ConversionError(f"{src}: the checkpoint's tensors do not fit its config.json ({arch.name}): {shown or reason}; "
                               f"is config.json the one these weights were saved with?")
 
     model, info = read()
