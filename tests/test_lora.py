@@ -1,0 +1,238 @@
+"""LoRA (zoo.finetune): what an adapted model computes, what trains, merging, adapter files.
+
+Truths used: the model before adapting (B starts at zero), the weight update written out by hand per
+slice of a fused projection (W[rows] + scale * B @ A), HF's model converted from the merged one, the
+eager step for the compiled one, and the base tensors' bytes before training.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import example_inputs, tiny_spec
+from pydantic import ValidationError
+from safetensors import safe_open
+
+import zoo
+import zoo.train as T
+from zoo.finetune import (ADAPTERS, LoraLinear, LoraSpec, adapt, adapter_spec, apply_lora, base_hash, has_lora,
+                          load_adapters, lora_parameters, merge_lora, save_adapters)
+from zoo.io import LoadError
+
+# GQA 4/2 (q rows 32, k and v rows 16 each), a gated FFN, RoPE, an untied head
+DECODER = ["d_model=32", "n_layers=2", "block.attention.n_heads=4", "block.attention.n_kv_heads=2",
+           "block.ffn.hidden=40", "vocab_size=61", "max_seq_len=32", "block.attention.window=null"]
+ENCODER = ["classifier.num_labels=3"]
+ALL = ("q", "k", "v", "o", "ffn")
+
+
+def decoder(seed: int = 0, extra: list[str] = ()):
+    return zoo.build(zoo.load_spec("mistral-tiny", DECODER + list(extra)), seed=seed)
+
+
+def encoder(seed: int = 0):
+    return zoo.build(tiny_spec("encoder", ENCODER), seed=seed)
+
+
+MODELS = {"decoder": decoder, "encoder": encoder, "encoder_decoder": lambda seed=0: zoo.build(tiny_spec("encoder_decoder"), seed=seed)}
+
+
+def outputs(model, seed: int = 0):
+    ins = example_inputs(model, seed=seed)
+    return model.classify(*ins) if getattr(model, "classifier", None) is not None else model(*ins)
+
+
+def nudge(model, seed: int = 1):
+    """Every adapter's B random (it starts at zero), so the adapters change the outputs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in lora_parameters(model).items():
+            if ".lora_b." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+def test_outputs_are_unchanged_at_init_and_adapters_sit_where_the_targets_say():
+    model = decoder().eval()
+    before = outputs(model)
+    apply_lora(model, LoraSpec(rank=4, targets=ALL))
+    assert torch.equal(outputs(model), before)  # B = 0: the update adds exact zeros
+    attn, ffn = model.stack.blocks[0].attn, model.stack.blocks[0].ffn
+    assert attn.qkv.slices == {"q": (0, 32), "k": (32, 48), "v": (48, 64)} and attn.out.slices == {"all": (0, 32)}
+    assert ffn.fc1.slices == {"gate": (0, 40), "up": (40, 80)} and ffn.fc2.slices == {"all": (0, 32)}
+    assert not isinstance(model.head, LoraLinear) and model.adapter.rank == 4
+
+
+def test_only_adapters_and_the_named_parameters_require_grad():
+    model = apply_lora(encoder(), LoraSpec(rank=2, targets=("q", "v"), trainable=("classifier",)))
+    trains = {n for n, p in model.named_parameters() if p.requires_grad}
+    adapters = set(lora_parameters(model))
+    assert adapters and all(".attn.qkv.lora_" in n for n in adapters)
+    assert trains == adapters | {n for n, _ in model.named_parameters() if n.startswith("classifier.")}
+
+
+def test_optimizer_steps_change_only_the_adapters_and_the_trainable_head():
+    model = apply_lora(encoder(), LoraSpec(rank=2, alpha=4, targets=ALL, trainable=("classifier",))).train()
+    frozen = {n: t.clone() for n, t in model.state_dict().items() if "lora_" not in n and not n.startswith("classifier.")}
+    trained = {n: t.clone() for n, t in model.state_dict().items() if n not in frozen}
+    optimizer = T.build_optimizer(model, T.OptimConfig(lr=1e-2, weight_decay=0.1))
+    tokens, labels = example_inputs(model)[0], torch.tensor([0, 1, 2])
+    for _ in range(3):
+        F.cross_entropy(model.classify(tokens), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    state = model.state_dict()
+    assert all(torch.equal(state[n], t) for n, t in frozen.items())  # bit for bit
+    assert all(not torch.equal(state[n], t) for n, t in trained.items() if ".lora_" in n or n.endswith("weight"))
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_merged_model_computes_what_the_adapted_one_does_and_is_a_plain_model_again(family, tmp_path):
+    model = apply_lora(MODELS[family](), LoraSpec(rank=3, alpha=6, targets=ALL)).eval()
+    nudge(model)
+    adapted = outputs(model)
+    assert not torch.allclose(adapted, outputs(MODELS[family]().eval()), atol=1e-3)  # the adapters do something
+    merge_lora(model)
+    assert torch.allclose(outputs(model), adapted, atol=1e-5, rtol=1e-4)
+    assert not has_lora(model) and not hasattr(model, "adapter")
+    plain = MODELS[family]()
+    assert list(model.state_dict()) == list(plain.state_dict())
+    assert [type(m) for m in model.modules()] == [type(m) for m in plain.modules()]
+    path = zoo.save(model, tmp_path / "merged.safetensors")
+    assert torch.allclose(outputs(zoo.load(path).eval()), adapted, atol=1e-5, rtol=1e-4)
+
+
+def test_each_slice_of_a_fused_projection_gets_its_own_update_as_separate_projections_would():
+    """q and v of a GQA qkv (and gate and up of a gated fc1) against W + scale * B @ A written out per
+    slice, as LoRA on separate q_proj / k_proj / v_proj (PEFT on HF's layout) computes it."""
+    model = decoder()
+    attn, ffn = model.stack.blocks[1].attn, model.stack.blocks[1].ffn
+    w_qkv, w_fc1 = attn.qkv.weight.detach().clone(), ffn.fc1.weight.detach().clone()
+    apply_lora(model, LoraSpec(rank=2, alpha=7, targets=("q", "v", "ffn")))
+    nudge(model)
+    scale, x = 3.5, torch.randn(2, 5, 32)
+    a, b = attn.qkv.lora_a, attn.qkv.lora_b
+    assert set(a) == {"q", "v"}
+    q_proj, k_proj, v_proj = w_qkv[:32], w_qkv[32:48], w_qkv[48:]
+    q_merged, v_merged = q_proj + scale * b["q"] @ a["q"], v_proj + scale * b["v"] @ a["v"]
+    expected = torch.cat([x @ q_merged.T, x @ k_proj.T, x @ v_merged.T], dim=-1)
+    assert torch.allclose(attn.qkv(x), expected, atol=1e-5)
+    a, b = ffn.fc1.lora_a, ffn.fc1.lora_b
+    gate, up = w_fc1[:40], w_fc1[40:]
+    expected = torch.cat([x @ (gate + scale * b["gate"] @ a["gate"]).T, x @ (up + scale * b["up"] @ a["up"]).T], -1)
+    assert torch.allclose(ffn.fc1(x), expected, atol=1e-5)
+    merge_lora(model)
+    qkv = model.stack.blocks[1].attn.qkv.weight
+    assert torch.equal(qkv[32:48], k_proj)  # rows without an adapter are untouched
+    assert torch.allclose(qkv[:32], q_merged, atol=1e-6) and torch.allclose(qkv[48:], v_merged, atol=1e-6)
+
+
+def test_adapters_round_trip_through_a_file_into_a_fresh_base(tmp_path):
+    base = tmp_path / "base.safetensors"
+    zoo.save(encoder(), base)
+    model = apply_lora(zoo.load(base), LoraSpec(rank=2, targets=("q", "k", "o"), trainable=("classifier",))).eval()
+    nudge(model)
+    with torch.no_grad():
+        model.classifier.out.weight.mul_(2)  # a trained head
+    path = save_adapters(model, tmp_path / "adapters.safetensors", base=str(base))
+    with safe_open(str(path), framework="pt") as f:
+        names, meta = set(f.keys()), f.metadata()
+    assert names == set(lora_parameters(model)) | {n for n, _ in model.named_parameters() if n.startswith("classifier.")}
+    assert json.loads(meta["zoo.adapter"])["targets"] == ["q", "k", "o"] and meta["zoo.base"] == str(base)
+    assert meta["zoo.base_hash"] == base_hash(zoo.load(base), ("classifier",)) == base_hash(model, ("classifier",))
+    fresh = load_adapters(zoo.load(base), path).eval()
+    assert fresh.adapter == model.adapter and torch.equal(outputs(fresh), outputs(model))
+    assert {n for n, p in fresh.named_parameters() if p.requires_grad} == names
+    with pytest.raises(LoadError, match="holds adapters, not a model; load its base model, then zoo.finetune.load_adapters"):
+        zoo.load(path)
+
+
+def test_adapters_refuse_other_base_weights_and_another_spec_naming_both(tmp_path):
+    model = apply_lora(encoder(seed=0), LoraSpec(rank=2))
+    path = save_adapters(model, tmp_path / "a.safetensors", base="bert-tiny seed 0")
+    other = encoder(seed=1)
+    with pytest.raises(LoadError, match=rf"other base weights: the file's base hash is {base_hash(model)}, "
+                                        rf"this model's {base_hash(other)}; .*\(bert-tiny seed 0\)"):
+        load_adapters(other, path)
+    assert not has_lora(other)  # refused before anything changed
+    wider = zoo.build(tiny_spec("encoder", ENCODER + ["block.ffn.hidden=64"]))
+    with pytest.raises(LoadError, match=r"another model spec \(block.ffn.hidden: the file's 48, the model's 64\)"):
+        load_adapters(wider, path)
+    with pytest.raises(LoadError, match="holds no adapters .*; it is a model file, which zoo.load reads"):
+        load_adapters(encoder(), zoo.save(encoder(), tmp_path / "m.safetensors"))
+
+
+@pytest.mark.usefixtures("aten_linears")
+def test_merged_model_converted_to_hf_gives_the_adapted_models_logits():
+    pytest.importorskip("transformers")
+    from zoo.interop import to_hf
+
+    model = apply_lora(zoo.build(zoo.load_spec("llama-tiny", DECODER[:-1]), seed=0), LoraSpec(rank=4, targets=ALL)).eval()
+    nudge(model)
+    tokens = example_inputs(model)[0]
+    adapted = model(tokens)
+    hf = to_hf(merge_lora(model)).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    with torch.no_grad():
+        assert torch.allclose(hf(tokens).logits, adapted, atol=1e-4, rtol=1e-4)
+
+
+def test_an_adapted_training_step_compiles_as_one_graph_and_equals_eager():
+    model = apply_lora(decoder(), LoraSpec(rank=2, targets=ALL)).train()
+    nudge(model)
+    tokens = example_inputs(model)[0]
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(tokens)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    compiled(tokens).float().pow(2).mean().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    model(tokens).float().pow(2).mean().backward()
+    assert got.keys() == set(lora_parameters(model))
+    assert all(torch.allclose(got[n], p.grad, rtol=1e-3, atol=1e-6) for n, p in lora_parameters(model).items())
+
+
+def test_moe_ffn_is_refused_unless_skipped_by_name():
+    spec = zoo.load_spec("mixtral-tiny", ["d_model=32", "n_layers=2", "block.ffn.expert.hidden=24", "vocab_size=61"])
+    model = zoo.build(spec)
+    with pytest.raises(ValueError, match=r"lora.targets ffn: stack.blocks.0.ffn is a mixture of experts, whose experts "
+                                         r"are batched tensors, not linears; drop ffn .* or set lora.skip_moe=true"):
+        apply_lora(model, LoraSpec(targets=("q", "ffn")))
+    assert not has_lora(model)  # refused before anything changed
+    apply_lora(model, LoraSpec(targets=("q", "ffn"), skip_moe=True))
+    assert all(".attn.qkv.lora_" in n for n in lora_parameters(model)) and lora_parameters(model)
+    with pytest.raises(ValueError, match="nothing to adapt"):
+        apply_lora(zoo.build(spec), LoraSpec(targets=("ffn",), skip_moe=True))
+
+
+def test_bad_settings_are_refused_by_name():
+    with pytest.raises(ValidationError, match=r"unknown target 'qq'; did you mean 'q'\? \(known: q, k, v, o, ffn\)"):
+        LoraSpec(targets=("qq",))
+    with pytest.raises(ValidationError, match="'v' is listed twice"):
+        LoraSpec(targets=("v", "v"))
+    for bad in ({"rank": 0}, {"dropout": 1.0}, {"alpha": 0}, {"ranks": 4}, {"trainable": ("head.",)}):
+        with pytest.raises(ValidationError, match=next(iter(bad)).rstrip("s")):
+            LoraSpec(**bad)
+    with pytest.raises(ValueError, match=r"trainable: 'clasifier' names no parameter of the Encoder; did you mean "
+                                         r"'classifier'\?"):
+        apply_lora(encoder(), LoraSpec(trainable=("clasifier",)))
+    model = apply_lora(decoder(), LoraSpec())
+    with pytest.raises(ValueError, match="already has LoRA adapters; merge_lora"):
+        apply_lora(model, LoraSpec())
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        merge_lora(decoder())
+    eva = zoo.build(zoo.load_spec("eva02-mini", ["n_layers=1"]))
+    with pytest.raises(ValueError, match=r"key_bias: false.*target o and ffn only"):
+        apply_lora(eva, LoraSpec(targets=("q",)))
+    assert apply_lora(eva, LoraSpec(targets=("o", "ffn"))) is eva
+
+
+def test_lora_is_an_adapter_kind_of_its_registry():
+    assert ADAPTERS.names() == ["lora"] and ADAPTERS.spec("lora") is LoraSpec
+    with pytest.raises(KeyError, match="unknown adapter kind 'lorra'; did you mean 'lora'"):
+        adapter_spec({"kind": "lorra"})
+    model = adapt(decoder(), {"kind": "lora", "rank": 2, "targets": ["o"]})
+    assert model.adapter == LoraSpec(rank=2, targets=("o",)) and model.adapter.scale == 1.0
