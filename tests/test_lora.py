@@ -93,7 +93,7 @@ def test_merged_model_computes_what_the_adapted_one_does_and_is_a_plain_model_ag
     model = apply_lora(MODELS[family](), LoraSpec(rank=3, alpha=6, targets=ALL)).eval()
     nudge(model)
     adapted = outputs(model)
-    assert not torch.allclose(adapted, outputs(MODELS[family]().eval()), atol=1e-3)  # the adapters do something
+    assert not torch.allclose(adapted, outputs(MODELS[family]().eval()), rtol=1e-2, atol=1e-5)  # the adapters act
     merge_lora(model)
     assert torch.allclose(outputs(model), adapted, atol=1e-5, rtol=1e-4)
     assert not has_lora(model) and not hasattr(model, "adapter")
@@ -179,15 +179,18 @@ def test_merged_model_converted_to_hf_gives_the_adapted_models_logits():
         assert torch.allclose(hf(tokens).logits, adapted, atol=1e-4, rtol=1e-4)
 
 
-def test_an_adapted_training_step_compiles_as_one_graph_and_equals_eager():
-    model = apply_lora(decoder(), LoraSpec(rank=2, targets=ALL)).train()
+@pytest.mark.parametrize("backend", ["eager", pytest.param("aot_eager", marks=pytest.mark.slow)])
+def test_an_adapted_training_step_compiles_as_one_graph_and_equals_eager(backend):
+    """fullgraph=True: a graph break is an error. aot_eager also traces the backward pass, as inductor gets it."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model = apply_lora(decoder(), LoraSpec(rank=2, dropout=0.0, targets=ALL)).train()
     nudge(model)
     tokens = example_inputs(model)[0]
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(tokens)
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    compiled(tokens).float().pow(2).mean().backward()
+    counter = CompileCounterWithBackend(backend)
+    torch.compile(model, fullgraph=True, backend=counter)(tokens).float().pow(2).mean().backward()
+    assert counter.frame_count == 1
     got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     model(tokens).float().pow(2).mean().backward()
@@ -236,3 +239,16 @@ def test_lora_is_an_adapter_kind_of_its_registry():
         adapter_spec({"kind": "lorra"})
     model = adapt(decoder(), {"kind": "lora", "rank": 2, "targets": ["o"]})
     assert model.adapter == LoraSpec(rank=2, targets=("o",)) and model.adapter.scale == 1.0
+
+
+def test_the_docs_table_lists_every_setting_with_its_default():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "finetune.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", text, flags=re.M))
+    assert set(rows) == set(LoraSpec.model_fields) - {"kind"}
+    for name, info in LoraSpec.model_fields.items():
+        if name != "kind":
+            default = json.dumps(info.default).replace('"', "") if info.default is not None else "null"
+            assert rows[name].strip("`").replace(", ", ",") == default.replace(", ", ","), name
