@@ -179,6 +179,35 @@ def test_merged_model_converted_to_hf_gives_the_adapted_models_logits():
         assert torch.allclose(hf(tokens).logits, adapted, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.usefixtures("aten_linears")
+def test_lora_equals_peft_on_separate_projections_of_the_converted_hf_model():
+    """The same adapters copied into PEFT's LoRA on HF's q/k/v/o_proj and gate/up/down_proj: the same
+    parameter count and logits (PEFT is not a dependency of zoo: skipped where it is not installed)."""
+    peft = pytest.importorskip("peft")
+    from zoo.interop import to_hf
+
+    base = zoo.build(zoo.load_spec("llama-tiny", DECODER[:-1]), seed=0).eval()
+    hf = to_hf(base).eval()
+    model = apply_lora(base, LoraSpec(rank=4, alpha=12, targets=ALL))
+    nudge(model)
+    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    theirs = peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=12, lora_dropout=0.0, target_modules=names)).eval()
+    assert sum(p.numel() for n, p in theirs.named_parameters() if "lora_" in n) == \
+        sum(p.numel() for p in lora_parameters(model).values())
+    with torch.no_grad():
+        for i, block in enumerate(model.stack.blocks):
+            layer = theirs.base_model.model.model.layers[i]
+            pairs = {"q_proj": (block.attn.qkv, "q"), "k_proj": (block.attn.qkv, "k"), "v_proj": (block.attn.qkv, "v"),
+                     "o_proj": (block.attn.out, "all"), "gate_proj": (block.ffn.fc1, "gate"),
+                     "up_proj": (block.ffn.fc1, "up"), "down_proj": (block.ffn.fc2, "all")}
+            for name, (lora, part) in pairs.items():
+                target = getattr(layer.self_attn if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else layer.mlp, name)
+                target.lora_A["default"].weight.copy_(lora.lora_a[part])
+                target.lora_B["default"].weight.copy_(lora.lora_b[part])
+        tokens = example_inputs(model)[0]
+        assert torch.allclose(theirs(tokens).logits, model(tokens), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("backend", ["eager", pytest.param("aot_eager", marks=pytest.mark.slow)])
 def test_an_adapted_training_step_compiles_as_one_graph_and_equals_eager(backend):
     """fullgraph=True: a graph break is an error. aot_eager also traces the backward pass, as inductor gets it."""
