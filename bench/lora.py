@@ -1,15 +1,17 @@
 """LoRA against full fine-tuning: one training step of the same decoder, AdamW (zoo's
 ``build_optimizer``) on what trains. The model is llama-small's shape (12 layers of 768, GQA 12/4,
-SwiGLU 2048, a 32k vocabulary, ~110M parameters) on a batch of 4 x 256 tokens; ``--tiny`` a toy one.
+SwiGLU 2048, a 32k vocabulary, 125M parameters) on a batch of 4 x 256 tokens; ``--tiny`` a toy one.
 LoRA: rank 16, alpha 32, on q, k, v, o and the FFN (``--rank``, ``--targets``).
 
-Per side: the step's time (the sides alternated, medians, as every bench row), the parameters that
-train, the bytes of their gradients and of the optimizer's state (AdamW: two moments per trained
-element and a step count per tensor), and the peak memory of a step over what the model and batch
-hold before it: on CUDA ``torch.cuda.max_memory_allocated``, on a CPU the growth of the peak resident
-set (``getrusage``) in a fresh process per side (``python -m bench.lora --side SIDE ...``), as
-bench/loss.py measures it (Python's tracemalloc does not see torch's allocations). The first step is
-the one measured: it creates the optimizer's state, as a run's first step does.
+Per side: the step's time (in a bench run's row the sides alternated, medians, as every row; in the
+table each side's median in its own process), the parameters that train, the bytes of their
+gradients and of the optimizer's state (AdamW: two moments per trained element and a step count per
+tensor), and the peak memory of training: of two steps (the first creates the optimizer's state,
+the second runs with it held) over what the process held before the model was built, so the model,
+batch, gradients, optimizer state and activations: on CUDA ``torch.cuda.max_memory_allocated``, on a
+CPU the peak resident set (VmHWM, reset after building the model) in a fresh process per side
+(``python -m bench.lora --side SIDE ...``), as bench/loss.py measures memory (Python's tracemalloc
+does not see torch's allocations).
 
     python -m bench.lora                       # the table: both sides, fp32 (and bf16 on a CPU that runs it)
     python -m bench.lora --tiny --repeats 1    # toy sizes, seconds (tests/test_bench.py)
@@ -22,7 +24,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -72,33 +73,46 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
 
 
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def _status(key: str) -> int:
+    """A /proc/self/status size (VmRSS, VmHWM) in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _reset_peak() -> None:
+    """Start the peak resident set (VmHWM) afresh from the current one (Linux: clear_refs 5), so that
+    the peak is the step's, not the model building's."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _held(cuda: bool) -> int:
+    return torch.cuda.memory_allocated() if cuda else _status("VmRSS")
 
 
 def measure_here(side: str, precision: str, *, tiny: bool = False, repeats: int = 0, rank: int = 16,
                  targets=TARGETS) -> dict:
-    """One side in this process: its first step's peak memory over the model and batch (bytes; on a
-    CPU only meaningful in a fresh process), the trained parameters, gradient and optimizer-state
-    bytes, and the median seconds of ``repeats`` steps after it."""
-    model, optimizer, step, _ = setup(side, precision, tiny=tiny, rank=rank, targets=targets)
-    trained = [p for p in model.parameters() if p.requires_grad]
+    """One side in this process: the peak memory of two training steps over what the process held
+    before the model was built (bytes: the model, batch, gradients, optimizer state and activations;
+    on a CPU best measured in a fresh process), the trained parameters, gradient and optimizer-state
+    bytes, and the median seconds of ``repeats`` steps after those two."""
     cuda = here().type == "cuda"
     gc.collect()
     if cuda:
         sync()
+    start = _held(cuda)
+    model, optimizer, step, _ = setup(side, precision, tiny=tiny, rank=rank, targets=targets)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    gc.collect()
+    if cuda:
+        sync()
         torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
     else:
-        before = _rss()
-    step()
+        _reset_peak()  # the steps' peak, not the model building's
+    for _ in range(2):  # the first creates the optimizer's state, the second runs with it held
+        step()
     sync()
-    peak = (torch.cuda.max_memory_allocated() if cuda else _peak_rss()) - before
+    peak = (torch.cuda.max_memory_allocated() if cuda else _status("VmHWM")) - start
     seconds = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -149,7 +163,7 @@ def table(precisions=("fp32",), *, tiny: bool = False, repeats: int = 3, rank: i
     other): a markdown table."""
     mib = 2 ** 20
     lines = ["| precision | side | step (s) | trained parameters | gradients (MiB) | optimizer state (MiB) | "
-             "peak over model and batch (MiB) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "peak of training (MiB) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for p in precisions:
         for s in SIDES:
             m = measure(s, p, tiny=tiny, repeats=repeats, rank=rank, targets=targets)
