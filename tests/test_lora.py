@@ -281,3 +281,60 @@ def test_the_docs_table_lists_every_setting_with_its_default():
         if name != "kind":
             default = json.dumps(info.default).replace('"', "") if info.default is not None else "null"
             assert rows[name].strip("`").replace(", ", ",") == default.replace(", ", ","), name
+
+
+def test_a_half_precision_base_trains_fp32_adapters():
+    model = apply_lora(decoder().to(torch.bfloat16), LoraSpec(rank=2, targets=("q", "o")))
+    assert {p.dtype for p in lora_parameters(model).values()} == {torch.float32}
+    assert {p.dtype for n, p in model.named_parameters() if ".lora_" not in n} == {torch.bfloat16}
+    tokens = example_inputs(model)[0]
+    logits = model(tokens)  # no autocast: the adapters cast their input and their output
+    assert logits.dtype == torch.bfloat16
+    logits.float().pow(2).mean().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in lora_parameters(model).values())
+    before = model.stack.blocks[0].attn.qkv.weight.clone()
+    nudge(model)
+    merge_lora(model)
+    assert model.stack.blocks[0].attn.qkv.weight.dtype == torch.bfloat16
+    assert not torch.equal(model.stack.blocks[0].attn.qkv.weight[:32], before[:32])
+    assert torch.equal(model.stack.blocks[0].attn.qkv.weight[32:], before[32:])
+
+
+class Tokens(T.ListTask):
+    """Next-token loss on fixed random rows; a micro-batch is a list of row indices."""
+
+    def __init__(self) -> None:
+        super().__init__(T.Dist(), 1)
+        self.rows = torch.randint(0, 61, (8, 9), generator=torch.Generator().manual_seed(0))
+
+    def batches(self, epoch):
+        return [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+    def count(self, batch):
+        return float(len(batch) * 8)
+
+    def loss(self, model, batch, step):
+        rows = self.rows[batch]
+        return model(rows[:, :-1], targets=rows[:, 1:]), {}
+
+    def evaluate(self, model):
+        return {}
+
+
+def test_fit_trains_the_adapters_alone_and_resumes_into_a_model_adapted_alike(tmp_path):
+    """What a recipe does: adapt, then fit (which builds the optimizer over what requires grad);
+    a checkpoint resumes exactly into a model adapted with the same spec."""
+    spec = LoraSpec(rank=2, targets=("q", "v", "ffn"))
+
+    def run(out, steps, resume=None):
+        c = dict(optim=T.OptimConfig(lr=1e-2), schedule=T.ScheduleConfig(kind="constant"), dist=T.Dist(),
+                 run=T.RunConfig(out_dir=out, plot=False, progress=False, precision="fp32", checkpoint_every=2))
+        return T.fit(apply_lora(decoder(), spec, seed=0), Tokens(), **c, total_steps=steps, resume=resume).model
+
+    base = decoder().state_dict()
+    full = run(tmp_path / "full", 4)
+    assert all(torch.equal(full.state_dict()[n], t) for n, t in base.items())  # the base, bit for bit
+    assert any(p.abs().sum() > 0 for n, p in lora_parameters(full).items() if ".lora_b." in n)
+    run(tmp_path / "part", 4)  # the same run: seed=0 draws the same A matrices
+    resumed = run(tmp_path / "part", 4, resume=tmp_path / "part" / "ckpt-0000002.pt")
+    assert all(torch.equal(resumed.state_dict()[n], t) for n, t in full.state_dict().items())

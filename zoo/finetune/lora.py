@@ -47,7 +47,10 @@ class LoraLinear(Linear):
     rows ``[start, stop)`` of each slice in ``slices`` ({name: (start, stop)}) add
     ``scale * dropout(x) A^T B^T`` with ``lora_a[name]`` A [r, I] and ``lora_b[name]`` B [stop - start, r].
     A starts kaiming-uniform (as nn.Linear's weights and PEFT's A), B at zero: the output is the
-    linear's until B learns. Made from ``base`` (whose parameters it takes over) by :func:`apply_lora`."""
+    linear's until B learns. A and B are in the weight's dtype, or fp32 where that is bf16 or fp16
+    (as PEFT keeps them: Adam's small steps need the precision; a half-precision base still halves
+    the frozen weights' memory). Made from ``base`` (whose parameters it takes over) by
+    :func:`apply_lora`."""
 
     def __init__(self, base: nn.Linear, slices: Mapping[str, tuple[int, int]], *, rank: int, scale: float,
                  dropout: float = 0.0) -> None:
@@ -63,31 +66,39 @@ class LoraLinear(Linear):
         self.sizes = tuple(b - a for a, b in zip(cuts, cuts[1:]))  # the output split at every slice's edges
         self.adapted = tuple((cuts.index(start), name) for name, (start, _) in self.slices.items())
         w = base.weight
-        self.lora_a = nn.ParameterDict({name: nn.Parameter(torch.empty(rank, base.in_features, device=w.device, dtype=w.dtype))
+        dtype = torch.float32 if w.dtype in (torch.bfloat16, torch.float16) else w.dtype  # trained in fp32, as PEFT's
+        self.lora_a = nn.ParameterDict({name: nn.Parameter(torch.empty(rank, base.in_features, device=w.device, dtype=dtype))
                                         for name in self.slices})
-        self.lora_b = nn.ParameterDict({name: nn.Parameter(torch.empty(stop - start, rank, device=w.device, dtype=w.dtype))
+        self.lora_b = nn.ParameterDict({name: nn.Parameter(torch.empty(stop - start, rank, device=w.device, dtype=dtype))
                                         for name, (start, stop) in self.slices.items()})
         self.lora_dropout = Dropout(dropout)
         self.reset_lora()
 
     @torch.no_grad()
-    def reset_lora(self) -> None:
-        """A kaiming-uniform (nn.Linear's draw, PEFT's), B zero."""
+    def reset_lora(self, generator: torch.Generator | None = None) -> None:
+        """A kaiming-uniform (nn.Linear's draw, PEFT's), B zero. With a (CPU) ``generator`` the draws
+        are made from it on the CPU, so they do not depend on the device or the global RNG."""
         for name in self.slices:
-            nn.init.kaiming_uniform_(self.lora_a[name], a=math.sqrt(5))
+            a = self.lora_a[name]
+            if generator is None:
+                nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+            else:
+                a.copy_(nn.init.kaiming_uniform_(torch.empty(a.shape, dtype=a.dtype), a=math.sqrt(5), generator=generator))
             nn.init.zeros_(self.lora_b[name])
 
     def delta(self, x: Tensor, name: str) -> Tensor:
-        """The update of slice ``name``: [..., I] -> [..., stop - start]."""
-        return self.scale * F.linear(F.linear(self.lora_dropout(x), self.lora_a[name]), self.lora_b[name])
+        """The update of slice ``name``: [..., I] -> [..., stop - start], in the adapters' dtype (the
+        input is cast to it; under autocast the products run in autocast's dtype)."""
+        a, b = self.lora_a[name], self.lora_b[name]
+        return self.scale * F.linear(F.linear(self.lora_dropout(x).to(a.dtype), a), b)
 
     def forward(self, x: Tensor) -> Tensor:
         y = kernels.linear(x, self.weight, self.bias)  # (..., O): the frozen path
         if len(self.sizes) == 1:  # one slice over every row
-            return y + self.delta(x, self.adapted[0][1])
+            return y + self.delta(x, self.adapted[0][1]).to(y.dtype)
         pieces = list(y.split(self.sizes, dim=-1))
         for i, name in self.adapted:
-            pieces[i] = pieces[i] + self.delta(x, name)
+            pieces[i] = pieces[i] + self.delta(x, name).to(y.dtype)
         return torch.cat(pieces, dim=-1)
 
     @torch.no_grad()
@@ -203,15 +214,20 @@ def freeze(model: nn.Module, trainable: Iterable[str] = (), *, keep: Iterable[nn
         p.requires_grad_(id(p) in kept)
 
 
-def apply_lora(model: nn.Module, spec: LoraSpec | Mapping) -> nn.Module:
+def apply_lora(model: nn.Module, spec: LoraSpec | Mapping, *, seed: int | None = None) -> nn.Module:
     """Adapt ``model`` in place (see the module's docstring) and return it: its targeted linears
-    become :class:`LoraLinear` (adapters on the device and in the dtype of their linear), every
-    parameter is frozen but the adapters and ``spec.trainable``, and ``model.adapter`` holds the spec.
-    Build the optimizer afterwards: ``zoo.train.build_optimizer`` takes what requires grad."""
+    become :class:`LoraLinear` (adapters on their linear's device, in its dtype or fp32 for a half-
+    precision one), every parameter is frozen but the adapters and ``spec.trainable``, and
+    ``model.adapter`` holds the spec. ``seed`` draws the A matrices reproducibly, without touching the
+    global RNG (as ``zoo.build``'s); None: from torch's global RNG, as PEFT does. Build the optimizer
+    afterwards: ``zoo.train.build_optimizer`` takes what requires grad."""
     spec = spec if isinstance(spec, LoraSpec) else LoraSpec.model_validate(dict(spec))
     keep = trainable_parameters(model, spec.trainable)  # checked before the model changes
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
     for parent, attr, slices in _plan(model, spec):
         lora = LoraLinear(getattr(parent, attr), slices, rank=spec.rank, scale=spec.scale, dropout=spec.dropout)
+        if generator is not None:
+            lora.reset_lora(generator)
         setattr(parent, attr, lora)
         keep += [*lora.lora_a.values(), *lora.lora_b.values()]
     freeze(model, keep=keep)
