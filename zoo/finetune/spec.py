@@ -4,7 +4,8 @@ An adapter is a change made to a built model for fine-tuning, not a part ``zoo.b
 from a spec file, so it has a registry of its own, :data:`ADAPTERS` (the ``adapter`` part), beside
 the model registries of :mod:`zoo.registry`: each kind pairs its spec class (a subclass of
 :class:`AdapterSpec`) with a builder ``builder(spec, *, model) -> model`` that adapts ``model`` in
-place (and sets ``model.adapter`` to the spec). A user registers an adapter kind of their own as they would a model part::
+place (:func:`zoo.finetune.adapt` then sets ``model.adapter`` to the spec). A user registers an
+adapter kind of their own as they would a model part::
 
     @ADAPTERS.register("mine", spec=MySpec)
     def apply_mine(spec, *, model): ...
