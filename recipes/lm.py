@@ -57,6 +57,7 @@ from zoo.train import (
     seed_everything,
     tune_malloc,
 )
+from zoo.train.adapters import AdapterConfig, export_adapters, with_adapters
 from zoo.train.pretrained import pretrained
 
 from text_data import TextDataConfig, export_tokenizer, get_tokenizer, load_text, own_tokenizer  # beside this script
@@ -91,6 +92,7 @@ class LMConfig(Config):
     data: TextDataConfig = TextDataConfig()
     train: TrainConfig = TrainConfig()
     sample: SampleConfig = SampleConfig()
+    finetune: AdapterConfig = AdapterConfig()
     optim: OptimConfig = OptimConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     run: RunConfig = RunConfig(out_dir=Path("runs/lm"))
@@ -232,6 +234,7 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
 
     # model
     model = (zoo.build(spec, seed=cfg.run.seed) if start is None else start.model).to(device)
+    model = with_adapters(model, cfg.finetune.lora, run=cfg.run, dist=dist)
     params, active = zoo.count_parameters(model), active_parameters(model)
     dist.print(f"model: {cfg.model if start is None else cfg.init} ({spec.name}), {params / 1e6:.2f}M parameters"
                + (f" ({active / 1e6:.2f}M active per token)" if active != params else "")
@@ -270,7 +273,8 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
             print(f"  sample: {prompt}|{tok.decode(new)}", flush=True)
         model_dir = out / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
-        zoo.save(model, model_dir / "model.safetensors")
+        zoo.save(export_adapters(model, model_dir, base=None if cfg.init is None else str(cfg.init)),
+                 model_dir / "model.safetensors")
         if start is None:  # <eos> opens each document: zoo generate starts prompts with it
             export_tokenizer(tok, model_dir, bos_token=T.EOS, eos_token=T.EOS, pad_token=T.PAD, add_bos=True)
         else:
