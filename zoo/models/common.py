@@ -26,7 +26,7 @@ def build_part(part: str, spec, **context) -> nn.Module:
 def token_embedding(spec: FamilySpec, vocab_size: int) -> TokenEmbedding:
     """A token embedding of ``vocab_size`` rows, scaled as ``spec.embedding`` says."""
     e = spec.embedding
-    return TokenEmbedding(vocab_size, spec.d_model, scale=e.scale, round_scale=e.round_scale)
+    return TokenEmbedding(vocab_size, spec.d_model, scale=e.scale, round_scale=e.round_scale, multiplier=e.multiplier)
 
 
 def build_position(spec: FamilySpec, position=None, *, block=None, max_len: int,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_serializer, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 
 from zoo.registry import registry
 from zoo.spec.base import Dispatch, Rate, Spec, register_specs
@@ -22,6 +22,7 @@ from zoo.spec.parts import (
     LMHeadSpec,
     MLMHeadSpec,
     SinusoidalSpec,
+    checked_multiplier,
 )
 
 __all__ = [
@@ -53,8 +54,8 @@ class InitSpec(Spec):
 
 
 class EmbeddingSpec(Spec):
-    """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper); ``norm`` puts a
-    norm after the embedding sum (BERT)."""
+    """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper), ``multiplier`` by
+    a number of its own (Granite); ``norm`` puts a norm after the embedding sum (BERT)."""
 
     scale: bool = False
     norm: bool = False
@@ -63,6 +64,15 @@ class EmbeddingSpec(Spec):
         description="round sqrt(d_model) to the weights' dtype before multiplying (HF Gemma's normalizer; "
         "the same in float32, different in bfloat16); needs scale",
     )
+    multiplier: float | None = Field(
+        None, description="the token embeddings multiplied by this number (after scale, if any; Granite's "
+        "embedding_multiplier, 12.0); null: none",
+    )
+
+    @field_validator("multiplier")
+    @classmethod
+    def _check_multiplier(cls, value: float | None) -> float | None:
+        return checked_multiplier(value, "multiplier", "the token embeddings' factor", "12.0 (Granite's embedding_multiplier)")
 
     @model_validator(mode="after")
     def _check_round(self) -> EmbeddingSpec:
