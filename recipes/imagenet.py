@@ -5,14 +5,14 @@
     python recipes/imagenet.py data.path=/data/imagenet model=vit-small-16 --config imagenet-vit-s16.yaml
     torchrun --nproc_per_node 8 recipes/imagenet.py data.path=/data/imagenet ...   # DDP, same script
     python recipes/imagenet.py --resume                          # continue from the newest checkpoint
-    python recipes/imagenet.py init=timm-vit/ data.image_size=42 optim.layer_decay=0.75   # fine-tune a downloaded ViT
+    python recipes/imagenet.py init=timm-vit/ data.image_size=64 optim.layer_decay=0.75   # fine-tune a downloaded ViT
     python recipes/imagenet.py init=timm-vit/ train.probe=true   # a linear probe: the head alone on frozen features
 
 Data: with ``data.path`` an ImageNet-layout folder (``train/<class>/*``, ``val/<class>/*``) read by
 torchvision's ImageFolder through timm's transforms (RandomResizedCrop, flip, RandAugment, random
 erasing; Mixup/CutMix), unreadable images skipped and counted. Without it, Fashion-MNIST from the
-Debian package ``dataset-fashion-mnist``, held as tensors and augmented in batch (random crop with
-padding, flip), resized to ``data.image_size`` where given.
+Debian package ``dataset-fashion-mnist``, held as tensors and augmented in batch (flip; a random crop
+with ``data.crop_padding`` zero padding where set), resized to ``data.image_size`` where given.
 
 With ``init`` (a zoo file, or a timm/HF ViT directory converted on the fly) the run starts from those
 weights, and the data's class count, channels and image size become overrides of the file's spec: a
@@ -289,7 +289,7 @@ def freeze_all_but_head(model: nn.Module) -> int:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     tune_malloc()
-    cfg, args = parse_args(RecipeConfig, argv, default=DEFAULT_CONFIG, gpu=GPU_CONFIG, description=__doc__.split("\n\n")[0])
+    cfg, args = parse_args(RecipeConfig, argv, default=DEFAULT_CONFIG, gpu=GPU_CONFIG, description=__doc__)
     try:
         with distributed(cfg.run.device) as dist:
             return train(cfg, args.resume, dist)

@@ -1,7 +1,7 @@
 """Train a GPT-style causal language model on plain text, report validation perplexity against a
 unigram baseline, sample from it, and export it with its tokenizer.
 
-    python recipes/lm.py                                   # the embedded default: WordNet glosses, CPU, ~10 min
+    python recipes/lm.py                                   # the embedded default: WordNet glosses, CPU, ~15 min
     python recipes/lm.py model=gpt2-small data.text=[corpus/] train.steps=20000 ...
     torchrun --nproc_per_node 8 recipes/lm.py --config my.yaml
     python recipes/lm.py --resume                          # continue exactly where the run stopped

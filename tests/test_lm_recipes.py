@@ -290,3 +290,19 @@ def test_mlm_finetunes_on_a_labelled_tsv(tmp_path, capsys):
 def test_the_unigram_comparison_says_higher_when_the_model_is_worse():
     assert lm.versus_unigram(100.0, 1000.0) == "10.0x lower"
     assert lm.versus_unigram(516.0, 216.5).startswith("2.4x higher")
+
+
+@pytest.mark.recipe
+def test_the_quickstarts_minute_of_training_runs_as_written(wordnet, tmp_path, capsys):
+    """docs/quickstart.md's one-minute run, its settings as the page gives them, on the tiny model
+    and data above for a few seconds; it writes what the page says it writes."""
+    page = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    command = next(line for line in page.splitlines() if line.startswith("python recipes/lm.py "))
+    out = tmp_path / "quick"
+    shrunk = [a for a in lm_args(wordnet, out, "train.minutes=0.03", "run.plot=true", "run.eval_every=20",
+                                 "run.checkpoint_every=20") if not a.startswith("train.steps=")]
+    assert lm.main([*command.split()[2:], *shrunk]) == 0
+    assert "sample: a|" in capsys.readouterr().out
+    for name in ("metrics.jsonl", "curves.png", "model/model.safetensors", "model/tokenizer.json"):
+        assert (out / name).is_file(), name
+    assert list(out.glob("ckpt-*.pt"))
