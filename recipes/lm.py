@@ -214,8 +214,14 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
         raise TrainError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
     if spec.max_seq_len < L:
         raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
-    train_rows = make_rows(cfg, toks.docs(train_texts.texts), toks.opener, spec.max_seq_len, toks.pad_id)
-    valid_rows = make_rows(cfg, toks.docs(valid_texts.texts), toks.opener, spec.max_seq_len, toks.pad_id)
+    rows = {}
+    for name, texts in (("train", train_texts.texts), ("valid", valid_texts.texts)):
+        try:
+            rows[name] = make_rows(cfg, toks.docs(texts), toks.opener, spec.max_seq_len, toks.pad_id)
+        except T.DataError as e:
+            more = "data.valid_fraction or data.max_valid" if name == "valid" else "data.text"
+            raise T.DataError(f"the {name} split: {e}; give it more text ({more}) or lower train.block_len") from None
+    train_rows, valid_rows = rows["train"], rows["valid"]
     real = (lambda r: r.tokens[:, 1:] if r.padding is None else r.tokens[:, 1:][r.padding[:, 1:]])  # noqa: E731
     unigram = T.unigram_perplexity(real(train_rows), real(valid_rows), V)
     slots = train_rows.tokens[:, 1:].numel()

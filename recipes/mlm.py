@@ -114,10 +114,13 @@ class Vocab:
             self.pad, self.mask, self.special, self.first_regular = PAD_ID, MASK_ID, list(range(len(T.SPECIALS))), len(T.SPECIALS)
             return
         name = own.special_tokens.get("mask_token")
+        if name is None:  # older folders name it nowhere but in tokenizer.json's special tokens (bert-base-uncased)
+            name = next((t.content for t in tok.get_added_tokens_decoder().values()
+                         if t.special and t.content in ("[MASK]", "<mask>")), None)
         self.mask = tok.token_to_id(name) if name else None
         if self.mask is None:
-            raise TrainError(f"{where}: its tokenizer names no mask token (tokenizer_config.json mask_token); masked "
-                             f"language modelling needs one")
+            raise TrainError(f"{where}: its tokenizer names no mask token (tokenizer_config.json mask_token, or a "
+                             f"special [MASK] / <mask> in tokenizer.json); masked language modelling needs one")
         self.pad = own.pad_id if own.pad_id is not None else 0
         self.special = sorted(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
         self.first_regular = 0

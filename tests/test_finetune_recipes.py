@@ -180,10 +180,10 @@ def hf_bert(folder: Path, texts: list[str]) -> Path:
     folder.mkdir(parents=True)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "BertTokenizerFast", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-        "mask_token": "[MASK]", "unk_token": "[UNK]"}))
+        "tokenizer_class": "BertTokenizerFast", "do_lower_case": True}))  # as bert-base-uncased: no token named here
     config = transformers.BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=64)
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=64,
+                                     pad_token_id=0)
     torch.manual_seed(0)
     transformers.BertForMaskedLM(config).save_pretrained(folder)
     return folder

@@ -207,6 +207,12 @@ def _same_losses(a: Path, b: Path) -> None:
     assert [key(r) for r in read_metrics(a / "metrics.jsonl")] == [key(r) for r in read_metrics(b / "metrics.jsonl")]
 
 
+def test_a_split_too_short_for_one_block_names_the_settings(wordnet, tmp_path, capsys):
+    assert lm.main(lm_args(wordnet, tmp_path, "data.max_valid=1", "train.block_len=64")) == 2
+    err = capsys.readouterr().err
+    assert "the valid split:" in err and "data.valid_fraction or data.max_valid" in err and "train.block_len" in err
+
+
 def test_lm_rejects_an_encoder(wordnet, tmp_path, capsys):
     assert lm.main(lm_args(wordnet, tmp_path, "model=bert-mini", "model_overrides=[d_model=32,n_layers=1]")) == 2
     assert "needs a decoder" in capsys.readouterr().err
