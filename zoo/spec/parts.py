@@ -275,7 +275,7 @@ class LayerNormSpec(NormSpec):
     """LayerNorm: (x - mean) / sqrt(var + eps), scaled by a weight and shifted by a bias, each optional."""
 
     kind: Literal["layernorm"] = "layernorm"
-    bias: bool = Field(True, description="a learned shift after the scale; false: none")
+    bias: bool = True
     affine: bool = Field(
         True, description="a learned scale (weight) and, with bias, shift; false: neither, the plain normalisation "
         "(OLMo's non-parametric LayerNorm), and bias then defaults to false"
