@@ -39,6 +39,8 @@ EXACT = {
     "qwen3-30b-a3b": 30_532_122_624,
     "olmoe-1b-7b": 6_919_161_856,
     "qwen1.5-moe-a2.7b": 14_315_784_192,
+    "olmo-1b": 1_176_764_416,  # HF OlmoForCausalLM from allenai/OLMo-1B-hf's config
+    "nemotron-mini-4b": 4_190_509_056,  # HF NemotronForCausalLM from nvidia/Nemotron-Mini-4B-Instruct's config
     # HF BartForConditionalGeneration from facebook/bart-base's config (tests/test_bart_hf.py)
     "bart-base": 139_420_416,
 }
