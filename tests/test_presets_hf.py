@@ -1,13 +1,13 @@
 """The presets of released decoders are their HF configs, and their tiny variants convert to HF exactly.
 
-Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, and the
-mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``, ``qwen1.5-moe-a2.7b``, and
-``olmo-1b``, ``nemotron-mini-4b``), on the
-meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
+Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, ``olmo-1b``,
+``nemotron-mini-4b``, and the mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``,
+``qwen1.5-moe-a2.7b``), on the meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
 has the parameter count of the HF class built from that config (tied tensors once), and writes back to
 the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``), and their tiny variants
 (``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
-``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``, ``olmo-tiny``, ``nemotron-tiny``): at random init each converts to its HF class with the same logits
+``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``,
+``olmo-tiny``, ``nemotron-tiny``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
 

@@ -53,4 +53,6 @@ class Nemotron(Llama):
 
     @classmethod
     def ffn_rules(cls, ffn, z: str, h: str) -> list[Rule]:
-        return [*weights(f"{z}.ffn.fc1", f"{h}.mlp.up_proj", bias=ffn.bias), *weights(f"{z}.ffn.fc2", f"{h}.mlp.down_proj", bias=ffn.bias)]
+        """``up_proj`` and ``down_proj``: the two-layer MLP, without a gate."""
+        return [*weights(f"{z}.ffn.fc1", f"{h}.mlp.up_proj", bias=ffn.bias),
+                *weights(f"{z}.ffn.fc2", f"{h}.mlp.down_proj", bias=ffn.bias)]
