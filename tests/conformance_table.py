@@ -93,6 +93,12 @@ HF_CONFIGS = {  # HF class -> (config class, fields)
                                                        local_attention=4, global_attn_every_n_layers=2, pad_token_id=1,
                                                        bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2,
                                                        attn_implementation="eager")),
+    # OLMo: LayerNorm without weight or bias
+    "OlmoForCausalLM": ("OlmoConfig", dict(_ROTARY)),
+    # Nemotron: layernorm1p with biases, relu2 MLP with biases, partial rotary, a head size of its own, attention biases
+    "NemotronForCausalLM": ("NemotronConfig", dict(_ROTARY, head_dim=8, mlp_bias=True, attention_bias=True,
+                                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                    "partial_rotary_factor": 0.5})),
 }
 # the backbones without a head (head: none): their class's config, named in its architectures
 BACKBONE_OF = {
@@ -104,6 +110,7 @@ BACKBONE_OF = {
     "OlmoeModel": "OlmoeForCausalLM", "RobertaModel": "RobertaForMaskedLM", "XLMRobertaModel": "XLMRobertaForMaskedLM",
     "DistilBertModel": "DistilBertForMaskedLM", "ModernBertModel": "ModernBertForMaskedLM", "StableLmModel": "StableLmForCausalLM",
     "GraniteModel": "GraniteForCausalLM", "CohereModel": "CohereForCausalLM", "SmolLM3Model": "SmolLM3ForCausalLM",
+    "OlmoModel": "OlmoForCausalLM", "NemotronModel": "NemotronForCausalLM",
 }
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 

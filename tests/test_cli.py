@@ -51,7 +51,7 @@ def test_python_m_zoo_list_is_zoo_list(capsys):
     assert main(["list"]) == 0
     assert run.returncode == 0 and run.stderr == ""
     assert run.stdout == capsys.readouterr().out
-    assert "ffn: geglu, gelu, moe, quick_gelu, relu, silu, swiglu" in run.stdout and "presets: " in run.stdout
+    assert "ffn: geglu, gelu, moe, quick_gelu, relu, relu2, silu, swiglu" in run.stdout and "presets: " in run.stdout
 
 
 @pytest.mark.slow

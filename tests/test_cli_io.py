@@ -63,6 +63,14 @@ def test_summary_parts_of_gpt2_small(capsys):
     assert "124,439,808" in table and "tied: head.weight = tok_emb.weight" in table and "FLOPs per token" in table
 
 
+@pytest.mark.parametrize("preset,weights_per_norm", [("nemotron-tiny", 2), ("olmo-tiny", 0)])
+def test_summary_counts_the_layernorm_options(capsys, preset, weights_per_norm):
+    """layernorm1p's weight and bias are norms (2 x d each), a LayerNorm without weights none."""
+    spec = zoo.load_spec(preset)
+    s = _json(capsys, ["summary", preset])
+    assert s["parts"]["norms"] == (2 * spec.n_layers + 1) * weights_per_norm * spec.d_model
+
+
 def test_flops_of_a_small_decoder_by_hand(capsys):
     # d=32, L=2, H=4 (K=V=8), F=64, vocabulary 100, T=16, learned positions (no FLOPs), tied head
     s = _json(capsys, ["summary", "gpt2-small", *sum((["--set", o] for o in SMALL), []), "--seq", "16"])
@@ -88,6 +96,7 @@ def _meta_inputs(model, seq: int) -> tuple:
 
 COUNTED = [
     ("decoder", []),
+    ("decoder", ["block.ffn.kind=relu2", "block.norm={kind: layernorm, unit_offset: true}"]),
     ("decoder", ["position.kind=rope", "block.ffn.kind=swiglu", "block.attention.kind=gqa", "block.attention.n_kv_heads=2",
                  "head.tied=false"]),
     ("encoder", ["classifier.num_labels=3"]),
@@ -126,6 +135,8 @@ ACTIVATIONS = [
     ("decoder", ["block.layer_scale=0.1", "block.attention.qk_norm={kind: rmsnorm, scope: all}", "position.kind=rope"]),
     ("encoder_decoder", ["block.layer_scale=0.1", "block.attention.qk_norm={kind: layernorm}"]),
     ("vit", ["pool=map", "reg_tokens=3", "prefix_positions=false", "block.layer_scale=0.1"]),
+    ("decoder", ["block.ffn.kind=relu2", "block.norm={kind: layernorm, unit_offset: true}", "position.kind=rope"]),
+    ("decoder", ["block.norm={kind: layernorm, affine: false}"]),
 ]
 
 

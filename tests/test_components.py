@@ -343,6 +343,55 @@ def test_rmsnorm_unit_offset_scales_by_one_plus_weight():
     torch.testing.assert_close(norm(x), expected)
 
 
+def _norm(**fields):
+    from zoo.registry import registry
+    from zoo.spec import LayerNormSpec
+
+    return registry("norm").builder("layernorm")(LayerNormSpec(**fields), dim=6)
+
+
+def _standardised(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)
+
+
+def test_layernorm_without_weights_and_by_one_plus_weight():
+    """affine: false (OLMo) has no parameters; unit_offset (Nemotron's layernorm1p) scales by 1 + w, w from zero."""
+    x = torch.randn(3, 6)
+    plain = _norm(eps=1e-5, affine=False)
+    assert not list(plain.parameters())
+    torch.testing.assert_close(plain(x), _standardised(x, 1e-5))
+    one_p = _norm(eps=1e-5, unit_offset=True)
+    assert torch.equal(one_p.weight, torch.zeros(6)) and torch.equal(one_p.bias, torch.zeros(6))
+    one_p.reset_parameters()  # as a model materialised from the meta device
+    assert torch.equal(one_p.weight, torch.zeros(6))
+    with torch.no_grad():
+        one_p.weight.uniform_(), one_p.bias.uniform_()
+    torch.testing.assert_close(one_p(x), _standardised(x, 1e-5) * (1 + one_p.weight) + one_p.bias)
+
+
+@pytest.mark.parametrize("fields,error", [
+    ({"affine": False, "bias": True}, "bias: true needs affine: true"),
+    ({"affine": False, "unit_offset": True}, "unit_offset: the .1 . weight. scale needs a weight"),
+])
+def test_layernorm_options_that_contradict_are_refused(fields, error):
+    from pydantic import ValidationError
+
+    from zoo.spec import LayerNormSpec
+
+    with pytest.raises(ValidationError, match=error):
+        LayerNormSpec(**fields)
+
+
+def test_relu2_ffn_by_hand():
+    from zoo.registry import registry
+    from zoo.spec import Relu2FFNSpec
+
+    x = torch.randn(2, 3, 8)
+    mlp = registry("ffn").builder("relu2")(Relu2FFNSpec(hidden=12), dim=8, dropout=0.0)
+    torch.testing.assert_close(mlp(x), F.relu(x @ mlp.fc1.weight.T + mlp.fc1.bias).pow(2) @ mlp.fc2.weight.T + mlp.fc2.bias)
+    assert mlp.saved_per_token() == 2 * 12  # the pre- and post-activation
+
+
 def test_output_bias_apart_from_the_projection_biases():
     """Qwen2: biases on q, k and v, none on the output projection."""
     attn = Attention(8, n_heads=2, n_kv_heads=1, head_dim=4, v_head_dim=4, bias=True, out_bias=False)

@@ -1,7 +1,8 @@
 """Decoder variants against their HF reference classes, at sizes no preset has: Mistral (sliding-window
 attention), Qwen2 (q/k/v biases without an output bias), GPT-NeoX (partial rotary, parallel attention
-and FFN), OLMo 2 (qk-norm, norms after each sub-layer) and Gemma (scaled embeddings, (1 + w) RMSNorm,
-GeGLU-tanh, a head size of its own).
+and FFN), OLMo 2 (qk-norm, norms after each sub-layer), Gemma (scaled embeddings, (1 + w) RMSNorm,
+GeGLU-tanh, a head size of its own), OLMo (LayerNorm without weights) and Nemotron (LayerNorm by 1 + w, an
+ungated MLP).
 
 For each: a random-init reference converts into zoo with the same logits (fp32, padded or not),
 converts back with every tensor equal, survives ``zoo.save``/``zoo.load``, and zoo's cached greedy
@@ -73,6 +74,13 @@ CASES = {
     "gemma: GQA 4/2, biases, untied": ("Gemma", {
         "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6, "intermediate_size": 44,
         "attention_bias": True, "tie_word_embeddings": False}),
+    "olmo: GQA 6/2, attention biases, tied": ("Olmo", {
+        "hidden_size": 36, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 44, "attention_bias": True,
+        "tie_word_embeddings": True}),
+    "nemotron: MHA, silu, rotary 0.25, tied, eps 1e-6": ("Nemotron", {
+        "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 44, "hidden_act": "silu",
+        "norm_eps": 1e-6, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}}),
 }
 
 
@@ -186,6 +194,11 @@ FROM_REFUSED = {
     "gemma bidirectional": (lambda: reference("Gemma", hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                                               intermediate_size=8, use_bidirectional_attention=True),
                             "use_bidirectional_attention"),
+    "olmo clip_qkv": (lambda: reference("Olmo", hidden_size=16, num_attention_heads=2, intermediate_size=8, clip_qkv=8.0),
+                      "clip_qkv=8.0"),
+    "nemotron quick_gelu": (lambda: reference("Nemotron", hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
+                                              intermediate_size=8,
+                                              hidden_act="quick_gelu"), "hidden_act='quick_gelu'"),
 }
 
 
@@ -201,6 +214,7 @@ HEADS = {  # heads that divide d_model 32, as each preset's attention kind allow
     "qwen2-tiny": ["block.attention.n_heads=4", "block.attention.n_kv_heads=2"],
     "pythia-tiny": ["block.attention.n_heads=4"],
     "olmo2-tiny": ["block.attention.n_heads=4"],
+    "nemotron-tiny": ["block.attention.n_heads=4", "block.attention.n_kv_heads=2"],
     "llama-small": ["block.attention.n_heads=4", "block.attention.n_kv_heads=2"],
     "gpt2-small": ["block.attention.n_heads=4"],
     "transformer-base": ["block.attention.n_heads=4"],
@@ -247,6 +261,15 @@ TO_REFUSED = {
                                         "layers=\"layer 0's position\""),
     "a layer pattern to llama": ("llama-small", ["layers=[{at: 0, block: {attention: {window: 5}}}]"], "LlamaForCausalLM",
                                  "layers="),
+    "weighted layernorm to olmo": ("olmo-tiny", ["block.norm.affine=true"], "OlmoForCausalLM", "block.norm.affine=True"),
+    "non-parametric layernorm to llama": ("olmo-tiny", [], "LlamaForCausalLM", "block.norm.kind='layernorm'"),
+    "nemotron without the unit offset": ("nemotron-tiny", ["block.norm.unit_offset=false"], "NemotronForCausalLM",
+                                         "block.norm.unit_offset=False"),
+    "layernorm1p to gpt2": ("gpt2-small", ["block.norm.unit_offset=true"], "GPT2LMHeadModel", "block.norm.unit_offset=True"),
+    "non-parametric layernorm to gpt2": ("gpt2-small", ["block.norm={kind: layernorm, affine: false}"], "GPT2LMHeadModel",
+                                         "block.norm.(affine=False|bias=False)"),
+    "gated ffn to nemotron": ("nemotron-tiny", ["block.ffn.kind=swiglu"], "NemotronForCausalLM", "block.ffn.kind='swiglu'"),
+    "relu2 to gpt2": ("gpt2-small", ["block.ffn.kind=relu2"], "GPT2LMHeadModel", "block.ffn.kind='relu2'"),
     "no architecture fits": ("mistral-tiny", ["block.attention.out_bias=true"], None,
                              "no HF architecture expresses this decoder"),
 }

@@ -1,14 +1,14 @@
 """The presets of released decoders are their HF configs, and their tiny variants convert to HF exactly.
 
-Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, and the
-mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``, ``qwen1.5-moe-a2.7b``, and
-``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``), on the
+Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, ``olmo-1b``,
+``nemotron-mini-4b``, and the mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``,
+``qwen1.5-moe-a2.7b``, and ``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``), on the
 meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
 has the parameter count of the HF class built from that config (tied tensors once), and writes back to
 the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``), and their tiny variants
 (``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
 ``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``,
-``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``): at random init each converts to its HF class with the same logits
+``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``, ``olmo-tiny``, ``nemotron-tiny``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
 
@@ -101,6 +101,17 @@ RELEASES = {
         "num_attention_heads": 64, "num_key_value_heads": 64, "layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
         "logit_scale": 0.0625, "rope_parameters": {"rope_type": "default", "rope_theta": 8e6}, "attention_bias": False,
         "use_qk_norm": False, "tie_word_embeddings": True}),
+    "olmo-1b": ("OlmoForCausalLM", "OlmoConfig", 1_176_764_416, {  # allenai/OLMo-1B-hf
+        "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 2048, "hidden_act": "silu",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "attention_bias": False, "clip_qkv": None,
+        "tie_word_embeddings": True}),
+    "nemotron-mini-4b": ("NemotronForCausalLM", "NemotronConfig", 4_190_509_056, {  # nvidia/Nemotron-Mini-4B-Instruct
+        "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 32,
+        "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "relu2",
+        "max_position_embeddings": 4096, "norm_eps": 1e-5, "attention_bias": False, "mlp_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        "initializer_range": 0.0134, "tie_word_embeddings": False}),
 }
 NOT_SPEC = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}  # token ids are no part of a spec
 
@@ -147,6 +158,8 @@ TINY = {
     "granite-tiny": ("granite-3.3-8b", "GraniteForCausalLM", "GraniteForCausalLM"),
     "smollm3-tiny": ("smollm3-3b", "SmolLM3ForCausalLM", "SmolLM3ForCausalLM"),
     "command-r-tiny": ("command-r-v01", "CohereForCausalLM", "CohereForCausalLM"),
+    "olmo-tiny": ("olmo-1b", "OlmoForCausalLM", "OlmoForCausalLM"),
+    "nemotron-tiny": ("nemotron-mini-4b", "NemotronForCausalLM", "NemotronForCausalLM"),
 }
 WINDOW = 64
 

@@ -29,7 +29,7 @@ def _restore_registries():
 def test_names():
     assert zoo.registry("position").names() == ["alibi", "learned", "none", "relative_bias", "rope", "rope2d", "sincos2d", "sinusoidal"]
     assert zoo.registry("attention").names() == ["gqa", "mha", "mqa"]
-    assert zoo.registry("ffn").names() == ["geglu", "gelu", "moe", "quick_gelu", "relu", "silu", "swiglu"]
+    assert zoo.registry("ffn").names() == ["geglu", "gelu", "moe", "quick_gelu", "relu", "relu2", "silu", "swiglu"]
     assert zoo.registry("norm").names() == ["layernorm", "rmsnorm"]
     assert zoo.registry("family").names() == ["decoder", "encoder", "encoder_decoder", "vit"]
 
@@ -39,7 +39,7 @@ def test_lookup_errors_suggest():
         zoo.registry("postion")
     with pytest.raises(KeyError, match="unknown ffn kind 'swigl'; did you mean 'swiglu'"):
         zoo.registry("ffn").spec("swigl")
-    with pytest.raises(RegistryError, match="known: geglu, gelu, moe, quick_gelu, relu, silu, swiglu"):
+    with pytest.raises(RegistryError, match="known: geglu, gelu, moe, quick_gelu, relu, relu2, silu, swiglu"):
         zoo.registry("ffn").builder("nothing-like-it")
 
 

@@ -199,6 +199,8 @@ OTHERS = {
     "GPTNeoX": {"rotary_pct": 1.0},
     "StableLm": {"num_key_value_heads": 1, "partial_rotary_factor": 1.0},
     "Cohere": {"num_key_value_heads": 1},  # each scaling in the interleaved layout
+    "Olmo": {"num_key_value_heads": 1},
+    "Nemotron": {"num_key_value_heads": 1, "partial_rotary_factor": 1.0},
 }
 
 

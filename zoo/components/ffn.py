@@ -1,7 +1,7 @@
 """Position-wise feed-forward networks. Every FFN is ``(dim, hidden, *, bias, dropout)``.
 
-Two-layer: ``fc2(drop(act(fc1(x))))`` with ReLU (the paper), GELU (BERT, GPT-2, ViT), SiLU (Marian)
-or quick GELU (OpenAI CLIP). Gated (Shazeer 2020): ``fc2(drop(act(gate) * up))`` where ``fc1``
+Two-layer: ``fc2(drop(act(fc1(x))))`` with ReLU (the paper), GELU (BERT, GPT-2, ViT), SiLU (Marian),
+quick GELU (OpenAI CLIP) or squared ReLU (Primer, Nemotron). Gated (Shazeer 2020): ``fc2(drop(act(gate) * up))`` where ``fc1``
 computes [gate | up] in one matmul; SwiGLU uses SiLU (LLaMA), GeGLU uses GELU. Either may put a
 ``norm`` on the hidden activation before ``fc2`` (NormFormer; EVA-02's SwiGLU).
 
@@ -25,6 +25,13 @@ class QuickGELU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.sigmoid(1.702 * x)
+
+
+class ReLU2(nn.Module):
+    """max(0, x)^2: squared ReLU (So et al. 2021, Primer; Nemotron)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(x).square()
 
 
 class MLP(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesPerToken, KeepsMasks):
@@ -90,7 +97,7 @@ class GatedMLP(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesPerToke
 
 
 def _activation(kind: str, approximate: str = "none") -> nn.Module:
-    acts = {"relu": nn.ReLU, "silu": nn.SiLU, "swiglu": nn.SiLU, "quick_gelu": QuickGELU}
+    acts = {"relu": nn.ReLU, "silu": nn.SiLU, "swiglu": nn.SiLU, "quick_gelu": QuickGELU, "relu2": ReLU2}
     return acts.get(kind, lambda: nn.GELU(approximate=approximate))()
 
 
@@ -107,6 +114,7 @@ def _hidden_norm(spec, norm, hidden: int) -> nn.Module | None:
 @register("ffn", "gelu")
 @register("ffn", "silu")
 @register("ffn", "quick_gelu")
+@register("ffn", "relu2")
 def _mlp(spec, *, dim: int, dropout: float, norm=None, **_) -> MLP:
     act, hidden = _activation(spec.kind, getattr(spec, "approximate", "none")), spec.hidden_size(dim)
     return MLP(dim, hidden, bias=spec.bias, dropout=dropout, activation=act, norm=_hidden_norm(spec, norm, hidden))

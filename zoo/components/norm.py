@@ -1,4 +1,5 @@
-"""Normalisation layers: LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019)."""
+"""Normalisation layers: LayerNorm (Ba et al. 2016), with or without its weight and bias or scaling by
+(1 + weight) (Nemotron's layernorm1p), and RMSNorm (Zhang & Sennrich 2019)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,25 @@ class RMSNorm(nn.Module, SummaryPart, SavesPerToken):
         return self.weight.shape[0]
 
 
+class LayerNorm1P(nn.LayerNorm):
+    """LayerNorm scaling by (1 + weight), the weight initialised to zero (Nemotron's ``LayerNorm1P``):
+    weight decay pulls the scale towards one rather than zero. Computed as ``F.layer_norm`` with the
+    weight 1 + weight, in the input's dtype (as HF's Nemotron)."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.weight is not None:
+            nn.init.zeros_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight + 1.0, self.bias, self.eps)
+
+
 @register("norm", "layernorm")
 def _layernorm(spec, *, dim: int, **_) -> nn.Module:
-    return nn.LayerNorm(dim, eps=spec.eps, bias=spec.bias)
+    if not spec.affine:  # no weight, no bias (OLMo)
+        return nn.LayerNorm(dim, eps=spec.eps, elementwise_affine=False)
+    return (LayerNorm1P if spec.unit_offset else nn.LayerNorm)(dim, eps=spec.eps, bias=spec.bias)
 
 
 @register("norm", "rmsnorm")

@@ -32,7 +32,7 @@ __all__ = [
     "AlibiSpec", "AnyAttention", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition", "AttentionSpec",
     "ClsPoolSpec", "FFNBaseSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
     "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
-    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBiasSpec", "ReluFFNSpec",
+    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
     "Rope2dSpec", "RopeSpec", "SiluFFNSpec",
     "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec", "checked_multiplier",
 ]
@@ -271,6 +271,12 @@ class SiluFFNSpec(FFNSpec):
     kind: Literal["silu"] = "silu"
 
 
+class Relu2FFNSpec(FFNSpec):
+    """Two-layer FFN with squared ReLU, max(0, x)^2 (So et al. 2021, Primer; Nemotron's ``hidden_act: relu2``)."""
+
+    kind: Literal["relu2"] = "relu2"
+
+
 class GatedFFNSpec(FFNSpec):
     """Gated linear unit FFN. Default hidden: 2/3 of 4 * d_model, rounded up to a multiple of 64,
     which keeps the parameter count of the two-layer FFN it replaces."""
@@ -298,8 +304,35 @@ class NormSpec(ComponentSpec):
 
 
 class LayerNormSpec(NormSpec):
+    """LayerNorm: (x - mean) / sqrt(var + eps), scaled by a weight and shifted by a bias, each optional."""
+
     kind: Literal["layernorm"] = "layernorm"
     bias: bool = True
+    affine: bool = Field(
+        True, description="a learned scale (weight) and, with bias, shift; false: neither, the plain normalisation "
+        "(OLMo's non-parametric LayerNorm), and bias then defaults to false"
+    )
+    unit_offset: bool = Field(
+        False, description="scale by (1 + weight), the weight initialised to zero (Nemotron's layernorm1p); false: by "
+        "weight, initialised to one"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bias_without_affine(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("affine") is False and "bias" not in data:
+            data = {**data, "bias": False}
+        return data
+
+    @model_validator(mode="after")
+    def _check_affine(self) -> LayerNormSpec:
+        if not self.affine and self.bias:
+            raise ValueError("bias: true needs affine: true (affine: false leaves out the weight and the bias); set bias: false "
+                             "or affine: true")
+        if not self.affine and self.unit_offset:
+            raise ValueError("unit_offset: the (1 + weight) scale needs a weight, which affine: false leaves out; set "
+                             "unit_offset: false or affine: true")
+        return self
 
 
 class RMSNormSpec(NormSpec):
@@ -439,7 +472,8 @@ AnyHead = Annotated[ComponentSpec, Dispatch("head", shorthand=True)]
 
 register_specs("attention", AttentionSpec, {"mha": AttentionSpec, "gqa": AttentionSpec, "mqa": AttentionSpec})
 register_specs("ffn", FFNBaseSpec, {"relu": ReluFFNSpec, "gelu": GeluFFNSpec, "silu": SiluFFNSpec, "swiglu": SwiGLUSpec,
-                                "geglu": GeGLUSpec, "quick_gelu": QuickGeluFFNSpec})
+                                "geglu": GeGLUSpec, "quick_gelu": QuickGeluFFNSpec,
+                                "relu2": Relu2FFNSpec})
 register_specs("norm", NormSpec, {"layernorm": LayerNormSpec, "rmsnorm": RMSNormSpec})
 register_specs("pool", PoolSpec, {"cls": ClsPoolSpec, "mean": MeanPoolSpec, "map": MapPoolSpec})
 register_specs("head", HeadSpec, {"none": NoHeadSpec, "lm": LMHeadSpec, "mlm": MLMHeadSpec, "linear": LinearHeadSpec})

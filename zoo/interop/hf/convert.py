@@ -34,6 +34,8 @@ from zoo.interop.hf.marian import Marian
 from zoo.interop.hf.mistral import Mistral
 from zoo.interop.hf.mixtral import Mixtral
 from zoo.interop.hf.modernbert import ModernBert
+from zoo.interop.hf.nemotron import Nemotron
+from zoo.interop.hf.olmo import Olmo
 from zoo.interop.hf.olmo2 import Olmo2
 from zoo.interop.hf.olmoe import Olmoe
 from zoo.interop.hf.phi3 import Phi3
@@ -51,7 +53,8 @@ __all__ = ["ARCHS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "h
 # A spec converts by default to the first of these that expresses it: the classes with heads, then
 # the backbones of those that have one (GPT2Model, LlamaModel, ...), which take the specs with head: none
 _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma, Qwen3, Phi3, Gemma2, Gemma3,
-               Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, Granite, Cohere, SmolLM3, T5, Roberta, XLMRoberta, DistilBert, ModernBert)
+               Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, Granite, Cohere, SmolLM3, T5, Roberta, XLMRoberta, DistilBert,
+               ModernBert, Olmo, Nemotron)
 _ALL = (*_WITH_HEADS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name and base
@@ -61,7 +64,7 @@ if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name
 def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, bart, mbart, mistral, qwen2, gpt_neox,
     olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, stablelm, granite, cohere,
-    smollm3, t5, roberta, xlm-roberta, distilbert, modernbert) is ``model_type``: the one of a class named in ``architectures`` (a
+    smollm3, t5, roberta, xlm-roberta, distilbert, modernbert, olmo, nemotron) is ``model_type``: the one of a class named in ``architectures`` (a
     config's: ``["LlamaModel"]``) where there is one, else the first (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
     named = [a for a in of_type if a.name in (architectures or ())]

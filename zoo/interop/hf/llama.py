@@ -3,10 +3,11 @@
 
 :class:`Llama` is also the base of the references laid out as LLaMA (``model.layers.{i}.self_attn.
 {q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``): Mistral, Qwen2, Qwen3, Gemma, OLMo 2, Phi-3,
-StableLM, Granite, Cohere and SmolLM3 each state their config as :data:`LLAMA`'s table (:mod:`zoo.interop.hf.table`) with the
+StableLM, Granite, Cohere, SmolLM3, OLMo and Nemotron each state their config as :data:`LLAMA`'s table (:mod:`zoo.interop.hf.table`) with the
 traits they add or swap (:mod:`zoo.interop.hf.traits`), and name their tensors' differences in
 class attributes: Phi-3 fuses the projections (``qkv_proj``, ``gate_up_proj``: ``qkv`` and
-``gate_up``), OLMo 2 names its norms otherwise (``norm_names``).
+``gate_up``), OLMo 2 names its norms otherwise (``norm_names``), Nemotron's MLP has no gate
+(``ffn_rules``).
 
 Each has a backbone without the head (``LlamaModel``: ``base``), converted by
 :meth:`~zoo.interop.hf.base.Architecture.headless`.
@@ -56,19 +57,23 @@ class Llama(Architecture):
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:
         att, nb = s.block.attention, getattr(s.block.norm, "bias", False)  # LayerNorm's bias (StableLM)
+
+        def norm(z: str, h: str) -> list[Rule]:  # none for a norm without weights (OLMo)
+            return weights(z, h, bias=nb) if getattr(s.block.norm, "affine", True) else []
+
         attn_norm, ffn_norm = cls.norm_names
         rules = [rule("tok_emb.weight", "model.embed_tokens.weight")]
         for i, layer in enumerate(s.stack_layers()):
             z, h = f"stack.blocks.{i}", f"model.layers.{i}"
             rules += [
-                *weights(f"{z}.attn_norm", f"{h}.{attn_norm}", bias=nb),
+                *norm(f"{z}.attn_norm", f"{h}.{attn_norm}"),
                 *fused(f"{z}.attn.qkv", [f"{h}.self_attn.{p}" for p in cls.qkv], bias=att.bias),
                 *weights(f"{z}.attn.out", f"{h}.self_attn.o_proj", bias=att.has_out_bias),
-                *([] if getattr(s.block, "shared_norm", False) else weights(f"{z}.ffn_norm", f"{h}.{ffn_norm}", bias=nb)),
+                *([] if getattr(s.block, "shared_norm", False) else norm(f"{z}.ffn_norm", f"{h}.{ffn_norm}")),
                 *cls.ffn_rules(layer.block.ffn, z, h),
                 *table_rules(cls.table, s, z, h),
             ]
-        return rules + [*weights("stack.norm", "model.norm", bias=nb), rule("head.weight", "lm_head.weight")]
+        return rules + [*norm("stack.norm", "model.norm"), rule("head.weight", "lm_head.weight")]
 
     @classmethod
     def ffn_rules(cls, ffn, z: str, h: str) -> list[Rule]:
