@@ -113,7 +113,7 @@ def test_gemma3_release_configs_read_as_patterns():
                                                head_dim=256, sliding_window=512, max_position_embeddings=32768))
     assert g3.block.attention.window == 512 and g3.position.base == 10000.0 and g3.block.attention.scale_dim is None
     assert [p.model_dump(mode="json", exclude_none=True) for p in g3.layers] == [
-        {"at": "5::6", "block": {"attention": {"window": None}}, "position": {"kind": "rope", "base": 1e6, "fraction": 1.0, "scaling": None}}]
+        {"at": "5::6", "block": {"attention": {"window": None}}, "position": {"kind": "rope", "base": 1e6, "fraction": 1.0, "scaling": None, "pairs": "half"}}]
     assert g3.block.attention.qk_norm.unit_offset and g3.block.attention.softcap is None and g3.head.softcap is None
     g2 = hf_spec(transformers.Gemma2Config(num_hidden_layers=26, hidden_size=2304, intermediate_size=9216))
     assert (g2.block.attention.softcap, g2.head.softcap, g2.layers[0].at) == (50.0, 30.0, "1::2")
