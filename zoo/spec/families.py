@@ -54,10 +54,16 @@ class InitSpec(Spec):
 
 class EmbeddingSpec(Spec):
     """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper); ``norm`` puts a
-    norm after the embedding sum (BERT)."""
+    norm after the embedding sum (BERT); ``dim`` factorises the embeddings (ALBERT, ELECTRA)."""
 
     scale: bool = False
     norm: bool = False
+    dim: PositiveInt | None = Field(
+        None, description="factorised embeddings (ALBERT's and ELECTRA's embedding_size): the token, position and "
+        "segment embeddings and their norm are dim wide, and a linear layer with a bias (emb_proj) maps their sum "
+        "to d_model; an mlm head's transform maps to dim, so a tied projection shares the embedding; null: d_model wide, "
+        "no projection",
+    )
     round_scale: bool = Field(
         False,
         description="round sqrt(d_model) to the weights' dtype before multiplying (HF Gemma's normalizer; "
@@ -97,6 +103,11 @@ class FamilySpec(Spec):
     position: AnyPosition = Field(default_factory=SinusoidalSpec)
     dropout: DropoutSpec = Field(default_factory=DropoutSpec)
     init: InitSpec = Field(default_factory=InitSpec)
+    shared_layers: PositiveInt | None = Field(
+        None, description="layers that share weights (ALBERT's num_hidden_groups): the n_layers layers run "
+        "shared_layers distinct blocks, layer i the block int(i / (n_layers / shared_layers)), so 1 is one block "
+        "applied n_layers times; a state dict names each layer's tensors, tied; null: every layer its own"
+    )
 
     def stacks(self) -> dict[str, tuple[int, bool]]:
         """Each stack of blocks by name: (its layers, whether its blocks hold cross-attention)."""
@@ -106,6 +117,15 @@ class FamilySpec(Spec):
         """The resolved layers of ``stack``: ``block`` with the ``layers`` patterns applied."""
         return resolve(self.block, self.layers, self.stacks()[stack][0], stack)
 
+    def weight_layers(self, stack: str = "stack") -> list[int]:
+        """For each layer of ``stack``, the layer whose block it runs: itself, or with ``shared_layers``
+        the first layer of its group."""
+        n = self.stacks()[stack][0]
+        if self.shared_layers is None:
+            return list(range(n))
+        group = [int(i / (n / self.shared_layers)) for i in range(n)]
+        return [group.index(g) for g in group]
+
     @property
     def has_final_norm(self) -> bool:
         """A norm after the last block, as the block kind declares (``final_norm``)."""
@@ -113,7 +133,7 @@ class FamilySpec(Spec):
 
     @model_validator(mode="after")
     def _check_shared(self) -> FamilySpec:
-        problems = self._layer_problems()
+        problems = self._layer_problems() + self._sharing_problems()
         if self.init.scaled_residual and self.init.scheme == "xavier":
             problems.append("init.scaled_residual: applies to scheme normal or trunc_normal, not xavier; set it to false")
         position = self.position
@@ -162,6 +182,26 @@ class FamilySpec(Spec):
                 problems.append(f"layers: the last layer's block kind ({layers[-1].block.kind}) and block.kind "
                                 f"({self.block.kind}) disagree on the final norm; give the last layer block.kind")
         return list(dict.fromkeys(problems))
+
+    def _sharing_problems(self) -> list[str]:
+        """``shared_layers``: one stack, at most one block per layer, the layers of a group alike."""
+        g = self.shared_layers
+        if g is None:
+            return []
+        if list(self.stacks()) != ["stack"]:
+            return [f"shared_layers: family {self.family} has the stacks {', '.join(self.stacks())}; shared layers are "
+                    f"one stack's; remove shared_layers"]
+        if g > self.n_layers:
+            return [f"shared_layers: {g} blocks for {self.n_layers} layers; choose at most n_layers ({self.n_layers})"]
+        try:
+            layers = self.stack_layers()
+        except ValueError:
+            return []  # _layer_problems names it
+        for i, first in enumerate(self.weight_layers()):
+            if layer_key(layers[i]) != layer_key(layers[first]):
+                return [f"layers: layer {i} differs from layer {first}, whose weights it shares (shared_layers: {g}); "
+                        f"give the layers of a group one block and position, or remove shared_layers"]
+        return []
 
     def _head_dim(self, block: BlockSpec) -> int:
         """The query/key head size of ``block``'s attention (every attention spec subclasses
@@ -224,6 +264,27 @@ class TextSpec(FamilySpec):
     embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
     head: AnyHead = Field(default_factory=LMHeadSpec, description="after the last block: lm (logits), mlm, or none "
                           "(the hidden states); a bare name stands for {kind: name}")
+
+    @property
+    def embedding_dim(self) -> int:
+        """The embeddings' width: ``embedding.dim``, else d_model."""
+        return self.embedding.dim or self.d_model
+
+    @model_validator(mode="after")
+    def _check_factorised(self) -> TextSpec:
+        e = self.embedding.dim
+        if e is None:
+            return self
+        if len(self.stacks()) > 1:
+            raise ValueError(f"embedding.dim: factorised embeddings are a one-stack family's (encoder, decoder), not "
+                             f"family {self.family}'s; remove embedding.dim")
+        head = self.head
+        into = e if getattr(head, "transform", False) else self.d_model  # an mlm transform maps to dim
+        if getattr(head, "tied", False) and into != e:
+            raise ValueError(f"head.tied: the {head.kind} head projects d_model ({self.d_model}) wide states, but the "
+                             f"embedding is embedding.dim ({e}) wide; set head.tied: false (or use an mlm head with "
+                             f"transform: true, which maps to embedding.dim)")
+        return self
 
 
 class DecoderSpec(TextSpec):
