@@ -83,6 +83,15 @@ HF_CONFIGS = {  # HF class -> (config class, fields)
                                                        bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2,
                                                        attn_implementation="eager")),
 }
+HF_CONFIGS |= {  # factorised embeddings (embedding_size != hidden_size)
+    "ElectraForMaskedLM": ("ElectraConfig", dict(vocab_size=V, max_position_embeddings=32, embedding_size=14, hidden_size=24,
+                                                 num_hidden_layers=2, num_attention_heads=3, intermediate_size=40,
+                                                 type_vocab_size=2, hidden_act="gelu_new")),
+    # and shared layers: 3 layers running 2 groups (layers 0 and 1 share one)
+    "AlbertForMaskedLM": ("AlbertConfig", dict(vocab_size=V, max_position_embeddings=32, embedding_size=14, hidden_size=24,
+                                               num_hidden_layers=3, num_hidden_groups=2, num_attention_heads=3,
+                                               intermediate_size=40, type_vocab_size=2)),
+}
 # the backbones without a head (head: none): their class's config, named in its architectures
 BACKBONE_OF = {
     "GPT2Model": "GPT2LMHeadModel", "BertModel": "BertForMaskedLM", "LlamaModel": "LlamaForCausalLM",
@@ -93,6 +102,7 @@ BACKBONE_OF = {
     "OlmoeModel": "OlmoeForCausalLM", "RobertaModel": "RobertaForMaskedLM", "XLMRobertaModel": "XLMRobertaForMaskedLM",
     "DistilBertModel": "DistilBertForMaskedLM", "ModernBertModel": "ModernBertForMaskedLM", "StableLmModel": "StableLmForCausalLM",
 }
+BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments
