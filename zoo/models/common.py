@@ -85,7 +85,7 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
             if key not in own:
                 own[key] = build_position(spec, position, block=b, max_len=max_len, causal=causal)
             positions.append(own[key])
-    if stack == "stack" and spec.shared_layers is not None:  # each layer runs its group's first block
+    if getattr(spec, "shared_layers", None) is not None:  # each layer runs its group's first block
         blocks = [blocks[first] for first in spec.weight_layers(stack)]
     ends = type(layers[-1].block).final_norm if final_norm is None else final_norm
     norm = build_part("norm", spec.block.norm, dim=spec.d_model) if ends else None

@@ -77,6 +77,13 @@ class EmbeddingSpec(Spec):
         return self
 
 
+def _shared_layers() -> Any:
+    """The ``shared_layers`` field of a one-stack family (encoder, decoder, ViT)."""
+    return Field(None, description="layers that share weights (ALBERT's num_hidden_groups): the n_layers layers run "
+                 "shared_layers distinct blocks, layer i the block int(i / (n_layers / shared_layers)), so 1 is one "
+                 "block applied n_layers times; a state dict names each layer's tensors, tied; null: every layer its own")
+
+
 class FamilySpec(Spec):
     """Fields every model family has, and what a family declares (class variables, read by the
     checks): ``layout`` of its tokens (``sequence`` or ``grid``: which positions apply), ``output``
@@ -103,11 +110,6 @@ class FamilySpec(Spec):
     position: AnyPosition = Field(default_factory=SinusoidalSpec)
     dropout: DropoutSpec = Field(default_factory=DropoutSpec)
     init: InitSpec = Field(default_factory=InitSpec)
-    shared_layers: PositiveInt | None = Field(
-        None, description="layers that share weights (ALBERT's num_hidden_groups): the n_layers layers run "
-        "shared_layers distinct blocks, layer i the block int(i / (n_layers / shared_layers)), so 1 is one block "
-        "applied n_layers times; a state dict names each layer's tensors, tied; null: every layer its own"
-    )
 
     def stacks(self) -> dict[str, tuple[int, bool]]:
         """Each stack of blocks by name: (its layers, whether its blocks hold cross-attention)."""
@@ -120,10 +122,10 @@ class FamilySpec(Spec):
     def weight_layers(self, stack: str = "stack") -> list[int]:
         """For each layer of ``stack``, the layer whose block it runs: itself, or with ``shared_layers``
         the first layer of its group."""
-        n = self.stacks()[stack][0]
-        if self.shared_layers is None:
+        n, g = self.stacks()[stack][0], getattr(self, "shared_layers", None)
+        if g is None:
             return list(range(n))
-        group = [int(i / (n / self.shared_layers)) for i in range(n)]
+        group = [int(i / (n / g)) for i in range(n)]
         return [group.index(g) for g in group]
 
     @property
@@ -184,15 +186,13 @@ class FamilySpec(Spec):
         return list(dict.fromkeys(problems))
 
     def _sharing_problems(self) -> list[str]:
-        """``shared_layers``: one stack, at most one block per layer, the layers of a group alike."""
-        g = self.shared_layers
+        """``shared_layers``: fewer blocks than layers, the layers of a group alike."""
+        g = getattr(self, "shared_layers", None)  # a one-stack family's field
         if g is None:
             return []
-        if list(self.stacks()) != ["stack"]:
-            return [f"shared_layers: family {self.family} has the stacks {', '.join(self.stacks())}; shared layers are "
-                    f"one stack's; remove shared_layers"]
-        if g > self.n_layers:
-            return [f"shared_layers: {g} blocks for {self.n_layers} layers; choose at most n_layers ({self.n_layers})"]
+        if g >= self.n_layers:
+            return [f"shared_layers: {g} blocks for {self.n_layers} layers shares nothing; choose fewer than n_layers "
+                    f"({self.n_layers}), or remove shared_layers (every layer its own)"]
         try:
             layers = self.stack_layers()
         except ValueError:
@@ -292,6 +292,7 @@ class DecoderSpec(TextSpec):
 
     windows: ClassVar[bool] = True
     family: Literal["decoder"] = "decoder"
+    shared_layers: PositiveInt | None = _shared_layers()
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="normal", std=0.02, scaled_residual=True))
 
 
@@ -310,6 +311,7 @@ class EncoderSpec(TextSpec):
     windows: ClassVar[bool] = True
     padded_positions: ClassVar[bool] = True
     family: Literal["encoder"] = "encoder"
+    shared_layers: PositiveInt | None = _shared_layers()
     type_vocab_size: NonNegativeInt = Field(0, description="segment (token type) embeddings; 0 for none")
     head: AnyHead = Field(default_factory=MLMHeadSpec, description="after the last block: mlm, lm, or none (the "
                           "hidden states); a bare name stands for {kind: name}")
@@ -397,6 +399,7 @@ class VitSpec(FamilySpec):
     output: ClassVar[str] = "pooled"
 
     family: Literal["vit"] = "vit"
+    shared_layers: PositiveInt | None = _shared_layers()
     image_size: PositiveInt = 224
     patch_size: PositiveInt = 16
     in_channels: PositiveInt = 3
