@@ -64,7 +64,7 @@ class Electra(Bert):
     tie = ("generator_lm_head", "electra.embeddings.word_embeddings")
     # BERT's, with factorised embeddings, any two-layer FFN (the head's GELU is exact whatever hidden_act is)
     table = table(BERT, Drop("check:block.ffn.kind:"), two_layer_ffn(ACTS), factorised(always=False),
-                  Fixed("head.approximate", "none", why="the generator's head applies exact GELU (approximate: none)"))
+                  Fixed("head.approximate", "none", why="exact GELU in the generator's head (approximate: none)"))
 
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:
