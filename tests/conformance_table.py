@@ -91,6 +91,9 @@ HF_CONFIGS |= {  # factorised embeddings (embedding_size != hidden_size)
     "AlbertForMaskedLM": ("AlbertConfig", dict(vocab_size=V, max_position_embeddings=32, embedding_size=14, hidden_size=24,
                                                num_hidden_layers=3, num_hidden_groups=2, num_attention_heads=3,
                                                intermediate_size=40, type_vocab_size=2)),
+    # a relative bias beside fairseq's learned positions
+    "MPNetForMaskedLM": ("MPNetConfig", dict(vocab_size=V, max_position_embeddings=34, hidden_size=24, num_hidden_layers=2,
+                                             num_attention_heads=3, intermediate_size=40)),
 }
 # the backbones without a head (head: none): their class's config, named in its architectures
 BACKBONE_OF = {
@@ -102,7 +105,7 @@ BACKBONE_OF = {
     "OlmoeModel": "OlmoeForCausalLM", "RobertaModel": "RobertaForMaskedLM", "XLMRobertaModel": "XLMRobertaForMaskedLM",
     "DistilBertModel": "DistilBertForMaskedLM", "ModernBertModel": "ModernBertForMaskedLM", "StableLmModel": "StableLmForCausalLM",
 }
-BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM"}
+BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM", "MPNetModel": "MPNetForMaskedLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments
