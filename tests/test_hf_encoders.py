@@ -4,7 +4,8 @@ stored sinusoid table read as a learned one) and its backbone; ModernBERT (local
 2 tokens each way with a rope base of their own between global ones, in 11-token rows) and its
 backbone, with and without biases; ELECTRA (factorised embeddings, or none where they are as wide
 as the layers) and ALBERT (factorised embeddings, one block applied at every layer) and their
-backbones, and the refusals of what they have that zoo does not compute.
+backbones; MPNet's backbone (a relative bias beside fairseq's positions); and the refusals of what
+they have that zoo does not compute.
 
 Each class in a variant beside the conformance table's config of it (d_model 36, 3 heads, 2 layers,
 vocabulary 89: XLM-R untied, its backbone without the pooler, DistilBERT with sinusoids, ModernBERT's
@@ -56,6 +57,8 @@ CLASSES |= {  # ELECTRA with embeddings as wide as the layers (no projection); A
     "ElectraModel": ("ElectraConfig", dict(ROBERTA, embedding_size=36, hidden_act="relu", type_vocab_size=2), {}, False),
     "AlbertForMaskedLM": ("AlbertConfig", {**ALBERT, "hidden_act": "gelu"}, {}, False),
     "AlbertModel": ("AlbertConfig", ALBERT, {"add_pooling_layer": True}, False),
+    "MPNetModel": ("MPNetConfig", {k: v for k, v in ROBERTA.items() if k != "type_vocab_size"}, {"add_pooling_layer": True},
+                   True),
 }
 
 
@@ -83,7 +86,7 @@ def output(out) -> torch.Tensor:
 
 # the variants beside the conformance table's config of each class
 VARIANTS = ["XLMRobertaForMaskedLM", "XLMRobertaModel", "DistilBertForMaskedLM", "ModernBertModel", "ElectraModel",
-            "AlbertForMaskedLM", "AlbertModel"]
+            "AlbertForMaskedLM", "AlbertModel", "MPNetModel"]
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -103,6 +106,15 @@ def test_albert_refuses_what_zoo_does_not_compute_by_name(field, value):
     hf = transformers.AlbertForMaskedLM(transformers.AlbertConfig(**{**ALBERT, field: value}))
     with pytest.raises(ConversionError, match=field):
         from_hf(hf)
+
+
+def test_mpnet_refuses_buckets_hf_does_not_compute():
+    hf = transformers.MPNetForMaskedLM(transformers.MPNetConfig(**{**CLASSES["MPNetModel"][1], "relative_attention_num_buckets": 16}))
+    with pytest.raises(ConversionError, match="relative_attention_num_buckets"):
+        from_hf(hf)
+    model = zoo.build("mpnet-tiny", ["layers=[{at: '1:', position: {kind: relative_bias}}]"])  # layer 0 unbiased
+    with pytest.raises(ConversionError, match="layers"):
+        to_hf(model, "MPNetForMaskedLM")
 
 
 def test_factorised_embeddings_refused_where_the_class_lacks_them():
@@ -170,9 +182,14 @@ RELEASES |= {  # factorised embeddings; ALBERT's one shared block
         "inner_group_num": 1, "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu_new",
         "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0, "max_position_embeddings": 512, "type_vocab_size": 2,
         "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}),
+    "mpnet-base": ("MPNetForMaskedLM", "MPNetConfig", 109_518_527, {  # microsoft/mpnet-base
+        "vocab_size": 30527, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": 514, "initializer_range": 0.02, "layer_norm_eps": 1e-5,
+        "relative_attention_num_buckets": 32, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}),
 }
 TINY = {"roberta-tiny": "roberta-base", "distilbert-tiny": "distilbert-base", "modernbert-tiny": "modernbert-base",
-        "electra-tiny": "electra-base-generator", "albert-tiny": "albert-base-v2"}
+        "electra-tiny": "electra-base-generator", "albert-tiny": "albert-base-v2", "mpnet-tiny": "mpnet-base"}
 READ_ONLY = {"architectures", "transformers_version", "global_attn_every_n_layers"}  # HF keeps this one beside layer_types
 
 
