@@ -50,6 +50,8 @@ def _write_positions(s: FamilySpec, where: str) -> dict:
     pad = s.position.padding_idx if s.position.kind == "learned" else None
     require(pad == PAD, where, "position.padding_idx", pad,
             f"{who(where)}'s positions start past padding index 1 (position: {{kind: learned, padding_idx: 1}})")
+    require(s.vocab_size > PAD, where, "vocab_size", s.vocab_size,
+            f"{who(where)}'s token embedding has a padding row {PAD}, so it needs at least {PAD + 1} rows")
     biased = all(layer.position is not None and layer.position.model_dump() == _BIAS for layer in s.stack_layers())
     changed = any(p.block is not None for p in s.layers)
     require(biased and not changed, where, "layers", [p.model_dump(mode="json", exclude_defaults=True) for p in s.layers],
