@@ -4,6 +4,7 @@
     python -m bench --only vit gpt2       # some workloads: bench/results/vit-gpt2-<time>.json, the page untouched
     python -m bench --only moe            # HF Mixtral (each experts implementation) vs zoo's moe decoder
     python -m bench --only loss           # chunked linear + cross-entropy vs the logits written out (time, memory)
+    python -m bench --only lora           # a LoRA training step vs full fine-tuning (time, memory; bench/lora.py)
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
     python -m bench --device cuda         # the GPU rows at GPU sizes (--size gpu), eager and compiled, bf16
     python -m bench --compile             # CPU rows with torch.compile'd sides too (both zoo's and the peer's)
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from bench import dropout, loss, masks, moe, sized, sized_rows
+from bench import dropout, lora, loss, masks, moe, sized, sized_rows
 from bench import workloads as W
 from bench.common import MALLOC, Row, machine, matmul_peak
 from zoo.cli import positive_int
@@ -47,8 +48,8 @@ from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ["peak", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "compile", "window", "packing",
-             "dropout", "loss", "llama"]
-DEFAULT = [w for w in WORKLOADS if w != "llama"]  # a 1B model: asked for by name, or at --size gpu
+             "dropout", "loss", "llama", "lora"]
+DEFAULT = [w for w in WORKLOADS if w not in ("llama", "lora")]  # llama: a 1B model; both asked for by name (llama: or at --size gpu)
 GPU_DEFAULT = ["peak", *sized.WORKLOADS]  # --size gpu without --only
 QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
 QUALITY_MD = ROOT / "bench" / "QUALITY.md"
@@ -97,6 +98,8 @@ def _rows(name: str, precisions: list[str], timing: dict, tiny: bool, plan: size
             out.extend(dropout.rows(p, timing, tiny))
         elif name == "loss":
             out.extend(loss.rows(p, timing, tiny))
+        elif name == "lora":
+            out.extend(lora.rows(p, timing, tiny))
     return out
 
 

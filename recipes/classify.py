@@ -36,6 +36,7 @@ from zoo.data import text as T
 from zoo.spec import SpecError
 from zoo.train import (Config, OptimConfig, RunConfig, ScheduleConfig, TrainError, config_to_yaml, distributed, fit,
                        parse_args, resolve_precision, resolve_resume, seed_everything, tune_malloc)
+from zoo.train.adapters import AdapterConfig, export_adapters, with_adapters
 from zoo.train.pretrained import pretrained
 
 from classify_data import (Classifying, ClassifyTask, Labelled, encode_labelled, majority, read_labelled,  # beside this script
@@ -77,6 +78,7 @@ class ClassifyConfig(Config):
                                        "that keep the weights meaningful: dropout, windows, the classifier)")
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
+    finetune: AdapterConfig = AdapterConfig()
     optim: OptimConfig = OptimConfig(lr=5e-5, weight_decay=0.01)
     schedule: ScheduleConfig = ScheduleConfig(warmup=30)
     run: RunConfig = RunConfig(out_dir=Path("runs/classify"))
@@ -151,6 +153,7 @@ def train(cfg: ClassifyConfig, resume: str | None, dist) -> dict:
     pairs = "pairs of texts" if train_data.seconds is not None else "texts"
     dist.print(f"data: {source}: {len(train_data):,} train / {len(valid_data):,} valid {pairs}, labels {names}; "
                f"majority-class baseline ({top}) accuracy {baseline:.2%}")
+    encoder = with_adapters(encoder, cfg.finetune.lora, trainable=("classifier",), run=cfg.run, dist=dist)
     model = Classifying(encoder).to(dist.device)
     dist.print(f"model: {spec.name or 'encoder'}, {zoo.count_parameters(model) / 1e6:.2f}M parameters, "
                f"{dist.world_size} process(es) on {dist.device}, {cfg.run.precision}")
@@ -174,7 +177,8 @@ def train(cfg: ClassifyConfig, resume: str | None, dist) -> dict:
         atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
         model_dir = out / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
-        zoo.save(model.encoder, model_dir / "model.safetensors")
+        base = None if cfg.init is None else str(cfg.init)
+        zoo.save(export_adapters(model.encoder, model_dir, base=base), model_dir / "model.safetensors")
         if start is None:
             tok.save(str(model_dir / "tokenizer.json"))
         else:

@@ -5,14 +5,14 @@
     python recipes/imagenet.py data.path=/data/imagenet model=vit-small-16 --config imagenet-vit-s16.yaml
     torchrun --nproc_per_node 8 recipes/imagenet.py data.path=/data/imagenet ...   # DDP, same script
     python recipes/imagenet.py --resume                          # continue from the newest checkpoint
-    python recipes/imagenet.py init=timm-vit/ data.image_size=42 optim.layer_decay=0.75   # fine-tune a downloaded ViT
+    python recipes/imagenet.py init=timm-vit/ data.image_size=64 optim.layer_decay=0.75   # fine-tune a downloaded ViT
     python recipes/imagenet.py init=timm-vit/ train.probe=true   # a linear probe: the head alone on frozen features
 
 Data: with ``data.path`` an ImageNet-layout folder (``train/<class>/*``, ``val/<class>/*``) read by
 torchvision's ImageFolder through timm's transforms (RandomResizedCrop, flip, RandAugment, random
 erasing; Mixup/CutMix), unreadable images skipped and counted. Without it, Fashion-MNIST from the
-Debian package ``dataset-fashion-mnist``, held as tensors and augmented in batch (random crop with
-padding, flip), resized to ``data.image_size`` where given.
+Debian package ``dataset-fashion-mnist``, held as tensors and augmented in batch (flip; a random crop
+with ``data.crop_padding`` zero padding where set), resized to ``data.image_size`` where given.
 
 With ``init`` (a zoo file, or a timm/HF ViT directory converted on the fly) the run starts from those
 weights, and the data's class count, channels and image size become overrides of the file's spec: a
@@ -44,6 +44,7 @@ from zoo.atomic import atomic_write_text
 from zoo.data.images import DatasetMissing
 from zoo.train import (Config, Dist, OptimConfig, RunConfig, ScheduleConfig, Task, TrainError, distributed, fit,
                        parse_args, resolve_precision, resolve_resume, seed_everything, tune_malloc)
+from zoo.train.adapters import AdapterConfig, export_adapters, with_adapters
 from zoo.train.pretrained import locate, pretrained
 
 from imagenet_data import FolderImages, ImageDataConfig, TensorImages, evaluate_images  # beside this script
@@ -70,6 +71,7 @@ class RecipeConfig(Config):
                                        "that keep the weights meaningful: dropout, head.*, image_size, in_channels)")
     data: ImageDataConfig = ImageDataConfig()
     train: TrainConfig = TrainConfig()
+    finetune: AdapterConfig = AdapterConfig()
     optim: OptimConfig = OptimConfig(lr=1e-3)
     schedule: ScheduleConfig = ScheduleConfig(warmup=200, min_lr_ratio=0.01)
     run: RunConfig = RunConfig(out_dir=Path("runs/imagenet"), ema=0.995)
@@ -203,8 +205,12 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
         model = zoo.build(spec, seed=cfg.run.seed)
     model = model.to(dist.device)
     if cfg.train.probe:
+        if cfg.finetune.lora is not None:
+            raise TrainError("train.probe and finetune.lora: a probe trains the head alone, LoRA adapters beside it; "
+                             "choose one")
         head = freeze_all_but_head(model)
         dist.print(f"probe: training {head:,} head parameters, the rest of the model frozen")
+    model = with_adapters(model, cfg.finetune.lora, trainable=("head",), run=cfg.run, dist=dist)
     task = ImageTask(cfg, dist, data, accum)
     steps_per_epoch = task.steps(0)
     if steps_per_epoch == 0:
@@ -231,9 +237,10 @@ def train(cfg: RecipeConfig, resume: str | None, dist: Dist) -> dict[str, Any]:
     if fitted.ema is not None:
         exported["ema"] = out / "model-ema.safetensors"
     if dist.is_main:
-        zoo.save(fitted.model, exported["model"])
+        base = None if cfg.init is None else str(cfg.init)  # adapters (finetune.lora) saved alone, then merged
+        zoo.save(export_adapters(fitted.model, out, base=base), exported["model"])
         if fitted.ema is not None:
-            zoo.save(fitted.ema, exported["ema"])
+            zoo.save(export_adapters(fitted.ema, out, base=base, name="adapters-ema.safetensors"), exported["ema"])
     dist.barrier()
     reloaded = {name: evaluate_images(zoo.load(path, device=dist.device), data, dist, cfg.run.precision)
                 for name, path in exported.items()}
@@ -282,7 +289,7 @@ def freeze_all_but_head(model: nn.Module) -> int:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     tune_malloc()
-    cfg, args = parse_args(RecipeConfig, argv, default=DEFAULT_CONFIG, gpu=GPU_CONFIG, description=__doc__.split("\n\n")[0])
+    cfg, args = parse_args(RecipeConfig, argv, default=DEFAULT_CONFIG, gpu=GPU_CONFIG, description=__doc__)
     try:
         with distributed(cfg.run.device) as dist:
             return train(cfg, args.resume, dist)

@@ -1,7 +1,7 @@
 """Train a GPT-style causal language model on plain text, report validation perplexity against a
 unigram baseline, sample from it, and export it with its tokenizer.
 
-    python recipes/lm.py                                   # the embedded default: WordNet glosses, CPU, ~10 min
+    python recipes/lm.py                                   # the embedded default: WordNet glosses, CPU, ~15 min
     python recipes/lm.py model=gpt2-small data.text=[corpus/] train.steps=20000 ...
     torchrun --nproc_per_node 8 recipes/lm.py --config my.yaml
     python recipes/lm.py --resume                          # continue exactly where the run stopped
@@ -57,6 +57,7 @@ from zoo.train import (
     seed_everything,
     tune_malloc,
 )
+from zoo.train.adapters import AdapterConfig, export_adapters, with_adapters
 from zoo.train.pretrained import pretrained
 
 from text_data import TextDataConfig, export_tokenizer, get_tokenizer, load_text, own_tokenizer  # beside this script
@@ -91,6 +92,7 @@ class LMConfig(Config):
     data: TextDataConfig = TextDataConfig()
     train: TrainConfig = TrainConfig()
     sample: SampleConfig = SampleConfig()
+    finetune: AdapterConfig = AdapterConfig()
     optim: OptimConfig = OptimConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     run: RunConfig = RunConfig(out_dir=Path("runs/lm"))
@@ -212,8 +214,14 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
         raise TrainError(f"model {cfg.model!r} is a {spec.family}; a causal language model needs a decoder")
     if spec.max_seq_len < L:
         raise TrainError(f"model max_seq_len {spec.max_seq_len} < train.block_len {L}; lower block_len or override max_seq_len")
-    train_rows = make_rows(cfg, toks.docs(train_texts.texts), toks.opener, spec.max_seq_len, toks.pad_id)
-    valid_rows = make_rows(cfg, toks.docs(valid_texts.texts), toks.opener, spec.max_seq_len, toks.pad_id)
+    rows = {}
+    for name, texts in (("train", train_texts.texts), ("valid", valid_texts.texts)):
+        try:
+            rows[name] = make_rows(cfg, toks.docs(texts), toks.opener, spec.max_seq_len, toks.pad_id)
+        except T.DataError as e:
+            more = "data.valid_fraction or data.max_valid" if name == "valid" else "data.text"
+            raise T.DataError(f"the {name} split: {e}; give it more text ({more}) or lower train.block_len") from None
+    train_rows, valid_rows = rows["train"], rows["valid"]
     real = (lambda r: r.tokens[:, 1:] if r.padding is None else r.tokens[:, 1:][r.padding[:, 1:]])  # noqa: E731
     unigram = T.unigram_perplexity(real(train_rows), real(valid_rows), V)
     slots = train_rows.tokens[:, 1:].numel()
@@ -232,6 +240,7 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
 
     # model
     model = (zoo.build(spec, seed=cfg.run.seed) if start is None else start.model).to(device)
+    model = with_adapters(model, cfg.finetune.lora, run=cfg.run, dist=dist)
     params, active = zoo.count_parameters(model), active_parameters(model)
     dist.print(f"model: {cfg.model if start is None else cfg.init} ({spec.name}), {params / 1e6:.2f}M parameters"
                + (f" ({active / 1e6:.2f}M active per token)" if active != params else "")
@@ -270,7 +279,8 @@ def train(cfg: LMConfig, resume: str | None, dist) -> dict:
             print(f"  sample: {prompt}|{tok.decode(new)}", flush=True)
         model_dir = out / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
-        zoo.save(model, model_dir / "model.safetensors")
+        zoo.save(export_adapters(model, model_dir, base=None if cfg.init is None else str(cfg.init)),
+                 model_dir / "model.safetensors")
         if start is None:  # <eos> opens each document: zoo generate starts prompts with it
             export_tokenizer(tok, model_dir, bos_token=T.EOS, eos_token=T.EOS, pad_token=T.PAD, add_bos=True)
         else:

@@ -46,6 +46,8 @@ from zoo.train import (
     seed_everything,
     tune_malloc,
 )
+from zoo.finetune.spec import LoraSpec
+from zoo.train.adapters import export_adapters, with_adapters
 from zoo.train.pretrained import pretrained
 
 # beside this script
@@ -76,6 +78,9 @@ class FinetuneConfig(Config):
     steps: PositiveInt = Field(300, description="fine-tuning optimizer steps")
     batch_size: PositiveInt = Field(64, description="labelled texts per step")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="the classifier's dropout")
+    lora: LoraSpec | None = Field(None, description="fine-tune low-rank adapters and the classifier instead of every "
+                                  "weight: {rank, alpha, dropout, targets: [q, k, v, o, ffn]} (zoo.finetune.LoraSpec); "
+                                  "the adapters are saved alone beside the merged export")
     eval_every: PositiveInt | None = Field(None, description="steps between evaluations; default: once an epoch")
     checkpoint_every: PositiveInt | None = Field(None, description="steps between checkpoints; default: once an epoch")
     optim: OptimConfig = OptimConfig(lr=3e-4, weight_decay=0.01)
@@ -109,10 +114,13 @@ class Vocab:
             self.pad, self.mask, self.special, self.first_regular = PAD_ID, MASK_ID, list(range(len(T.SPECIALS))), len(T.SPECIALS)
             return
         name = own.special_tokens.get("mask_token")
+        if name is None:  # older folders name it nowhere but in tokenizer.json's special tokens (bert-base-uncased)
+            name = next((t.content for t in tok.get_added_tokens_decoder().values()
+                         if t.special and t.content in ("[MASK]", "<mask>")), None)
         self.mask = tok.token_to_id(name) if name else None
         if self.mask is None:
-            raise TrainError(f"{where}: its tokenizer names no mask token (tokenizer_config.json mask_token); masked "
-                             f"language modelling needs one")
+            raise TrainError(f"{where}: its tokenizer names no mask token (tokenizer_config.json mask_token, or a "
+                             f"special [MASK] / <mask> in tokenizer.json); masked language modelling needs one")
         self.pad = own.pad_id if own.pad_id is not None else 0
         self.special = sorted(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
         self.first_regular = 0
@@ -284,7 +292,7 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, encoder, token
     missing, unexpected = model.load_state_dict(encoder.state_dict(), strict=False)
     if unexpected or any(not k.startswith(("classifier.", "type_emb.")) for k in missing):
         raise TrainError(f"pre-trained weights do not fit the classifier model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    model = Classifying(model)
+    model = Classifying(with_adapters(model, ft.lora, trainable=("classifier",), run=cfg.run, dist=dist))
     ckpt_path = resolve_resume(resume, ft_dir, required=False)
 
     task = ClassifyTask(dist, cfg.run.grad_accum, train_enc, valid_enc, batch_size=ft.batch_size, seed=cfg.run.seed + 1,
@@ -298,7 +306,8 @@ def finetune(cfg: MLMConfig, resume: str | None, dist, out: Path, encoder, token
     if dist.is_main:
         model_dir = ft_dir / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
-        zoo.save(model.encoder, model_dir / "model.safetensors")
+        zoo.save(export_adapters(model.encoder, model_dir, base=str(out / "model" / "model.safetensors")),
+                 model_dir / "model.safetensors")
         export_vocab(vocab, model_dir, start)
         atomic_write_text(model_dir / "labels.json", json.dumps(names) + "\n")
         dist.print(f"exported {model_dir}/model.safetensors, tokenizer.json and labels.json")

@@ -226,7 +226,8 @@ def train(cfg: TranslateConfig, resume: str | None, dist) -> dict:
     fitted = fit(model, task, optim=cfg.optim, schedule=cfg.schedule, run=run, dist=dist, total_steps=cfg.train.steps,
                  resume=ckpt_path, config=cfg.model_dump(mode="json"), minutes=cfg.train.minutes, d_model=spec.d_model,
                  info=info)
-    return finish(cfg, dist, fitted, spec, tok, splits, ids, out, labels=labels, corpus=corpus, t_start=t_start, pad=pad)
+    return finish(cfg, dist, fitted, spec, tok, splits, ids, out, labels=labels, corpus=corpus, t_start=t_start, pad=pad,
+                  init=None if start is None else start.report())
 
 
 def init_tokenizer(cfg: TranslateConfig, path: Path):
@@ -241,7 +242,7 @@ def init_tokenizer(cfg: TranslateConfig, path: Path):
                          f"not other tokenizers' models") from None
 
 
-def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corpus, t_start, pad) -> dict:
+def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corpus, t_start, pad, init=None) -> dict:
     """Average the last checkpoints, score last and averaged on valid and test (overall and per
     domain), export, plot."""
     device, model, step = dist.device, fitted.best, fitted.step
@@ -258,6 +259,7 @@ def finish(cfg, dist, fitted, spec, tok, splits, ids, out: Path, *, labels, corp
                      "train_seconds": round(fitted.elapsed, 1), "stopped_early": fitted.stopped_early,
                      "averaged": [p.name for p in paths], "padding_src": pad[0], "padding_tgt": pad[1]}
     results["config"] = cfg.model_dump(mode="json")
+    results["init"] = init
     if corpus is not None:
         results["corpus"] = {"name": cfg.data.corpus, **corpus.summary()}
     domains = list(corpus.splits) if corpus is not None else []

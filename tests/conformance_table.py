@@ -68,6 +68,17 @@ HF_CONFIGS = {  # HF class -> (config class, fields)
     # StableLM: LayerNorm with biases, partial rotary, q/k/v biases, attention and FFN side by side from one norm
     "StableLmForCausalLM": ("StableLmConfig", dict(_ROTARY, num_attention_heads=3, num_key_value_heads=3,
                                                    partial_rotary_factor=0.5, use_qkv_bias=True, use_parallel_residual=True)),
+    # Granite: its four multipliers, none a power of two
+    "GraniteForCausalLM": ("GraniteConfig", dict(_ROTARY, embedding_multiplier=3.5, attention_multiplier=0.3,
+                                                 residual_multiplier=0.7, logits_scaling=1.7)),
+    # Cohere: parallel blocks from one bias-free LayerNorm, interleaved rope, a logit scale, attention biases
+    "CohereForCausalLM": ("CohereConfig", dict(_ROTARY, logit_scale=0.3, attention_bias=True, bos_token_id=1,
+                                               eos_token_id=2)),
+    # SmolLM3: NoPE layers (no_rope_layers), a window on one layer
+    "SmolLM3ForCausalLM": ("SmolLM3Config", dict(_ROTARY, num_hidden_layers=3, no_rope_layers=[1, 0, 1],
+                                                 use_sliding_window=True, sliding_window=5,
+                                                 layer_types=[F, F, S], bos_token_id=1, eos_token_id=2,
+                                                 pad_token_id=0)),
     "T5ForConditionalGeneration": ("T5Config", dict(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=1, num_heads=3,
                                                     relative_attention_num_buckets=8, relative_attention_max_distance=20)),
     "RobertaForMaskedLM": ("RobertaConfig", dict(vocab_size=V, max_position_embeddings=34, hidden_size=24, num_hidden_layers=2,
@@ -104,6 +115,7 @@ BACKBONE_OF = {
     "MixtralModel": "MixtralForCausalLM", "Qwen2MoeModel": "Qwen2MoeForCausalLM", "Qwen3MoeModel": "Qwen3MoeForCausalLM",
     "OlmoeModel": "OlmoeForCausalLM", "RobertaModel": "RobertaForMaskedLM", "XLMRobertaModel": "XLMRobertaForMaskedLM",
     "DistilBertModel": "DistilBertForMaskedLM", "ModernBertModel": "ModernBertForMaskedLM", "StableLmModel": "StableLmForCausalLM",
+    "GraniteModel": "GraniteForCausalLM", "CohereModel": "CohereForCausalLM", "SmolLM3Model": "SmolLM3ForCausalLM",
 }
 BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM", "MPNetModel": "MPNetForMaskedLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}

@@ -20,7 +20,7 @@ def test_every_workload_runs_at_toy_size(tmp_path):
     out = tmp_path / "r.json"
     md = tmp_path / "b.md"
     assert main(["--tiny", "--only", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "dropout", "window", "packing",
-                 "loss", "--precision", "fp32",
+                 "loss", "lora", "--precision", "fp32",
                  "--json", str(out), "--out", str(md)]) == 0
     data = json.loads(out.read_text())
     names = [r["workload"] for r in data["rows"]]
@@ -240,3 +240,27 @@ def test_decoding_bench_times_each_cache_and_refuses_bad_counts(capsys):
     with pytest.raises(SystemExit) as e:
         decode.main(["--repeats", "0"])
     assert e.value.code == 2 and "--repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_lora_bench_counts_what_each_side_trains_at_toy_size():
+    """The toy decoder (2 layers of 64, q 64 and k, v 32 rows, SwiGLU 96) at rank 16 on q, k, v, o and
+    ffn: per layer A and B of qkv's three slices, out, fc1's gate and up, fc2, counted by hand."""
+    from bench import lora
+
+    full = lora.measure_here("full", "fp32", tiny=True, repeats=1)
+    adapted = lora.measure_here("lora", "fp32", tiny=True, repeats=1)
+    per_layer = 16 * (3 * 64 + (64 + 32 + 32) + 64 + 64 + 2 * 64 + 2 * 96 + 96 + 64)
+    assert adapted["trainable"] == 2 * per_layer and adapted["params"] == full["params"] + 2 * per_layer
+    assert full["trainable"] == full["params"]
+    for m in (full, adapted):  # AdamW: two fp32 moments per trained element, a step count per tensor
+        assert m["grad_bytes"] == 4 * m["trainable"] and 2 * m["grad_bytes"] < m["optimizer_bytes"] < 2 * m["grad_bytes"] + 4096
+        assert m["seconds"] > 0
+
+
+@pytest.mark.slow
+def test_lora_bench_table_runs_each_side_in_a_process_of_its_own(capsys):
+    from bench import lora
+
+    assert lora.main(["--tiny", "--repeats", "1", "--precision", "fp32"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| fp32 |")]
+    assert [r.split(" | ")[1] for r in rows[-2:]] == ["LoRA", "full"]

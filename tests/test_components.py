@@ -373,3 +373,60 @@ def test_bidirectional_window_mask(window):
     assert not is_causal and torch.equal(mask[:, 0, :3], (near & pad[:, None, :])[:, :3])
     plain = attention_mask(q_len=T, k_len=T, causal=False, window=window)
     assert plain == (None, False) if window // 2 >= T - 1 else torch.equal(plain[0][0, 0], near)
+
+
+def test_interleaved_rope_turns_each_pair_2i_2i_plus_1_by_hand():
+    """``pairs: interleaved`` (GPT-J, Cohere): dimensions (2i, 2i + 1) as the complex number
+    x_2i + j x_2i+1, times e^(j pos base^(-2i/K)); partial rotary keeps the rest as they are."""
+    K, base = 8, 500.0
+    rope = RotaryPosition(K, base=base, interleaved=True)
+    q, k = torch.randn(2, 3, 5, K), torch.randn(2, 1, 5, K)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 1, 2, 3]])
+    rq, rk = rope.rotate(q, k, pos)
+    theta = pos[:, None, :, None].double() * base ** (-torch.arange(0, K, 2).double() / K)  # (B, 1, T, K/2)
+    z = torch.complex(q[..., 0::2].double(), q[..., 1::2].double()) * torch.polar(torch.ones_like(theta), theta)
+    torch.testing.assert_close(rq, torch.stack([z.real, z.imag], dim=-1).flatten(-2).float(), atol=1e-5, rtol=1e-5)
+    # the same turns as the rotate-half layout on the dimensions reordered [0, 2, 4, ... | 1, 3, 5, ...]
+    order = torch.cat([torch.arange(0, K, 2), torch.arange(1, K, 2)])
+    hq, hk = RotaryPosition(K, base=base).rotate(q[..., order], k[..., order], pos)
+    torch.testing.assert_close(rq[..., order], hq, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(rk[..., order], hk, atol=1e-6, rtol=1e-6)
+    partial, whole = RotaryPosition(12, base=base, rotary_dims=K, interleaved=True), rope
+    pq, _ = partial.rotate(torch.cat([q, q[..., :4]], -1), torch.cat([k, k[..., :4]], -1), pos)
+    torch.testing.assert_close(pq, torch.cat([rq, q[..., :4]], -1), rtol=0, atol=0)
+
+
+def test_a_float_score_scale_replaces_one_over_sqrt_head_size():
+    B, T, D, H, K = 2, 5, 16, 4, 4
+    attn = _randomized(Attention(D, n_heads=H, n_kv_heads=2, head_dim=K, v_head_dim=K, scale=0.3)).eval()
+    x = torch.randn(B, T, D)
+    q, k, v = attn.qkv(x).split([H * K, 2 * K, 2 * K], dim=-1)
+    q, k, v = (t.view(B, T, -1, K).transpose(1, 2) for t in (q, k, v))
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    scores = (q @ k.transpose(-1, -2) * 0.3).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    ref = attn.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, H * K))
+    torch.testing.assert_close(attn(x, is_causal=True), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_multipliers_of_embeddings_residuals_and_logits_by_hand():
+    """``embedding.multiplier``, ``block.residual_scale`` (with and without layer scale), ``head.scale``
+    and ``head.divisor`` (Granite, Cohere), against the plain model's parts."""
+    import zoo
+    from zoo.components.block import ResidualScale
+
+    base = ["vocab_size=31", "d_model=16", "n_layers=1", "max_seq_len=16", "block.attention.n_heads=2",
+            "block.attention.n_kv_heads=1", "block.ffn.hidden=24"]
+    plain = zoo.build(zoo.load_spec("granite-tiny", base + ["embedding.multiplier=null", "block.residual_scale=null",
+                                                              "head.divisor=null"]), seed=0).eval()
+    model = zoo.build(zoo.load_spec("granite-tiny", base + ["head.scale=0.5"]), seed=0).eval()
+    model.load_state_dict(plain.state_dict())
+    x = torch.randint(0, 31, (2, 6))
+    torch.testing.assert_close(model.tok_emb(x), plain.tok_emb(x) * 12.0, rtol=0, atol=0)
+    b, ctx = plain.stack.blocks[0], BlockContext(is_causal=True, pos=plain.position, positions=torch.arange(6))
+    h = torch.randn(2, 6, 16)
+    a = h + 0.22 * b.attn(b.attn_norm(h), is_causal=True, pos=ctx.pos, positions=ctx.positions)
+    torch.testing.assert_close(model.stack.blocks[0](h, ctx), a + 0.22 * b.ffn(b.ffn_norm(a)), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(model.head(h), plain.head(h) * 0.5 / 16.0, rtol=0, atol=0)
+    assert isinstance(model.stack.blocks[0].ls_attn, ResidualScale) and not list(model.stack.blocks[0].ls_attn.parameters())
+    scaled = LayerScale(16, 0.1, 0.22)
+    torch.testing.assert_close(scaled(h), h * scaled.gamma * 0.22, rtol=0, atol=0)

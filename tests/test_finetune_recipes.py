@@ -180,10 +180,10 @@ def hf_bert(folder: Path, texts: list[str]) -> Path:
     folder.mkdir(parents=True)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "BertTokenizerFast", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-        "mask_token": "[MASK]", "unk_token": "[UNK]"}))
+        "tokenizer_class": "BertTokenizerFast", "do_lower_case": True}))  # as bert-base-uncased: no token named here
     config = transformers.BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=64)
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=64,
+                                     pad_token_id=0)
     torch.manual_seed(0)
     transformers.BertForMaskedLM(config).save_pretrained(folder)
     return folder
@@ -212,3 +212,44 @@ def test_mlm_continues_an_hf_bert_with_its_own_tokenizer_and_fine_tunes_it(wordn
         folder = tmp_path / "run" / sub
         assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in folder.iterdir()}
     assert zoo.load(tmp_path / "run" / "finetune" / "model" / "model.safetensors").spec.classifier.num_labels == 4
+
+
+@pytest.mark.recipe
+def test_lm_lora_trains_adapters_alone_and_exports_them_merged(wordnet, tmp_path, capsys):
+    from zoo.data import text as T
+    from zoo.finetune import load_adapters
+
+    hf = hf_llama(tmp_path / "hf", T.read_wordnet(wordnet).texts)
+    lora = "finetune.lora={rank: 4, alpha: 8, targets: [q, v, ffn]}"
+    assert lm.main(lm_init_args(wordnet, hf, tmp_path / "run", lora, "optim.lr=1e-2")) == 0
+    out = capsys.readouterr().out
+    assert "lora: rank 4, alpha 8" in out and "parameters train" in out
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["valid_loss"] < results["start_valid_loss"], results
+    base = zoo.load(tmp_path / "run" / "init" / "model.safetensors").eval()
+    merged = zoo.load(tmp_path / "run" / "model" / "model.safetensors").eval()
+    b, m = base.state_dict(), merged.state_dict()
+    assert b.keys() == m.keys()  # the merged export is a plain model
+    changed = {k for k in b if not torch.equal(b[k], m[k])}
+    assert changed and all(".qkv." in k or ".ffn." in k for k in changed), changed  # frozen elsewhere
+    adapted = load_adapters(zoo.load(tmp_path / "run" / "init" / "model.safetensors"),
+                            tmp_path / "run" / "model" / "adapters.safetensors").eval()
+    tokens = torch.randint(0, merged.spec.vocab_size, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(tokens), adapted(tokens), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.recipe
+def test_classify_lora_on_a_converted_encoder(wordnet, tmp_path, capsys):
+    from zoo.data import text as T
+
+    hf = hf_bert(tmp_path / "hf", T.read_wordnet(wordnet).texts)
+    args = classify_args(wordnet, tmp_path / "out", f"init={hf}", "finetune.lora={rank: 2, targets: [q, k, v, o]}")
+    assert classify.main(args) == 0
+    assert "(+ classifier in full)" in capsys.readouterr().out
+    exported = tmp_path / "out" / "model"
+    assert (exported / "adapters.safetensors").is_file()
+    model = zoo.load(exported / "model.safetensors")
+    base = zoo.load(tmp_path / "out" / "init" / "model.safetensors")
+    assert torch.equal(model.state_dict()["tok_emb.weight"], base.state_dict()["tok_emb.weight"])
+    assert model.spec.classifier.num_labels == 4

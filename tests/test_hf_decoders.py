@@ -1,6 +1,8 @@
 """Decoder classes in variants beside the conformance table's one config per class: Qwen3 (RMSNorm on
-each query and key head, its own head size, per-layer sliding windows) and Phi-3 (fused ``qkv_proj``
-and ``gate_up_proj``, partial rotary, a sliding window, residual dropout), at sizes no preset has.
+each query and key head, its own head size, per-layer sliding windows), Phi-3 (fused ``qkv_proj``
+and ``gate_up_proj``, partial rotary, a sliding window, residual dropout), Granite (its multipliers),
+Cohere (interleaved rope, parallel blocks, a logit scale) and SmolLM3 (NoPE layers by their interval),
+at sizes no preset has.
 
 Each variant, a random-init ``*ForCausalLM``, goes through the conformance suite's checks (outputs
 both ways, padded or not; every tensor back; its config; cached greedy decoding past the window).
@@ -58,6 +60,17 @@ CASES = {
         "sliding_window": 4}, "MistralForCausalLM"),
     "phi3: GQA 4/2, full rotary, no window (as LLaMA)": ("Phi3", {
         "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 44}, "LlamaForCausalLM"),
+    "granite: MQA, the attention multiplier 1/sqrt(head size), tied, biases": ("Granite", {
+        "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 44,
+        "attention_multiplier": 8 ** -0.5, "embedding_multiplier": 6.0, "logits_scaling": 0.5, "tie_word_embeddings": True,
+        "attention_bias": True, "mlp_bias": True}, None),
+    "cohere: GQA 6/2, untied, the default logit scale": ("Cohere", {
+        "hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 56,
+        "tie_word_embeddings": False}, None),
+    "smollm3: NoPE every second layer (no_rope_layer_interval 2), every layer sliding, window 4": ("SmolLM3", {
+        "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 44,
+        "num_hidden_layers": 4, "no_rope_layer_interval": 2, "use_sliding_window": True, "sliding_window": 4,
+        "layer_types": [SLIDING] * 4}, None),
 }
 
 
@@ -110,6 +123,11 @@ FROM_REFUSED = {
     "qwen3 sliding layers without a window": (lambda: reference("Qwen3", **SMALL, head_dim=8, layer_types=[SLIDING, FULL]),
                                               "sliding_window=None is not supported"),
     "phi3 quick_gelu": (lambda: reference("Phi3", **SMALL, hidden_act="quick_gelu"), "hidden_act='quick_gelu'"),
+    "cohere per-head qk-norm": (lambda: reference("Cohere", **SMALL, use_qk_norm=True),
+                                "use_qk_norm=True is not supported: Cohere's use_qk_norm is a LayerNorm per head"),
+    "smollm3 sliding layers without a window": (
+        lambda: reference("SmolLM3", **SMALL, use_sliding_window=True, sliding_window=None, layer_types=[SLIDING, FULL]),
+        "sliding_window=None is not supported"),
 }
 
 
@@ -170,6 +188,18 @@ TO_REFUSED = {
     "a layer pattern to phi3": ("Phi3", PHI3, ["layers=[{at: 0, block: {attention: {window: null}}}]"], "Phi3ForCausalLM",
                                 "layers="),
     "embedding dropout to phi3": ("Phi3", PHI3, ["dropout.embedding=0.1"], "Phi3ForCausalLM", "dropout.embedding=0.1"),
+    "interleaved rope to llama": ("Qwen3", QWEN3, ["block.attention.qk_norm=null", "position.pairs=interleaved"],
+                                  "LlamaForCausalLM", "position.pairs='interleaved'"),
+    "rotate-half rope to cohere": ("Cohere", {**SMALL, "num_key_value_heads": 2}, ["position.pairs=half"],
+                                   "CohereForCausalLM", "position.pairs='half'"),
+    "scale_dim to granite": ("Granite", SMALL, ["block.attention.scale=null", "block.attention.scale_dim=4"],
+                             "GraniteForCausalLM",
+                             "block.attention.scale_dim=4"),
+    "a logit scale to granite": ("Granite", SMALL, ["head.scale=0.5"], "GraniteForCausalLM", "head.scale=0.5"),
+    "a layer's own rope base to smollm3": ("SmolLM3", SMALL, ["layers=[{at: 0, position: {kind: rope, base: 500.0}}]"],
+                                           "SmolLM3ForCausalLM", "layer 0's position .* SmolLM3's layers have the model's rope or none"),
+    "two window sizes to smollm3": ("SmolLM3", SMALL, ["block.attention.window=3", "layers=[{at: 0, block: {attention: "
+                                                      "{window: 5}}}]"], "SmolLM3ForCausalLM", r"block.attention.window=\[3, 5\]"),
     "residual dropout to llama": ("Phi3", {**PHI3, "rope_parameters": rope(1.0), "sliding_window": None},
                                   ["dropout.residual=0.1"], "LlamaForCausalLM", "dropout.residual=0.1"),
 }

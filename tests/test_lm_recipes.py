@@ -207,6 +207,12 @@ def _same_losses(a: Path, b: Path) -> None:
     assert [key(r) for r in read_metrics(a / "metrics.jsonl")] == [key(r) for r in read_metrics(b / "metrics.jsonl")]
 
 
+def test_a_split_too_short_for_one_block_names_the_settings(wordnet, tmp_path, capsys):
+    assert lm.main(lm_args(wordnet, tmp_path, "data.max_valid=1", "train.block_len=64")) == 2
+    err = capsys.readouterr().err
+    assert "the valid split:" in err and "data.valid_fraction or data.max_valid" in err and "train.block_len" in err
+
+
 def test_lm_rejects_an_encoder(wordnet, tmp_path, capsys):
     assert lm.main(lm_args(wordnet, tmp_path, "model=bert-mini", "model_overrides=[d_model=32,n_layers=1]")) == 2
     assert "needs a decoder" in capsys.readouterr().err
@@ -290,3 +296,19 @@ def test_mlm_finetunes_on_a_labelled_tsv(tmp_path, capsys):
 def test_the_unigram_comparison_says_higher_when_the_model_is_worse():
     assert lm.versus_unigram(100.0, 1000.0) == "10.0x lower"
     assert lm.versus_unigram(516.0, 216.5).startswith("2.4x higher")
+
+
+@pytest.mark.recipe
+def test_the_quickstarts_minute_of_training_runs_as_written(wordnet, tmp_path, capsys):
+    """docs/quickstart.md's one-minute run, its settings as the page gives them, on the tiny model
+    and data above for a few seconds; it writes what the page says it writes."""
+    page = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    command = next(line for line in page.splitlines() if line.startswith("python recipes/lm.py "))
+    out = tmp_path / "quick"
+    shrunk = [a for a in lm_args(wordnet, out, "train.minutes=0.03", "run.plot=true", "run.eval_every=20",
+                                 "run.checkpoint_every=20") if not a.startswith("train.steps=")]
+    assert lm.main([*command.split()[2:], *shrunk]) == 0
+    assert "sample: a|" in capsys.readouterr().out
+    for name in ("metrics.jsonl", "curves.png", "model/model.safetensors", "model/tokenizer.json"):
+        assert (out / name).is_file(), name
+    assert list(out.glob("ckpt-*.pt"))

@@ -25,9 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 N, D, V = 37, 24, 101  # neither the rows nor the vocabulary a multiple of the chunk
 
 
-def reference(h, w, t, b=None, *, reduction="sum", label_smoothing=0.0, softcap=None, scale=None):
+def reference(h, w, t, b=None, *, reduction="sum", label_smoothing=0.0, softcap=None, scale=None, logit_scale=None):
     """The loss as computed before: the logits as the head makes them, then fp32 and F.cross_entropy."""
     z = F.linear(h if scale is None else h * scale, w, b)
+    if logit_scale is not None:
+        z = z * logit_scale
     if softcap is not None:
         z = torch.tanh(z / softcap) * softcap
     return F.cross_entropy(z.float(), t, ignore_index=-100, reduction=reduction, label_smoothing=label_smoothing)
@@ -47,7 +49,8 @@ def grads(loss, *xs):
     return torch.autograd.grad(loss, [x for x in xs if x is not None])
 
 
-EXTRAS = {"plain": {}, "softcap": {"softcap": 2.5}, "scale": {"scale": 0.3}, "all": {"softcap": 4.0, "scale": 0.7}}
+EXTRAS = {"plain": {}, "softcap": {"softcap": 2.5}, "scale": {"scale": 0.3}, "logit_scale": {"logit_scale": 3.0},
+          "all": {"softcap": 4.0, "scale": 0.7, "logit_scale": 0.4}}
 
 
 @pytest.mark.parametrize("reduction,label_smoothing,extra,bias,chunk",
@@ -223,6 +226,10 @@ def model_case(name: str):
         model = zoo.build(zoo.load_spec("gemma-2-tiny", ["vocab_size=61", "d_model=32", "n_layers=2", "block.attention.n_heads=2",
                                                          "block.attention.n_kv_heads=1", "block.attention.head_dim=16",
                                                          "block.attention.v_head_dim=16", "block.ffn.hidden=48"]), seed=0)
+    elif name in ("granite (divisor)", "cohere (scale)"):
+        preset = {"granite (divisor)": "granite-tiny", "cohere (scale)": "command-r-tiny"}[name]
+        model = zoo.build(zoo.load_spec(preset, ["vocab_size=61", "d_model=32", "n_layers=2", "block.attention.n_heads=2",
+                                                 "block.ffn.hidden=48"]), seed=0)
     elif name == "mlm (transform, bias)":
         model = tiny_model("encoder")
     else:  # gpt2: a tied head
@@ -237,7 +244,7 @@ def model_case(name: str):
 
 
 @pytest.mark.parametrize("name", ["gpt2 (tied)", "gemma-2 (softcap)", "mlm (transform, bias)", "encoder_decoder",
-                                  "t5 (scale_input)"])
+                                  "t5 (scale_input)", "granite (divisor)", "cohere (scale)"])
 @pytest.mark.parametrize("reduction,label_smoothing", [("sum", 0.0), ("mean", 0.1)])
 def test_model_loss_and_its_gradients_equal_cross_entropy_of_its_logits(name, reduction, label_smoothing):
     model, args, targets = model_case(name)

@@ -39,6 +39,10 @@ EXACT = {
     "qwen3-30b-a3b": 30_532_122_624,
     "olmoe-1b-7b": 6_919_161_856,
     "qwen1.5-moe-a2.7b": 14_315_784_192,
+    # HF GraniteForCausalLM, SmolLM3ForCausalLM, CohereForCausalLM from the releases' configs (tests/test_presets_hf.py)
+    "granite-3.3-8b": 8_170_864_640,
+    "smollm3-3b": 3_075_098_624,
+    "command-r-v01": 34_980_831_232,
     # HF BartForConditionalGeneration from facebook/bart-base's config (tests/test_bart_hf.py)
     "bart-base": 139_420_416,
 }

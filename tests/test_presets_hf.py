@@ -1,12 +1,14 @@
 """The presets of released decoders are their HF configs, and their tiny variants convert to HF exactly.
 
 Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, and the
-mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``, ``qwen1.5-moe-a2.7b``), on the
+mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``, ``qwen1.5-moe-a2.7b``, and
+``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``), on the
 meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
 has the parameter count of the HF class built from that config (tied tensors once), and writes back to
 the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``), and their tiny variants
 (``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
-``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``): at random init each converts to its HF class with the same logits
+``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``,
+``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
 
@@ -82,6 +84,23 @@ RELEASES = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "use_sliding_window": False,
         "sliding_window": 32768, "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": False,
         "decoder_sparse_step": 1, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False}),
+    "granite-3.3-8b": ("GraniteForCausalLM", "GraniteConfig", 8_170_864_640, {  # ibm-granite/granite-3.3-8b-base
+        "vocab_size": 49159, "hidden_size": 4096, "intermediate_size": 12800, "num_hidden_layers": 40,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7}, "attention_bias": False, "mlp_bias": False,
+        "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125, "residual_multiplier": 0.22,
+        "logits_scaling": 16.0, "tie_word_embeddings": True}),
+    "smollm3-3b": ("SmolLM3ForCausalLM", "SmolLM3Config", 3_075_098_624, {  # HuggingFaceTB/SmolLM3-3B
+        "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+        "num_attention_heads": 16, "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 65536,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5e6}, "no_rope_layer_interval": 4,
+        "use_sliding_window": False, "sliding_window": None, "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": True}),
+    "command-r-v01": ("CohereForCausalLM", "CohereConfig", 34_980_831_232, {  # CohereForAI/c4ai-command-r-v01
+        "vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528, "num_hidden_layers": 40,
+        "num_attention_heads": 64, "num_key_value_heads": 64, "layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
+        "logit_scale": 0.0625, "rope_parameters": {"rope_type": "default", "rope_theta": 8e6}, "attention_bias": False,
+        "use_qk_norm": False, "tie_word_embeddings": True}),
 }
 NOT_SPEC = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}  # token ids are no part of a spec
 
@@ -125,6 +144,9 @@ TINY = {
     "qwen3-moe-tiny": ("qwen3-30b-a3b", "Qwen3MoeForCausalLM", "Qwen3MoeForCausalLM"),
     "olmoe-tiny": ("olmoe-1b-7b", "OlmoeForCausalLM", "OlmoeForCausalLM"),
     "qwen1.5-moe-tiny": ("qwen1.5-moe-a2.7b", "Qwen2MoeForCausalLM", "Qwen2MoeForCausalLM"),
+    "granite-tiny": ("granite-3.3-8b", "GraniteForCausalLM", "GraniteForCausalLM"),
+    "smollm3-tiny": ("smollm3-3b", "SmolLM3ForCausalLM", "SmolLM3ForCausalLM"),
+    "command-r-tiny": ("command-r-v01", "CohereForCausalLM", "CohereForCausalLM"),
 }
 WINDOW = 64
 
@@ -192,8 +214,10 @@ def test_tiny_presets_convert_to_hf_and_decode_the_same(name):
     mask[1, :7] = False
     with torch.no_grad():
         logits = model(x)
-        assert logits.abs().max() > 1.0  # O(1) logits: the tolerance below is a real test
-        tol = max(ATOL, 2e-5 * logits.abs().max().item())  # fp32 rounding grows with the logits (Gemma's reach ~10)
+        head = model.spec.head  # a head scaling its logits (Cohere: 1/16) scales what O(1) and the tolerance mean
+        unit = (head.scale or 1.0) / (head.divisor or 1.0)
+        assert logits.abs().max() > unit  # O(1) logits: the tolerance below is a real test
+        tol = max(ATOL * unit, 2e-5 * logits.abs().max().item())  # fp32 rounding grows with the logits (Gemma's reach ~10)
         assert max_diff(logits, hf(x).logits) < tol
         ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
         assert max_diff(model(x, mask), ref, mask) < tol

@@ -37,3 +37,11 @@ def test_the_opening_names_every_registered_component_kind():
     missing = {f"{kind}: {name}" for kind, registry in REGISTRIES.items() if kind != "family" for name in registry.names()
                if name not in named}
     assert not missing, f"README's opening paragraph does not name {sorted(missing)}"
+
+
+def test_the_command_paragraph_names_every_subcommand():
+    from zoo.cli import commands
+
+    paragraph = next(p for p in (ROOT / "README.md").read_text().split("\n\n") if p.startswith("The `zoo` command:"))
+    missing = [usage.split()[1] for usage, _ in commands() if f"`zoo {usage.split()[1]}" not in paragraph]
+    assert not missing, f"README's paragraph on the zoo command does not name {missing}"

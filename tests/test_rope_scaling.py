@@ -198,6 +198,7 @@ OTHERS = {
     "Gemma": {"num_key_value_heads": 1, "head_dim": 12},
     "GPTNeoX": {"rotary_pct": 1.0},
     "StableLm": {"num_key_value_heads": 1, "partial_rotary_factor": 1.0},
+    "Cohere": {"num_key_value_heads": 1},  # each scaling in the interleaved layout
 }
 
 

@@ -127,6 +127,8 @@ def test_init_continues_a_run_s_export_and_refuses_another_tokenizer(data, tmp_p
     out = capsys.readouterr().out
     assert f"init: {exported}: loaded" in out and "new 0, dropped 0" in out and "from init" in out
     assert (tmp_path / "again" / "model" / "tokenizer.json").read_bytes() == (first / "model" / "tokenizer.json").read_bytes()
+    report = json.loads((tmp_path / "again" / "results.json").read_text())["init"]
+    assert report["new"] == [] and report["dropped"] == [] and report["loaded"] > 0
     other = bpe.train_bpe(["ein kleiner Test", "a small test"] * 5, 300, specials=["<unk>", "<s>"], min_frequency=1)
     other.save(str(first / "model" / "tokenizer.json"))  # another model's tokenizer, beside the same weights
     assert recipe.main([a.replace("again", "third") for a in args]) == 2

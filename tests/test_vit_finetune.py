@@ -242,6 +242,29 @@ def test_probe_resumes_exactly_from_a_checkpoint(tmp_path):
     assert all(torch.equal(ea[k], eb[k]) for k in ea)
 
 
+@pytest.mark.recipe
+@needs_fmnist
+def test_lora_trains_adapters_and_the_head_and_exports_both_models_merged(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    zoo.save(zoo.build("vit-tiny-16", ["image_size=28", "patch_size=7", "in_channels=1", "d_model=32", "n_layers=1",
+                                       "block.attention.n_heads=2", "block.ffn.hidden=48"], seed=1), tmp_path / "i.safetensors")
+    common = [f"init={tmp_path / 'i.safetensors'}", "data.train_limit=256", "data.valid_limit=100", "data.batch_size=64",
+              "train.max_steps=4", "run.plot=false", "run.threads=1", "run.log_every=2"]
+    recipe = _recipe()
+    recipe.main([f"run.out_dir={tmp_path / 'run'}", *common, "finetune.lora={rank: 2, targets: [q, v]}"])
+    assert "(+ head in full)" in capsys.readouterr().out
+    for name in ("adapters.safetensors", "adapters-ema.safetensors"):
+        assert (tmp_path / "run" / name).is_file()
+    before, after = load_file(str(tmp_path / "i.safetensors")), load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"stack.blocks.0.attn.qkv.weight", "head.weight", "head.bias"}, changed
+    with pytest.raises(SystemExit):
+        recipe.main([f"run.out_dir={tmp_path / 'both'}", *common, "train.probe=true", "finetune.lora={rank: 2}"])
+    assert "train.probe and finetune.lora" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder", "vit"])
 def test_layer_decay_covers_every_family(family):
     """Every parameter in one group; block i of a stack (both of an encoder-decoder's) at decay^(n - i)."""

@@ -48,6 +48,7 @@ from rich.console import Console
 from zoo import cli_generate, cli_kernels
 from zoo.build import build, count_parameters
 from zoo.cli_tables import human_bytes, inspect_lines, layer_lines, memory_table, presets_table, summary_table
+from zoo.finetune.spec import ADAPTERS
 from zoo.io import LoadError, SaveError, one_line, read_header, read_spec, save
 from zoo.registry import REGISTRIES, RegistryError
 from zoo.shards import DEFAULT_MAX_SHARD_SIZE
@@ -84,7 +85,7 @@ def _spec(source: str, overrides: list[str]):
 
 
 def _list(console: Console) -> None:
-    for part, reg in REGISTRIES.items():
+    for part, reg in [*REGISTRIES.items(), ("adapter", ADAPTERS)]:  # adapters: zoo.finetune's, for built models
         console.print(f"[bold]{part}[/]: {', '.join(reg.names())}")
     console.print(f"[bold]presets[/]: {', '.join(preset_names())}")
 

@@ -55,7 +55,7 @@ from zoo.shards import DEFAULT_MAX_SHARD_SIZE, DTYPES, Entry, Files, ShardError,
 from zoo.spec import FamilySpec, SpecError, parse_spec
 
 __all__ = [
-    "FORMAT", "FileHeader", "LoadError", "SaveError", "load", "load_weights", "read_header", "read_lazily",
+    "FORMAT", "KEY_ADAPTER", "FileHeader", "LoadError", "SaveError", "load", "load_weights", "read_header", "read_lazily",
     "read_spec", "save", "tie_groups", "write_model",
 ]
 
@@ -67,6 +67,7 @@ FORMAT = 3
 FORMAT_SINGLE = 2
 KEY_FORMAT, KEY_VERSION, KEY_SPEC, KEY_TIED = "zoo.format", "zoo.version", "zoo.spec", "zoo.tied"
 KEY_SHARD, KEY_SAVE = "zoo.shard", "zoo.save"  # a shard's "k/n"; one id for an index and its shards
+KEY_ADAPTER = "zoo.adapter"  # an adapter file's (zoo.finetune.save_adapters), which holds no model
 
 
 class LoadError(ValueError):
@@ -240,6 +241,8 @@ def _spec_of(header: FileHeader) -> FamilySpec:
         index = re.sub(r"-\d{5}-of-\d{5}\.safetensors$", ".safetensors.index.json", header.path.name)
         raise LoadError(f"{name!r} is shard {meta[KEY_SHARD]} of a sharded zoo file; load its index {index!r} "
                         f"(or the name it was saved as), with every shard beside it")
+    if KEY_ADAPTER in meta:
+        raise LoadError(f"{name!r} holds adapters, not a model; load its base model, then zoo.finetune.load_adapters(model, path)")
     if KEY_SPEC not in meta:
         raise LoadError(
             f"{name!r} has no zoo spec in its metadata (it was not written by zoo.save); "

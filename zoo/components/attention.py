@@ -263,7 +263,7 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         qk_scope=qk.scope if qk is not None else "head",
         qk_eps=qk.eps if qk is not None else 1e-6,
         qk_unit_offset=qk.unit_offset if qk is not None else False,
-        scale=None if spec.scale_dim is None else spec.scale_dim ** -0.5,
+        scale=spec.score_scale(d_model),
         softcap=spec.softcap,
         kernel=spec.kernel,
     )

@@ -10,7 +10,8 @@ block's ``kind`` says. Each kind is one small class registered in the ``block`` 
     (one shared norm with shared_norm)                      x = x + drop(post2(ffn(norm2(x))))
 
 With layer scale (CaiT, DeiT III) each sub-layer's output is multiplied by a learned per-channel
-vector before the add: ``x + ls(drop(attn(...)))``.
+vector before the add: ``x + ls(drop(attn(...)))``; a residual scale (Granite) multiplies it by a
+fixed number in the same place.
 
 A block declares what summaries and initialisation need, so nothing outside it branches on its
 class: :meth:`Block.sublayers` (its attention, cross-attention and FFN), :meth:`Block.branches`
@@ -61,20 +62,35 @@ class BlockContext:
 
 class LayerScale(nn.Module, SummaryPart):
     """x [..., D] -> x * gamma, a learned per-channel scale initialised to ``init`` (Touvron et al.
-    2021, CaiT; timm's ``LayerScale``)."""
+    2021, CaiT; timm's ``LayerScale``), then times the fixed ``multiplier`` where given."""
 
     summary_part = "norms"
 
-    def __init__(self, dim: int, init: float) -> None:
+    def __init__(self, dim: int, init: float, multiplier: float | None = None) -> None:
         super().__init__()
-        self.init = init
+        self.init, self.multiplier = init, multiplier
         self.gamma = nn.Parameter(torch.full((dim,), float(init)))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * self.gamma
+        x = x * self.gamma
+        return x if self.multiplier is None else x * self.multiplier
 
     def extra_repr(self) -> str:
-        return f"{self.gamma.shape[0]}, init={self.init}"
+        return f"{self.gamma.shape[0]}, init={self.init}" + ("" if self.multiplier is None else f", multiplier={self.multiplier}")
+
+
+class ResidualScale(nn.Module):
+    """x -> x * ``multiplier``, a fixed number (Granite's residual_multiplier): no parameters."""
+
+    def __init__(self, multiplier: float) -> None:
+        super().__init__()
+        self.multiplier = multiplier
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.multiplier
+
+    def extra_repr(self) -> str:
+        return f"{self.multiplier}"
 
 
 class Block(nn.Module, SummaryParts, HasSublayers, LayerCosts):
@@ -228,7 +244,7 @@ class ParallelBlock(Block):
 # ------------------------------------------------------------------------------------------ builders
 def build_sublayers(spec, *, dim: int, dropout, cross: bool, layer_scale: bool = True) -> dict[str, nn.Module | None]:
     """The parts every block kind builds alike from a block ``spec``: ``attn``, ``ffn``,
-    ``cross_attn`` (with ``cross``), the layer scales, and the residual ``dropout`` rate
+    ``cross_attn`` (with ``cross``), the layer scales (or the fixed residual scales), and the residual ``dropout`` rate
     (``dropout`` is the model's DropoutSpec)."""
 
     def attention(aspec, is_cross: bool) -> nn.Module:
@@ -236,7 +252,10 @@ def build_sublayers(spec, *, dim: int, dropout, cross: bool, layer_scale: bool =
             aspec, dim=dim, kv_dim=dim, d_model=dim, dropout=dropout.attention, cross=is_cross)
 
     def scale() -> nn.Module | None:
-        return LayerScale(dim, spec.layer_scale) if spec.layer_scale is not None and layer_scale else None
+        fixed = spec.residual_scale
+        if spec.layer_scale is not None and layer_scale:
+            return LayerScale(dim, spec.layer_scale, fixed)
+        return None if fixed is None else ResidualScale(fixed)
 
     return dict(
         attn=attention(spec.attention, False),

@@ -16,15 +16,18 @@ from zoo.protocols import SummaryPart
 
 
 class TokenEmbedding(nn.Embedding, SummaryPart):
-    """Token ids [B, T] -> vectors [B, T, D], times sqrt(D) when ``scale`` (the paper, sec. 3.4).
+    """Token ids [B, T] -> vectors [B, T, D], times sqrt(D) when ``scale`` (the paper, sec. 3.4), then
+    times ``multiplier`` (Granite's embedding_multiplier) where given.
 
     ``round_scale``: sqrt(D) is first rounded to the weights' dtype, as HF Gemma casts its normalizer
     (in bfloat16, sqrt(3072) = 55.43 becomes 55.5); in float32 both ways give the same result."""
 
     summary_part = "embeddings"
 
-    def __init__(self, vocab_size: int, dim: int, *, scale: bool = False, round_scale: bool = False) -> None:
+    def __init__(self, vocab_size: int, dim: int, *, scale: bool = False, round_scale: bool = False,
+                 multiplier: float | None = None) -> None:
         super().__init__(vocab_size, dim)
+        self.multiplier = multiplier
         self.scale = math.sqrt(dim) if scale else 1.0
         self.round_scale = round_scale
         # the scale per floating dtype, worked out once (exact as Python floats)
@@ -32,7 +35,8 @@ class TokenEmbedding(nn.Embedding, SummaryPart):
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = super().forward(tokens)
-        return x * self.scales.get(x.dtype, self.scale) if self.scale != 1.0 else x
+        x = x * self.scales.get(x.dtype, self.scale) if self.scale != 1.0 else x
+        return x if self.multiplier is None else x * self.multiplier
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

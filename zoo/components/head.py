@@ -1,7 +1,8 @@
 """Heads: what a model puts after its last block, registered in the ``head`` registry.
 
     lm      a linear projection of each token to the vocabulary (GPT-2, LLaMA, the paper), its
-            logits soft-capped with ``softcap`` (Gemma 2)
+            logits multiplied by ``scale`` (Cohere), divided by ``divisor`` (Granite), soft-capped
+            with ``softcap`` (Gemma 2)
     mlm     BERT's masked-LM head: [linear -> GELU -> norm ->] projection to the vocabulary (the
             linear maps to the embeddings' width where they are factorised: ALBERT, ELECTRA)
     linear  a ViT's classifier of its pooled tokens
@@ -34,23 +35,36 @@ __all__ = ["ClassifierHead", "LMHead", "MLMHead"]
 
 
 class LMHead(Linear, SummaryPart, VocabularyLoss, SavesPerToken):
-    """[..., D] -> [..., V] logits; with ``softcap``, ``softcap * tanh(logits / softcap)``; with
-    ``input_scale``, of the input times that number (T5 v1.0's d_model^-0.5)."""
+    """[..., D] -> [..., V] logits; with ``input_scale``, of the input times that number (T5 v1.0's
+    d_model^-0.5); then times ``logit_scale`` (Cohere), divided by ``logit_divisor`` (Granite), and
+    with ``softcap``, ``softcap * tanh(logits / softcap)``."""
 
     summary_part = "head"
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = True, softcap: float | None = None,
-                 input_scale: float | None = None) -> None:
+                 input_scale: float | None = None, logit_scale: float | None = None,
+                 logit_divisor: float | None = None) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.softcap, self.input_scale = softcap, input_scale
+        self.logit_scale, self.logit_divisor = logit_scale, logit_divisor
 
     def forward(self, x: Tensor) -> Tensor:
         if self.input_scale is not None:
             x = x * self.input_scale
         logits = super().forward(x)
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
+        if self.logit_divisor is not None:
+            logits = logits / self.logit_divisor
         if self.softcap is None:
             return logits
         return torch.tanh(logits / self.softcap) * self.softcap
+
+    def _logit_factor(self) -> float | None:
+        """What the loss multiplies the projection's logits by (``logit_scale`` / ``logit_divisor``)."""
+        if self.logit_scale is None and self.logit_divisor is None:
+            return None
+        return (self.logit_scale or 1.0) / (self.logit_divisor or 1.0)
 
     def loss(self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, reduction: str = "sum",
              ignore_index: int = -100, chunk_rows: int | None = None,
@@ -60,7 +74,8 @@ class LMHead(Linear, SummaryPart, VocabularyLoss, SavesPerToken):
         targets that are not ``ignore_index``; ``return_nll``: (loss, its unsmoothed NLL without gradient)."""
         return linear_cross_entropy(x, self.weight, targets, self.bias, ignore_index=ignore_index,
                                     label_smoothing=label_smoothing, reduction=reduction, softcap=self.softcap,
-                                    scale=self.input_scale, chunk_rows=chunk_rows, return_nll=return_nll)
+                                    scale=self.input_scale, logit_scale=self._logit_factor(), chunk_rows=chunk_rows,
+                                    return_nll=return_nll)
 
     def saved_per_token(self) -> int:
         """The input and the logits the loss reads (with a cap, the tanh's output too)."""
@@ -68,7 +83,9 @@ class LMHead(Linear, SummaryPart, VocabularyLoss, SavesPerToken):
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + ("" if self.softcap is None else f", softcap={self.softcap}")
-                + ("" if self.input_scale is None else f", input_scale={self.input_scale:.6g}"))
+                + ("" if self.input_scale is None else f", input_scale={self.input_scale:.6g}")
+                + ("" if self.logit_scale is None else f", logit_scale={self.logit_scale}")
+                + ("" if self.logit_divisor is None else f", logit_divisor={self.logit_divisor}"))
 
 
 class ClassifierHead(LMHead):
@@ -136,7 +153,8 @@ def _none(spec, **_) -> nn.Module:
 
 @register("head", "lm")
 def _lm(spec, *, dim: int, vocab_size: int, embedding: nn.Module | None = None, **_) -> nn.Module:
-    head = LMHead(dim, vocab_size, bias=spec.bias, softcap=spec.softcap, input_scale=dim**-0.5 if spec.scale_input else None)
+    head = LMHead(dim, vocab_size, bias=spec.bias, softcap=spec.softcap, input_scale=dim**-0.5 if spec.scale_input else None,
+                  logit_scale=spec.scale, logit_divisor=spec.divisor)
     _tie(head, embedding, spec.tied)
     return head
 

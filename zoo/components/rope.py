@@ -20,12 +20,19 @@ from zoo.components.position import Position
 from zoo.protocols import DerivedBuffers
 from zoo.registry import register
 
-__all__ = ["RotaryPosition", "rope_frequencies", "rotate_half", "scaled_frequencies"]
+__all__ = ["RotaryPosition", "rope_frequencies", "rotate_half", "rotate_pairs", "scaled_frequencies"]
 
 
 def rotate_half(x: Tensor) -> Tensor:
+    """[x_1 | x_2] -> [-x_2 | x_1]: dimension i turned a quarter with i + R/2."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
+
+
+def rotate_pairs(x: Tensor) -> Tensor:
+    """[x0, x1, x2, x3, ...] -> [-x1, x0, -x3, x2, ...]: each interleaved pair turned a quarter (HF
+    Cohere's rotate_half)."""
+    return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
 
 
 def _exponents(dim: int, device: torch.device | None = None) -> Tensor:
@@ -135,7 +142,8 @@ def scaled_frequencies(dim: int, base: float, scaling=None, *, max_len: int | No
 
 class RotaryPosition(Position, DerivedBuffers):
     """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX and HF LLaMA: dimension i pairs
-    with i + K/2, and the pair turns by angle position * base^(-2i/K).
+    with i + K/2, and the pair turns by angle position * base^(-2i/K); with ``interleaved`` the
+    paper's layout (GPT-J, Cohere): dimension 2i pairs with 2i + 1, turning by the same angle.
 
     ``rotary_dims`` R < K (partial rotary, GPT-NeoX): only the first R dimensions of each head turn,
     in the same layout within them (i pairs with i + R/2, angle position * base^(-2i/R)); the other
@@ -151,9 +159,9 @@ class RotaryPosition(Position, DerivedBuffers):
     decoding each step's keys keep the rotation of the step that made them."""
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, rotary_dims: int | None = None, scaling=None,
-                 max_len: int | None = None) -> None:
+                 max_len: int | None = None, interleaved: bool = False) -> None:
         super().__init__()
-        self.head_dim, self.base, self.scaling = head_dim, base, scaling
+        self.head_dim, self.base, self.scaling, self.interleaved = head_dim, base, scaling, interleaved
         self.rotary_dims = rotary_dims or head_dim
         self.original_len = max_len  # HF's max_position_embeddings: where dynamic scaling starts
         if scaling is not None and scaling.kind in ("dynamic", "longrope") and max_len is None:
@@ -215,7 +223,7 @@ class RotaryPosition(Position, DerivedBuffers):
         pass for all the layers this module serves (the dynamic state updated once)."""
         inv_freq = self.frequencies(positions)
         angles = positions.to(inv_freq.dtype)[..., None] * inv_freq  # ([B,] T, R/2)
-        angles = torch.cat([angles, angles], dim=-1)
+        angles = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat([angles, angles], dim=-1)
         if angles.dim() == 3:  # per-row positions: (B, T, R) -> (B, 1, T, R)
             angles = angles[:, None]
         cos, sin = angles.cos(), angles.sin()
@@ -227,12 +235,13 @@ class RotaryPosition(Position, DerivedBuffers):
         """q, k rotated at ``positions``, or by their :meth:`rotation` (cos, sin) made once a pass."""
         cos, sin = self.rotation(positions) if isinstance(positions, Tensor) else positions
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        rotate = rotate_pairs if self.interleaved else rotate_half
 
         def turn(x: Tensor) -> Tensor:
             if self.rotary_dims == x.shape[-1]:
-                return x * cos + rotate_half(x) * sin
+                return x * cos + rotate(x) * sin
             x, rest = x[..., : self.rotary_dims], x[..., self.rotary_dims :]
-            return torch.cat([x * cos + rotate_half(x) * sin, rest], dim=-1)
+            return torch.cat([x * cos + rotate(x) * sin, rest], dim=-1)
 
         return turn(q), turn(k)
 
@@ -240,4 +249,4 @@ class RotaryPosition(Position, DerivedBuffers):
 @register("position", "rope")
 def _rope(spec, *, head_dim: int, max_len: int, **_) -> Position:
     return RotaryPosition(head_dim, base=spec.base, rotary_dims=spec.rotary_dims(head_dim), scaling=spec.scaling,
-                          max_len=max_len)
+                          max_len=max_len, interleaved=spec.pairs == "interleaved")

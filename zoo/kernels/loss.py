@@ -13,8 +13,8 @@ otherwise), plus the gradients of the hidden rows, the weight and the bias, whic
 holds anyway.
 
 What the heads add before or after the projection is part of it: ``scale`` multiplies the hidden
-rows first (T5 v1.0's d_model^-0.5), ``softcap`` caps the logits as ``softcap * tanh(logits /
-softcap)`` (Gemma 2). The loss is ``F.cross_entropy``'s, to rounding: rows whose target is
+rows first (T5 v1.0's d_model^-0.5), ``logit_scale`` the logits (in fp32: Cohere's logit_scale,
+Granite's 1 / logits_scaling), ``softcap`` caps them as ``softcap * tanh(logits / softcap)`` (Gemma 2). The loss is ``F.cross_entropy``'s, to rounding: rows whose target is
 ``ignore_index`` count for nothing, ``label_smoothing`` mixes the uniform distribution into the
 targets, ``reduction`` is ``"sum"`` or ``"mean"`` (over the rows not ignored: nan where all are, as
 ``F.cross_entropy``). Under torch.compile the chunk loop unrolls (one graph per row count) with no
@@ -59,7 +59,7 @@ def _onednn(hidden: Tensor, weight: Tensor, dtype: torch.dtype, chunk: int, grad
 
 
 def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale, chunk, mean,
-            need_h, need_w, need_b, onednn=False):
+            need_h, need_w, need_b, onednn=False, logit_scale=None):
     """The loss over the rows not ignored (summed, or with ``mean`` their mean), the unsmoothed loss
     (the NLL; the loss itself without smoothing) reduced alike, and (as asked) the loss's gradients
     with respect to ``hidden`` (in its dtype), ``weight`` and ``bias`` (fp32)."""
@@ -85,6 +85,8 @@ def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
             h = h * scale
         h = h.to(dtype)
         z = mm(h, w, b).float()  # (C, V) fp32
+        if logit_scale is not None:
+            z = z * logit_scale
         if softcap is not None:
             t = torch.tanh(z / softcap)
             z = t * softcap
@@ -105,6 +107,8 @@ def _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
             g.sub_(label_smoothing / v)
         if softcap is not None:
             g.mul_(t.mul_(t).neg_().add_(1.0))  # through the cap: 1 - tanh^2
+        if logit_scale is not None:
+            g.mul_(logit_scale)
         g.mul_(weights[start:end, None])  # ignored rows: no gradient; with mean, 1 / count (in fp32, before any cast)
         gc = g.to(dtype)
         if need_h:
@@ -129,9 +133,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale, chunk, mean,
-                onednn, need_h, need_w, need_b):
+                onednn, logit_scale, need_h, need_w, need_b):
         total, nll, gh, gw, gb = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap,
-                                         scale, chunk, mean, need_h, need_w, need_b, onednn)
+                                         scale, chunk, mean, need_h, need_w, need_b, onednn, logit_scale)
         gw = None if gw is None else gw.to(weight.dtype)
         gb = None if gb is None else gb.to(bias.dtype)
         ctx.save_for_backward(gh, gw, gb)
@@ -143,10 +147,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad, _nll):
         gh, gw, gb = ctx.saved_tensors
         scaled = [None if g is None else g * grad.to(g.dtype) for g in (gh, gw, gb)]
-        return (*scaled, *[None] * 12)
+        return (*scaled, *[None] * 13)
 
 
-def _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reduction, softcap, scale, chunk_rows) -> None:
+def _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reduction, softcap, scale, chunk_rows,
+           logit_scale=None) -> None:
     if not isinstance(hidden, Tensor) or hidden.dim() < 1 or not hidden.is_floating_point():
         got = f"{tuple(hidden.shape)} {hidden.dtype}" if isinstance(hidden, Tensor) else type(hidden).__name__
         raise ValueError(f"hidden: expected floating-point hidden states [..., D], got {got}")
@@ -168,6 +173,8 @@ def _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reducti
         raise ValueError(f"softcap: expected a positive number or None, got {softcap}")
     if scale is not None and not isinstance(scale, (int, float)):
         raise ValueError(f"scale: expected a number or None, got {type(scale).__name__}")
+    if logit_scale is not None and not (isinstance(logit_scale, (int, float)) and logit_scale > 0):
+        raise ValueError(f"logit_scale: expected a positive number or None, got {logit_scale!r}")
     if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
         raise ValueError(f"chunk_rows: expected a positive number of rows or None (the default), got {chunk_rows!r}")
     if targets.device.type == "cpu" and targets.numel() and not torch.compiler.is_compiling():
@@ -179,10 +186,11 @@ def _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reducti
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None, *,
                          ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "sum",
-                         softcap: float | None = None, scale: float | None = None,
+                         softcap: float | None = None, scale: float | None = None, logit_scale: float | None = None,
                          chunk_rows: int | None = None, return_nll: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """``F.cross_entropy(logits.float(), targets, ...)`` of ``logits = F.linear(hidden * scale, weight,
-    bias)`` (soft-capped with ``softcap``), never holding more than ``chunk_rows`` rows of logits.
+    bias)`` (times ``logit_scale``, then soft-capped with ``softcap``), never holding more than
+    ``chunk_rows`` rows of logits.
 
     ``hidden`` [..., D] (the head's input after its own transform), ``weight`` [V, D] (tied or not),
     ``bias`` [V] or None, ``targets`` [...] class ids or ``ignore_index``. Returns an fp32 scalar;
@@ -190,12 +198,13 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     ``chunk_rows``: rows per chunk (default: :func:`chunk_rows_for` the vocabulary). ``return_nll``:
     (loss, nll), the second the same reduction of the unsmoothed loss of the same logits, without a
     gradient (what a label-smoothed run logs as its NLL)."""
-    _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reduction, softcap, scale, chunk_rows)
+    _check(hidden, weight, bias, targets, ignore_index, label_smoothing, reduction, softcap, scale, chunk_rows, logit_scale)
     dtype = compute_dtype(hidden, weight)  # as F.linear computes: autocast's dtype, else the two promoted
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     chunk = chunk_rows or chunk_rows_for(weight.shape[0], max(1, hidden.shape[0]))
     mean = reduction == "mean"
     scale = None if scale is None else float(scale)
+    logit_scale = None if logit_scale is None else float(logit_scale)
     softcap = None if softcap is None else float(softcap)
     label_smoothing = float(label_smoothing)
     on = torch.is_grad_enabled()
@@ -203,8 +212,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     onednn = _onednn(hidden, weight, dtype, chunk, any(need))
     if any(need):
         total, nll = _LinearCrossEntropy.apply(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing,
-                                               softcap, scale, chunk, mean, onednn, *need)
+                                               softcap, scale, chunk, mean, onednn, logit_scale, *need)
     else:
         total, nll, *_ = _chunks(hidden, weight, bias, targets, dtype, ignore_index, label_smoothing, softcap, scale,
-                                 chunk, mean, False, False, False, onednn)
+                                 chunk, mean, False, False, False, onednn, logit_scale)
     return (total, nll) if return_nll else total

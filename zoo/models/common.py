@@ -28,7 +28,8 @@ def token_embedding(spec: FamilySpec, vocab_size: int) -> TokenEmbedding:
     """A token embedding of ``vocab_size`` rows, ``embedding.dim`` (else d_model) wide, scaled as
     ``spec.embedding`` says."""
     e = spec.embedding
-    return TokenEmbedding(vocab_size, e.dim or spec.d_model, scale=e.scale, round_scale=e.round_scale)
+    return TokenEmbedding(vocab_size, e.dim or spec.d_model, scale=e.scale, round_scale=e.round_scale,
+                          multiplier=e.multiplier)
 
 
 def embedding_projection(spec: FamilySpec) -> nn.Module:

@@ -34,7 +34,7 @@ from pydantic import Field, ValidationError, field_validator
 from zoo.registry import RegistryError, registry
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 from zoo.validation import problem_lines
-from zoo.spec.parts import AnyAttention, AnyFFN, AnyNorm, AnyPosition, AttentionSpec, LayerNormSpec, ReluFFNSpec
+from zoo.spec.parts import AnyAttention, AnyFFN, AnyNorm, AnyPosition, AttentionSpec, LayerNormSpec, ReluFFNSpec, checked_multiplier
 
 __all__ = [
     "AnyBlock", "BlockSpec", "Layer", "LayerPattern", "ParallelBlockSpec", "PostBlockSpec", "PostSublayerBlockSpec",
@@ -49,7 +49,7 @@ class BlockSpec(ComponentSpec):
 
     ``layer_scale`` (LayerScale, Touvron et al. 2021, CaiT; DeiT III; timm's ``init_values``)
     multiplies each sub-layer's output by a learned per-channel vector, initialised to this value,
-    before the residual add."""
+    before the residual add; ``residual_scale`` by a fixed number (Granite's residual_multiplier)."""
 
     final_norm: ClassVar[bool] = True
     takes_cross: ClassVar[bool] = True
@@ -61,6 +61,16 @@ class BlockSpec(ComponentSpec):
     layer_scale: float | None = Field(
         None, description="initial value of the per-channel scale on each sub-layer's output (e.g. 1e-5); null: none"
     )
+
+    residual_scale: float | None = Field(
+        None, description="each sub-layer's output multiplied by this fixed number before the residual add (after "
+        "the layer scale, if any; Granite's residual_multiplier, 0.22); null: none",
+    )
+
+    @field_validator("residual_scale")
+    @classmethod
+    def _check_residual_scale(cls, value: float | None) -> float | None:
+        return checked_multiplier(value, "residual_scale", "the sub-layers' outputs' factor", "0.22 (Granite's residual_multiplier)")
 
     @field_validator("layer_scale")
     @classmethod

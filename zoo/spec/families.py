@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_serializer, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
 
 from zoo.registry import registry
 from zoo.spec.base import Dispatch, Rate, Spec, register_specs
 from zoo.spec.blocks import AnyBlock, BlockSpec, Layer, LayerPattern, PreBlockSpec, layer_key, resolve
+from zoo.spec.sharing import factorised_problems, shared_layers_field, sharing_problems, weight_layers
 from zoo.spec.parts import (
     AnyHead,
     AnyPool,
@@ -22,6 +23,7 @@ from zoo.spec.parts import (
     LMHeadSpec,
     MLMHeadSpec,
     SinusoidalSpec,
+    checked_multiplier,
 )
 
 __all__ = [
@@ -53,8 +55,9 @@ class InitSpec(Spec):
 
 
 class EmbeddingSpec(Spec):
-    """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper); ``norm`` puts a
-    norm after the embedding sum (BERT); ``dim`` factorises the embeddings (ALBERT, ELECTRA)."""
+    """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper), ``multiplier`` by
+    a number of its own (Granite); ``norm`` puts a norm after the embedding sum (BERT); ``dim``
+    factorises the embeddings (ALBERT, ELECTRA)."""
 
     scale: bool = False
     norm: bool = False
@@ -69,19 +72,21 @@ class EmbeddingSpec(Spec):
         description="round sqrt(d_model) to the weights' dtype before multiplying (HF Gemma's normalizer; "
         "the same in float32, different in bfloat16); needs scale",
     )
+    multiplier: float | None = Field(
+        None, description="the token embeddings multiplied by this number (after scale, if any; Granite's "
+        "embedding_multiplier, 12.0); null: none",
+    )
+
+    @field_validator("multiplier")
+    @classmethod
+    def _check_multiplier(cls, value: float | None) -> float | None:
+        return checked_multiplier(value, "multiplier", "the token embeddings' factor", "12.0 (Granite's embedding_multiplier)")
 
     @model_validator(mode="after")
     def _check_round(self) -> EmbeddingSpec:
         if self.round_scale and not self.scale:
             raise ValueError("round_scale: rounds the sqrt(d_model) scale, so it needs scale: true; set scale: true or round_scale: false")
         return self
-
-
-def _shared_layers() -> Any:
-    """The ``shared_layers`` field of a one-stack family (encoder, decoder, ViT)."""
-    return Field(None, description="layers that share weights (ALBERT's num_hidden_groups): the n_layers layers run "
-                 "shared_layers distinct blocks, layer i the block int(i / (n_layers / shared_layers)), so 1 is one "
-                 "block applied n_layers times; a state dict names each layer's tensors, tied; null: every layer its own")
 
 
 class FamilySpec(Spec):
@@ -122,11 +127,7 @@ class FamilySpec(Spec):
     def weight_layers(self, stack: str = "stack") -> list[int]:
         """For each layer of ``stack``, the layer whose block it runs: itself, or with ``shared_layers``
         the first layer of its group."""
-        n, g = self.stacks()[stack][0], getattr(self, "shared_layers", None)
-        if g is None:
-            return list(range(n))
-        group = [int(i / (n / g)) for i in range(n)]
-        return [group.index(g) for g in group]
+        return weight_layers(self.stacks()[stack][0], getattr(self, "shared_layers", None))
 
     @property
     def has_final_norm(self) -> bool:
@@ -135,7 +136,7 @@ class FamilySpec(Spec):
 
     @model_validator(mode="after")
     def _check_shared(self) -> FamilySpec:
-        problems = self._layer_problems() + self._sharing_problems()
+        problems = self._layer_problems() + sharing_problems(self)
         if self.init.scaled_residual and self.init.scheme == "xavier":
             problems.append("init.scaled_residual: applies to scheme normal or trunc_normal, not xavier; set it to false")
         position = self.position
@@ -184,24 +185,6 @@ class FamilySpec(Spec):
                 problems.append(f"layers: the last layer's block kind ({layers[-1].block.kind}) and block.kind "
                                 f"({self.block.kind}) disagree on the final norm; give the last layer block.kind")
         return list(dict.fromkeys(problems))
-
-    def _sharing_problems(self) -> list[str]:
-        """``shared_layers``: fewer blocks than layers, the layers of a group alike."""
-        g = getattr(self, "shared_layers", None)  # a one-stack family's field
-        if g is None:
-            return []
-        if g >= self.n_layers:
-            return [f"shared_layers: {g} blocks for {self.n_layers} layers shares nothing; choose fewer than n_layers "
-                    f"({self.n_layers}), or remove shared_layers (every layer its own)"]
-        try:
-            layers = self.stack_layers()
-        except ValueError:
-            return []  # _layer_problems names it
-        for i, first in enumerate(self.weight_layers()):
-            if layer_key(layers[i]) != layer_key(layers[first]):
-                return [f"layers: layer {i} differs from layer {first}, whose weights it shares (shared_layers: {g}); "
-                        f"give the layers of a group one block and position, or remove shared_layers"]
-        return []
 
     def _head_dim(self, block: BlockSpec) -> int:
         """The query/key head size of ``block``'s attention (every attention spec subclasses
@@ -272,18 +255,9 @@ class TextSpec(FamilySpec):
 
     @model_validator(mode="after")
     def _check_factorised(self) -> TextSpec:
-        e = self.embedding.dim
-        if e is None:
-            return self
-        if len(self.stacks()) > 1:
-            raise ValueError(f"embedding.dim: factorised embeddings are a one-stack family's (encoder, decoder), not "
-                             f"family {self.family}'s; remove embedding.dim")
-        head = self.head
-        into = e if getattr(head, "transform", False) else self.d_model  # an mlm transform maps to dim
-        if getattr(head, "tied", False) and into != e:
-            raise ValueError(f"head.tied: the {head.kind} head projects d_model ({self.d_model}) wide states, but the "
-                             f"embedding is embedding.dim ({e}) wide; set head.tied: false (or use an mlm head with "
-                             f"transform: true, which maps to embedding.dim)")
+        problems = factorised_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 
@@ -292,7 +266,7 @@ class DecoderSpec(TextSpec):
 
     windows: ClassVar[bool] = True
     family: Literal["decoder"] = "decoder"
-    shared_layers: PositiveInt | None = _shared_layers()
+    shared_layers: PositiveInt | None = shared_layers_field()
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="normal", std=0.02, scaled_residual=True))
 
 
@@ -311,7 +285,7 @@ class EncoderSpec(TextSpec):
     windows: ClassVar[bool] = True
     padded_positions: ClassVar[bool] = True
     family: Literal["encoder"] = "encoder"
-    shared_layers: PositiveInt | None = _shared_layers()
+    shared_layers: PositiveInt | None = shared_layers_field()
     type_vocab_size: NonNegativeInt = Field(0, description="segment (token type) embeddings; 0 for none")
     head: AnyHead = Field(default_factory=MLMHeadSpec, description="after the last block: mlm, lm, or none (the "
                           "hidden states); a bare name stands for {kind: name}")
@@ -399,7 +373,7 @@ class VitSpec(FamilySpec):
     output: ClassVar[str] = "pooled"
 
     family: Literal["vit"] = "vit"
-    shared_layers: PositiveInt | None = _shared_layers()
+    shared_layers: PositiveInt | None = shared_layers_field()
     image_size: PositiveInt = 224
     patch_size: PositiveInt = 16
     in_channels: PositiveInt = 3

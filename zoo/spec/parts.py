@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_serializer, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_serializer, model_validator
 
 from zoo.spec.base import ComponentSpec, Dispatch, Spec, register_specs
 from zoo.spec.positions import (  # the positions' specs live apart; re-exported here with the other parts
@@ -34,7 +34,7 @@ __all__ = [
     "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
     "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBiasSpec", "ReluFFNSpec",
     "Rope2dSpec", "RopeSpec", "SiluFFNSpec",
-    "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec",
+    "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec", "checked_multiplier",
 ]
 
 
@@ -62,6 +62,14 @@ class QKNormSpec(Spec):
         return self
 
 
+def checked_multiplier(value: float | None, field: str, what: str, example: str) -> float | None:
+    """A float multiplier of a spec (``field``, ``what`` it multiplies): positive and finite, or None."""
+    if value is not None and not (0 < value < math.inf):
+        raise ValueError(f"{field} is {what}, a positive finite number, got {value!r}; use e.g. {example}, or null "
+                         f"for none")
+    return value
+
+
 def _checked_cap(value: float | None) -> float | None:
     """A soft-capping value: positive and finite, or None (no cap)."""
     if value is not None and not (0 < value < math.inf):
@@ -75,7 +83,8 @@ class AttentionSpec(ComponentSpec):
     ``window`` makes self-attention local: causal (sliding-window attention, Mistral) or both ways,
     window // 2 tokens each side (an encoder's, ModernBERT's local attention).
 
-    The scores are ``q·k / sqrt(scale_dim or head size)``; ``softcap`` then squashes them into
+    The scores are ``q·k / sqrt(scale_dim or head size)``, or ``q·k * scale`` with a float ``scale``
+    (Granite's attention_multiplier); ``softcap`` then squashes them into
     (-softcap, softcap) with ``softcap * tanh(scores / softcap)`` before the position bias and the
     mask (Gemma 2). Fused kernels (SDPA's flash and memory-efficient kernels, zoo's CPU kernel) take
     no cap, so the spec declares which path computes it (``kernel``: fused or scores): a soft-capped
@@ -105,11 +114,20 @@ class AttentionSpec(ComponentSpec):
         None, description="the scores are divided by sqrt(scale_dim) instead of sqrt(head_dim) (Gemma 2 and 3's "
         "query_pre_attn_scalar); null: the query/key head size, the paper's 1/sqrt(d_k)",
     )
+    scale: float | None = Field(
+        None, description="the scores are multiplied by this number instead of 1/sqrt(head_dim) (Granite's "
+        "attention_multiplier, muP's 1/head_dim); null: 1/sqrt(scale_dim or the head size); not with scale_dim",
+    )
     softcap: float | None = Field(
         None, description="soft-capping of the scores, softcap * tanh(scores / softcap), after the scale and before "
         "the position bias and the mask (Gemma 2's attn_logit_softcapping, 50.0); null: none. Computed on explicit "
         "scores, not by a fused kernel",
     )
+
+    @field_validator("scale")
+    @classmethod
+    def _check_scale(cls, scale: float | None) -> float | None:
+        return checked_multiplier(scale, "scale", "the scores' factor", "0.0078125 (Granite's attention_multiplier)")
 
     @field_validator("softcap")
     @classmethod
@@ -164,6 +182,13 @@ class AttentionSpec(ComponentSpec):
         return self
 
     @model_validator(mode="after")
+    def _one_scale(self) -> AttentionSpec:
+        if self.scale is not None and self.scale_dim is not None:
+            raise ValueError(f"scale ({self.scale}) and scale_dim ({self.scale_dim}) both set the scores' factor; "
+                             f"give one of them (scale = scale_dim ** -0.5)")
+        return self
+
+    @model_validator(mode="after")
     def _check_key_bias(self) -> AttentionSpec:
         if not self.key_bias and not self.bias:
             raise ValueError("key_bias: false drops the key's share of bias: true, but bias is false (no projection "
@@ -187,8 +212,15 @@ class AttentionSpec(ComponentSpec):
 
     def scale_size(self, d_model: int) -> int:
         """The size whose inverse square root scales the scores: ``scale_dim``, else the query/key
-        head size."""
+        head size (a float ``scale`` replaces it)."""
         return self.scale_dim or self.qk_size(d_model)
+
+    def score_scale(self, d_model: int) -> float | None:
+        """What the scores are multiplied by where it is not 1/sqrt(head size): ``scale``, else
+        ``scale_dim ** -0.5``, else None."""
+        if self.scale is not None:
+            return self.scale
+        return None if self.scale_dim is None else self.scale_dim ** -0.5
 
     def v_size(self, d_model: int) -> int:
         return self.v_head_dim or d_model // self.n_heads
@@ -345,9 +377,10 @@ class NoHeadSpec(HeadSpec):
 
 
 class LMHeadSpec(HeadSpec):
-    """A linear projection of each token to the vocabulary (logits [B, T, V]); with ``softcap``,
-    the logits squashed into (-softcap, softcap) by ``softcap * tanh(logits / softcap)`` (Gemma 2);
-    with ``scale_input``, its input first multiplied by d_model^-0.5 (T5 v1.0)."""
+    """A linear projection of each token to the vocabulary (logits [B, T, V]); with ``scale_input``,
+    its input first multiplied by d_model^-0.5 (T5 v1.0); the logits then multiplied by ``scale``
+    (Cohere), divided by ``divisor`` (Granite), and with ``softcap`` squashed into (-softcap, softcap)
+    by ``softcap * tanh(logits / softcap)`` (Gemma 2)."""
 
     kind: Literal["lm"] = "lm"
     bias: bool = Field(False, description="a bias on the projection")
@@ -358,11 +391,24 @@ class LMHeadSpec(HeadSpec):
         None, description="soft-capping of the logits, softcap * tanh(logits / softcap) (Gemma 2's "
         "final_logit_softcapping, 30.0); null: none",
     )
+    scale: float | None = Field(
+        None, description="the logits multiplied by this number (Cohere's logit_scale, 0.0625); null: none",
+    )
+    divisor: float | None = Field(
+        None, description="the logits divided by this number, after scale (Granite's logits_scaling, 16.0); null: none",
+    )
 
     @field_validator("softcap")
     @classmethod
     def _check_softcap(cls, softcap: float | None) -> float | None:
         return _checked_cap(softcap)
+
+    @field_validator("scale", "divisor")
+    @classmethod
+    def _check_factors(cls, value: float | None, info: ValidationInfo) -> float | None:
+        what = {"scale": "the logits' factor", "divisor": "what the logits are divided by"}[info.field_name]
+        example = {"scale": "0.0625 (Cohere's logit_scale)", "divisor": "16.0 (Granite's logits_scaling)"}[info.field_name]
+        return checked_multiplier(value, info.field_name, what, example)
 
 
 class MLMHeadSpec(HeadSpec):

@@ -95,8 +95,9 @@ class LearnedSpec(PositionSpec):
 
 
 class RopeSpec(PositionSpec):
-    """Rotary embeddings (rotate-half layout, as HF LLaMA). ``fraction`` < 1 rotates only the first
-    ``int(fraction * head size)`` dimensions of each query and key head and passes the rest through
+    """Rotary embeddings. ``pairs`` says which dimensions turn together: ``half``, i with i + R/2
+    (GPT-NeoX, HF LLaMA), or ``interleaved``, 2i with 2i + 1 (the paper, GPT-J, Cohere). ``fraction``
+    < 1 rotates only the first ``int(fraction * head size)`` dimensions of each query and key head and passes the rest through
     (partial rotary, GPT-NeoX's ``rotary_pct``). ``scaling`` changes the frequencies for contexts
     longer than the model was pretrained with, as HF's ``rope_parameters`` do (``linear``,
     ``dynamic``, ``llama3``, ``yarn``, ``longrope``)."""
@@ -111,6 +112,10 @@ class RopeSpec(PositionSpec):
     scaling: AnyRopeScaling | None = Field(
         None, description="a scaling of the frequencies, chosen by kind: linear, dynamic, llama3, yarn, longrope; "
         "null: the plain frequencies base^(-2i/R)",
+    )
+    pairs: Literal["half", "interleaved"] = Field(
+        "half", description="which dimensions turn together at frequency i of R rotated ones: half, i and i + R/2 "
+        "(rotate-half: GPT-NeoX, LLaMA); interleaved, 2i and 2i + 1 (the paper, GPT-J, Cohere)",
     )
 
     def rotary_dims(self, head_dim: int) -> int:

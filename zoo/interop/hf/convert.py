@@ -21,12 +21,14 @@ from zoo.interop.common import (
 from zoo.interop.hf.bart import Bart, MBart
 from zoo.interop.hf.base import Architecture
 from zoo.interop.hf.bert import Bert
+from zoo.interop.hf.cohere import Cohere
 from zoo.interop.hf.distilbert import DistilBert
 from zoo.interop.hf.gemma import Gemma
 from zoo.interop.hf.gemma2 import Gemma2
 from zoo.interop.hf.gemma3 import Gemma3
 from zoo.interop.hf.gpt2 import GPT2
 from zoo.interop.hf.gpt_neox import GPTNeoX
+from zoo.interop.hf.granite import Granite
 from zoo.interop.hf.llama import Llama
 from zoo.interop.hf.marian import Marian
 from zoo.interop.hf.mistral import Mistral
@@ -38,6 +40,7 @@ from zoo.interop.hf.phi3 import Phi3
 from zoo.interop.hf.qwen2 import Qwen2
 from zoo.interop.hf.qwen3 import Qwen3
 from zoo.interop.hf.qwen_moe import Qwen2Moe, Qwen3Moe
+from zoo.interop.hf.smollm3 import SmolLM3
 from zoo.interop.hf.stablelm import StableLm
 from zoo.interop.hf.t5 import T5
 from zoo.interop.hf.roberta import Roberta, XLMRoberta
@@ -51,7 +54,7 @@ __all__ = ["ARCHS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "h
 # A spec converts by default to the first of these that expresses it: the classes with heads, then
 # the backbones of those that have one (GPT2Model, LlamaModel, ...), which take the specs with head: none
 _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, Olmo2, Gemma, Qwen3, Phi3, Gemma2, Gemma3,
-               Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, T5, Roberta, XLMRoberta, DistilBert, ModernBert)
+               Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, Granite, Cohere, SmolLM3, T5, Roberta, XLMRoberta, DistilBert, ModernBert)
 _WITH_HEADS += (Electra, Albert, MPNet)
 _ALL = (*_WITH_HEADS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
@@ -61,9 +64,9 @@ if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name
 
 def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, bart, mbart, mistral, qwen2, gpt_neox,
-    olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, stablelm, t5, roberta,
-    xlm-roberta, distilbert, modernbert, electra, albert, mpnet) is ``model_type``: the one of a class named in ``architectures`` (a
-    config's: ``["LlamaModel"]``) where there is one, else the first (the class with the head), or None."""
+    olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, stablelm, granite, cohere,
+    smollm3, t5, roberta, xlm-roberta, distilbert, modernbert, electra, albert, mpnet) is ``model_type``: the one of a
+    class named in ``architectures`` (a config's: ``["LlamaModel"]``) where there is one, else the first (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
     named = [a for a in of_type if a.name in (architectures or ())]
     return (named or of_type or [None])[0]

@@ -2,8 +2,8 @@
 :mod:`zoo.interop.hf.rope`), RMSNorm and a gated FFN (MHA, GQA or MQA).
 
 :class:`Llama` is also the base of the references laid out as LLaMA (``model.layers.{i}.self_attn.
-{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``): Mistral, Qwen2, Qwen3, Gemma, OLMo 2, Phi-3 and
-StableLM each state their config as :data:`LLAMA`'s table (:mod:`zoo.interop.hf.table`) with the
+{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``): Mistral, Qwen2, Qwen3, Gemma, OLMo 2, Phi-3,
+StableLM, Granite, Cohere and SmolLM3 each state their config as :data:`LLAMA`'s table (:mod:`zoo.interop.hf.table`) with the
 traits they add or swap (:mod:`zoo.interop.hf.traits`), and name their tensors' differences in
 class attributes: Phi-3 fuses the projections (``qkv_proj``, ``gate_up_proj``: ``qkv`` and
 ``gate_up``), OLMo 2 names its norms otherwise (``norm_names``).
