@@ -67,7 +67,8 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
     block kind and parts, its window and its own position (one module per distinct position and
     head shape, shared by the layers that have it; a position kind that is one per stack, such as
     T5's relative bias, is every other layer's own); then the final norm where the block kind
-    declares one (``final_norm`` overrides) and the final dropout. ``causal``: the stack's
+    declares one (``final_norm`` overrides) and the final dropout. With ``shared_layers`` each layer
+    runs its group's first block (one module at several indices: tied names). ``causal``: the stack's
     self-attention is causal (a decoder's), which a position may depend on."""
     _, cross = spec.stacks()[stack]
     layers = spec.stack_layers(stack)
