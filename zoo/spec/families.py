@@ -55,9 +55,9 @@ class InitSpec(Spec):
 
 
 class EmbeddingSpec(Spec):
-    """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper), ``multiplier`` by
-    a number of its own (Granite); ``norm`` puts a norm after the embedding sum (BERT); ``dim``
-    factorises the embeddings (ALBERT, ELECTRA)."""
+    """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper; sqrt(dim) where
+    ``dim`` factorises the embeddings: ALBERT, ELECTRA), ``multiplier`` by a number of its own
+    (Granite); ``norm`` puts a norm after the embedding sum (BERT)."""
 
     scale: bool = False
     norm: bool = False
