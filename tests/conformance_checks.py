@@ -16,7 +16,7 @@ from zoo.interop.hf import by_model_type
 ATOL = 1e-4
 LENGTH, PROMPT, NEW = 9, 5, 6  # forward passes; prompts and the tokens decoded after them (past the windows of 5)
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
-FROM_IDS = ("roberta", "xlm-roberta")  # HF numbers these positions from the ids (fairseq's, past the padding id)
+FROM_IDS = ("roberta", "xlm-roberta", "mpnet")  # HF numbers these positions from the ids (fairseq's, past the padding id)
 
 
 def is_timm(name: str) -> bool:

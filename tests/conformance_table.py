@@ -100,6 +100,18 @@ HF_CONFIGS = {  # HF class -> (config class, fields)
                                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                     "partial_rotary_factor": 0.5})),
 }
+HF_CONFIGS |= {  # factorised embeddings (embedding_size != hidden_size)
+    "ElectraForMaskedLM": ("ElectraConfig", dict(vocab_size=V, max_position_embeddings=32, embedding_size=14, hidden_size=24,
+                                                 num_hidden_layers=2, num_attention_heads=3, intermediate_size=40,
+                                                 type_vocab_size=2, hidden_act="gelu_new")),
+    # and shared layers: 3 layers running 2 groups (layers 0 and 1 share one)
+    "AlbertForMaskedLM": ("AlbertConfig", dict(vocab_size=V, max_position_embeddings=32, embedding_size=14, hidden_size=24,
+                                               num_hidden_layers=3, num_hidden_groups=2, num_attention_heads=3,
+                                               intermediate_size=40, type_vocab_size=2)),
+    # a relative bias beside fairseq's learned positions
+    "MPNetForMaskedLM": ("MPNetConfig", dict(vocab_size=V, max_position_embeddings=34, hidden_size=24, num_hidden_layers=2,
+                                             num_attention_heads=3, intermediate_size=40)),
+}
 # the backbones without a head (head: none): their class's config, named in its architectures
 BACKBONE_OF = {
     "GPT2Model": "GPT2LMHeadModel", "BertModel": "BertForMaskedLM", "LlamaModel": "LlamaForCausalLM",
@@ -112,6 +124,7 @@ BACKBONE_OF = {
     "GraniteModel": "GraniteForCausalLM", "CohereModel": "CohereForCausalLM", "SmolLM3Model": "SmolLM3ForCausalLM",
     "OlmoModel": "OlmoForCausalLM", "NemotronModel": "NemotronForCausalLM",
 }
+BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM", "MPNetModel": "MPNetForMaskedLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments

@@ -100,6 +100,7 @@ COUNTED = [
     ("decoder", ["position.kind=rope", "block.ffn.kind=swiglu", "block.attention.kind=gqa", "block.attention.n_kv_heads=2",
                  "head.tied=false"]),
     ("encoder", ["classifier.num_labels=3"]),
+    ("encoder", ["embedding.dim=12", "n_layers=3", "shared_layers=1"]),  # ALBERT's: factorised, one block
     ("encoder_decoder", ["block.attention.kind=mqa"]),
     ("vit", []),
     ("vit", ["stem.channels=[8, 12]", "stem.strides=[2, 1]"]),
@@ -129,6 +130,7 @@ ACTIVATIONS = [
     ("decoder", ["position.kind=rope", "block.ffn.kind=swiglu", "block.norm.kind=rmsnorm", "block.attention.kind=gqa",
                  "block.attention.n_kv_heads=2"]),
     ("encoder", []),
+    ("encoder", ["embedding.dim=12", "n_layers=3", "shared_layers=1"]),
     ("encoder_decoder", []),
     ("vit", []),
     ("vit", ["stem.channels=[8, 12]", "stem.strides=[2, 1]"]),

@@ -2,7 +2,10 @@
 the padding index), with their backbones with and without the pooler; DistilBERT (no segments, a
 stored sinusoid table read as a learned one) and its backbone; ModernBERT (local layers that see
 2 tokens each way with a rope base of their own between global ones, in 11-token rows) and its
-backbone, with and without biases.
+backbone, with and without biases; ELECTRA (factorised embeddings, or none where they are as wide
+as the layers) and ALBERT (factorised embeddings, one block applied at every layer) and their
+backbones; MPNet's backbone (a relative bias beside fairseq's positions); and the refusals of what
+they have that zoo does not compute.
 
 Each class in a variant beside the conformance table's config of it (d_model 36, 3 heads, 2 layers,
 vocabulary 89: XLM-R untied, its backbone without the pooler, DistilBERT with sinusoids, ModernBERT's
@@ -21,7 +24,7 @@ from conftest import max_diff, randomize
 
 import zoo
 from zoo.cli import main
-from zoo.interop import hf_config, hf_spec, to_hf
+from zoo.interop import ConversionError, from_hf, hf_config, hf_spec, to_hf
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
@@ -48,6 +51,15 @@ CLASSES = {
     "ModernBertModel": ("ModernBertConfig", {**MODERNBERT, "attention_bias": True, "mlp_bias": True, "norm_bias": True,
                                              "attn_implementation": "sdpa"}, {}, False),
 }
+ALBERT = dict(vocab_size=V, embedding_size=20, hidden_size=36, num_hidden_layers=3, num_attention_heads=3,
+              intermediate_size=50, max_position_embeddings=16, pad_token_id=PAD)
+CLASSES |= {  # ELECTRA with embeddings as wide as the layers (no projection); ALBERT's one block applied 3 times
+    "ElectraModel": ("ElectraConfig", dict(ROBERTA, embedding_size=36, hidden_act="relu", type_vocab_size=2), {}, False),
+    "AlbertForMaskedLM": ("AlbertConfig", {**ALBERT, "hidden_act": "gelu"}, {}, False),
+    "AlbertModel": ("AlbertConfig", ALBERT, {"add_pooling_layer": True}, False),
+    "MPNetModel": ("MPNetConfig", {k: v for k, v in ROBERTA.items() if k != "type_vocab_size"}, {"add_pooling_layer": True},
+                   True),
+}
 
 
 UNTIED_UNREAD = {"XLMRobertaForMaskedLM": ("lm_head.bias",)}  # HF keeps it and reads the decoder's bias
@@ -73,7 +85,8 @@ def output(out) -> torch.Tensor:
 
 
 # the variants beside the conformance table's config of each class
-VARIANTS = ["XLMRobertaForMaskedLM", "XLMRobertaModel", "DistilBertForMaskedLM", "ModernBertModel"]
+VARIANTS = ["XLMRobertaForMaskedLM", "XLMRobertaModel", "DistilBertForMaskedLM", "ModernBertModel", "ElectraModel",
+            "AlbertForMaskedLM", "AlbertModel", "MPNetModel"]
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -86,6 +99,35 @@ def test_encoder_variant_converts_both_ways(name):
     unread = UNTIED_UNREAD.get(name, ()) if not hf.config.tie_word_embeddings else ()  # tied to the decoder's bias only when tied
     check_round_trip(hf, unread=unread)
     check_config(hf, DEFAULT_CLASS.get(name))
+
+
+@pytest.mark.parametrize("field, value", [("inner_group_num", 2), ("hidden_dropout_prob", 0.1), ("hidden_act", "relu")])
+def test_albert_refuses_what_zoo_does_not_compute_by_name(field, value):
+    hf = transformers.AlbertForMaskedLM(transformers.AlbertConfig(**{**ALBERT, field: value}))
+    with pytest.raises(ConversionError, match=field):
+        from_hf(hf)
+
+
+def test_mpnet_refuses_buckets_hf_does_not_compute():
+    hf = transformers.MPNetForMaskedLM(transformers.MPNetConfig(**{**CLASSES["MPNetModel"][1], "relative_attention_num_buckets": 16}))
+    with pytest.raises(ConversionError, match="relative_attention_num_buckets"):
+        from_hf(hf)
+    model = zoo.build("mpnet-tiny", ["layers=[{at: '1:', position: {kind: relative_bias}}]"])  # layer 0 unbiased
+    with pytest.raises(ConversionError, match="layers"):
+        to_hf(model, "MPNetForMaskedLM")
+
+
+def test_factorised_embeddings_refused_where_the_class_lacks_them():
+    """ELECTRA projects only embeddings of another width and shares no layers; BERT has no projection."""
+    config = transformers.AlbertConfig(**{**ALBERT, "embedding_size": 36, "hidden_act": "gelu", "num_hidden_groups": 3})
+    model = from_hf(transformers.AlbertForMaskedLM(config))  # a projection at the hidden size, no shared layers
+    for architecture, field in (("ElectraForMaskedLM", "embedding.dim"), ("BertForMaskedLM", "embedding.dim")):
+        with pytest.raises(ConversionError, match=field):
+            to_hf(model, architecture)
+    with pytest.raises(ConversionError, match="shared_layers"):
+        to_hf(from_hf(transformers.AlbertModel(transformers.AlbertConfig(**{**ALBERT, "num_hidden_groups": 1}))), "ElectraModel")
+    with pytest.raises(ConversionError, match="ElectraForPreTraining does not convert"):
+        from_hf(transformers.ElectraForPreTraining(transformers.ElectraConfig(**ROBERTA)))
 
 
 def test_roberta_directory_converts_with_zoo_convert(tmp_path, capsys):
@@ -124,7 +166,30 @@ RELEASES = {  # the released configs' architecture fields (config.json of each H
         "pad_token_id": 50283, "eos_token_id": 50282, "bos_token_id": 50281, "cls_token_id": 50281, "sep_token_id": 50282,
         "tie_word_embeddings": True}),
 }
-TINY = {"roberta-tiny": "roberta-base", "distilbert-tiny": "distilbert-base", "modernbert-tiny": "modernbert-base"}
+RELEASES |= {  # factorised embeddings; ALBERT's one shared block
+    "electra-base-generator": ("ElectraForMaskedLM", "ElectraConfig", 33_740_602, {  # google/electra-base-generator
+        "vocab_size": 30522, "embedding_size": 768, "hidden_size": 256, "num_hidden_layers": 12, "num_attention_heads": 4,
+        "intermediate_size": 1024, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": 512, "type_vocab_size": 2, "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+        "pad_token_id": 0}),
+    "electra-base-discriminator": ("ElectraModel", "ElectraConfig", 108_891_648, {  # google/electra-base-discriminator
+        "vocab_size": 30522, "embedding_size": 768, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": 512, "type_vocab_size": 2, "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+        "pad_token_id": 0, "architectures": ["ElectraModel"]}),
+    "albert-base-v2": ("AlbertForMaskedLM", "AlbertConfig", 11_221_680, {  # albert/albert-base-v2
+        "vocab_size": 30000, "embedding_size": 128, "hidden_size": 768, "num_hidden_layers": 12, "num_hidden_groups": 1,
+        "inner_group_num": 1, "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu_new",
+        "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0, "max_position_embeddings": 512, "type_vocab_size": 2,
+        "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}),
+    "mpnet-base": ("MPNetForMaskedLM", "MPNetConfig", 109_518_527, {  # microsoft/mpnet-base
+        "vocab_size": 30527, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": 514, "initializer_range": 0.02, "layer_norm_eps": 1e-5,
+        "relative_attention_num_buckets": 32, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}),
+}
+TINY = {"roberta-tiny": "roberta-base", "distilbert-tiny": "distilbert-base", "modernbert-tiny": "modernbert-base",
+        "electra-tiny": "electra-base-generator", "albert-tiny": "albert-base-v2", "mpnet-tiny": "mpnet-base"}
 READ_ONLY = {"architectures", "transformers_version", "global_attn_every_n_layers"}  # HF keeps this one beside layer_types
 
 
@@ -144,7 +209,8 @@ def test_release_presets_are_the_hf_configs(name):
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_presets_convert_to_hf_with_the_same_logits(name):
     release, tiny = zoo.load_spec(TINY[name]), zoo.load_spec(name)
-    sizes = {"name", "vocab_size", "max_seq_len", "d_model", "n_layers", "block", "layers"}
+    sizes = {k: True for k in ("name", "vocab_size", "max_seq_len", "d_model", "n_layers", "block", "layers")}
+    sizes["embedding"] = {"dim"}  # factorised embeddings: their width is a size too
     assert tiny.model_dump(exclude=sizes) == release.model_dump(exclude=sizes)
     assert [(layer.block.kind, layer.position) for layer in tiny.stack_layers()[:3]] == \
         [(layer.block.kind, layer.position) for layer in release.stack_layers()[:3]]

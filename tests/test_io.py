@@ -34,6 +34,7 @@ ROUND_TRIPS = [
     ("encoder", []),  # BERT layout: post-norm, embedding norm, segments, MLM transform, tied
     ("encoder", ["position.kind=sinusoidal", "classifier.num_labels=3"]),
     ("encoder", ["position.kind=rope", "block.kind=pre", "head.transform=false"]),
+    ("encoder", ["n_layers=3", "shared_layers=2", "embedding.dim=8"]),  # ALBERT's: factorised, layers 0 and 1 one block
     ("encoder_decoder", []),  # the paper: sinusoidal, post-norm, one matrix for src, tgt and output
     ("encoder_decoder", ["position.kind=rope", "block.kind=pre"]),
     ("encoder_decoder", ["position.kind=learned", "share_embeddings=false", "src_vocab_size=50", "head.tied=false"]),
@@ -115,6 +116,24 @@ def test_tied_weights_are_stored_once_and_still_tied(tmp_path):
     loaded(example_inputs(loaded)[0]).sum().backward()
     torch.optim.SGD(loaded.parameters(), lr=0.1).step()
     assert not torch.equal(before, loaded.tok_emb.weight) and loaded.head.weight is loaded.tok_emb.weight
+
+
+def test_shared_layers_are_stored_once_and_still_one_block(tmp_path):
+    model = tiny_model("encoder", ["n_layers=3", "shared_layers=1"]).eval()  # ALBERT's: one block at every layer
+    path = save(model, tmp_path / "albert.safetensors")
+    assert not any(k.startswith(("stack.blocks.1.", "stack.blocks.2.")) for k in _file_keys(path))
+    tied = read_header(path).tied
+    assert tied["stack.blocks.2.attn.qkv.weight"] == "stack.blocks.0.attn.qkv.weight"
+    assert path.stat().st_size - 8 - _header_length(path) == 4 * zoo.count_parameters(model)
+    loaded = load(path).eval()
+    assert loaded.stack.blocks[0] is loaded.stack.blocks[1] is loaded.stack.blocks[2]
+    tokens = example_inputs(loaded)[0]
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens), model(tokens))
+    loaded(tokens).sum().backward()  # a step moves the one block every layer runs
+    before = loaded.stack.blocks[0].ffn.fc1.weight.detach().clone()
+    torch.optim.SGD(loaded.parameters(), lr=0.1).step()
+    assert not torch.equal(before, loaded.stack.blocks[2].ffn.fc1.weight)
 
 
 def test_tie_groups_are_names_over_the_same_bytes():

@@ -86,6 +86,8 @@ def test_training_memory_against_a_hand_computation():
     half = math.ceil(n / 2)
     assert (fsdp.parameters, fsdp.gradients, fsdp.optimizer) == (4 * half, 4 * half, 8 * half)
     assert fsdp.gathered == 4 * (root + 2 * block) + 4 * block
+    shared = training_memory(tiny("decoder", "shared_layers=1"), processes=2, strategy="fsdp", seq=16)  # one block, once
+    assert shared.parameters == 4 * math.ceil((root + block) / 2) and shared.gathered == 4 * (root + block) + 4 * block
     assert fsdp.activations == ddp.activations == summarize(spec, seq=16).activation_bytes
     # checkpointing keeps each block's input (B x T x D) and one block's activations; one block's
     # activations are what one more layer adds

@@ -102,6 +102,14 @@ def test_rules_name_the_field_and_fix(overrides, message):
         ("gpt2-small", ["dropout.attention=.nan"], "dropout.attention: must be a finite number, got nan"),
         ("llama-tiny", ["position.scaling={kind: linear, factor: .inf}"], "position.scaling.factor: must be a finite number, got inf"),
         ("transformer-base", ["src_vocab_size=100"], r"share_embeddings: .* src_vocab_size \(100\) != vocab_size \(37000\)"),
+        ("gpt2-small", ["embedding.dim=128"], r"head.tied: the lm head projects d_model \(768\) wide states, but the "
+         r"embedding is embedding.dim \(128\) wide; set head.tied: false"),
+        ("bert-mini", ["embedding.dim=64", "head.transform=false"], r"head.tied: the mlm head projects d_model"),
+        ("transformer-base", ["embedding.dim=64"], "embedding.dim: factorised embeddings are a one-stack family's"),
+        ("transformer-base", ["shared_layers=1"], "shared_layers: unknown key"),
+        ("gpt2-small", ["shared_layers=12"], r"shared_layers: 12 blocks for 12 layers shares nothing; choose fewer than n_layers"),
+        ("llama-tiny", ["shared_layers=2", "layers=[{at: 1, block: {attention: {window: 4}}}]"],
+         r"layers: layer 1 differs from layer 0, whose weights it shares \(shared_layers: 2\)"),
     ],
 )
 def test_family_rules(preset, overrides, message):

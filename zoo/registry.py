@@ -124,7 +124,7 @@ REGISTRIES: dict[str, Registry] = {
     "norm": Registry("norm", context="dim"),
     "pool": Registry("pool", context="dim, block"),
     "block": Registry("block", context="dim, dropout, cross"),
-    "head": Registry("head", context="dim, vocab_size, norm, embedding"),
+    "head": Registry("head", context="dim, vocab_size, norm, embedding, embedding_dim"),
     "family": Registry("family", context=""),
 }
 

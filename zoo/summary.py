@@ -330,13 +330,14 @@ def training_memory(spec: FamilySpec, *, processes: int = 1, strategy: str = "dd
     summary = _summarize(spec, model, batch=batch, seq=seq, dtype=torch.float32)
     compute = 2 if precision == "bf16" else 4
     n = summary.parameters
-    blocks = [count_parameters(b) for stack, _, _ in _family(model).stacks(summary.seq) for b in stack.blocks]
+    distinct = {id(b): b for stack, _, _ in _family(model).stacks(summary.seq) for b in stack.blocks}  # shared_layers: once
+    blocks = [count_parameters(b) for b in distinct.values()]
     block = max(blocks, default=0)
     root = n - sum(blocks)
     if strategy == "fsdp" and processes > 1:
         shard = -(-n // processes)
         params, grads, optim = 4 * shard, 4 * shard, 8 * shard
-        gathered = compute * (root + 2 * block) + 4 * block
+        gathered = compute * (root + min(2, len(blocks)) * block) + 4 * block
         experts = 16 * sum(-(-e // processes) * per for e, per in expert_parameters(model))
     else:
         params, optim = 4 * n, 8 * n

@@ -3,12 +3,14 @@
     lm      a linear projection of each token to the vocabulary (GPT-2, LLaMA, the paper), its
             logits multiplied by ``scale`` (Cohere), divided by ``divisor`` (Granite), soft-capped
             with ``softcap`` (Gemma 2)
-    mlm     BERT's masked-LM head: [linear -> GELU -> norm ->] projection to the vocabulary
+    mlm     BERT's masked-LM head: [linear -> GELU -> norm ->] projection to the vocabulary (the
+            linear maps to the embeddings' width where they are factorised: ALBERT, ELECTRA)
     linear  a ViT's classifier of its pooled tokens
     none    no head (an identity): the model returns its hidden states, or a ViT its pooled features
 
 A builder receives ``dim``, ``vocab_size``, ``norm`` (the block's norm spec, for a head that
-normalises) and ``embedding`` (the token embedding, which a ``tied`` projection shares). The heads
+normalises), ``embedding`` (the token embedding, which a ``tied`` projection shares) and
+``embedding_dim`` (its width: ``embedding.dim`` where the embeddings are factorised). The heads
 keep the state-dict names zoo has always used (``head.weight``; ``head.transform.*`` and
 ``head.proj.*``), and declare their FLOPs and saved activations like the blocks' parts.
 
@@ -91,18 +93,20 @@ class ClassifierHead(LMHead):
 
 
 class MLMHead(nn.Module, SummaryPart, VocabularyLoss, SavesPerToken):
-    """[transform: linear -> GELU -> norm ->] projection to the vocabulary (+ bias)."""
+    """[transform: linear -> GELU -> norm ->] projection to the vocabulary (+ bias). The transform maps
+    ``dim`` to ``out_dim`` (default ``dim``; factorised embeddings' width), which ``norm`` normalises."""
 
     summary_part = "head"
 
     def __init__(self, dim: int, vocab_size: int, *, transform: bool, norm: nn.Module | None, bias: bool,
-                 transform_bias: bool = True) -> None:
+                 transform_bias: bool = True, out_dim: int | None = None, approximate: str = "none") -> None:
         super().__init__()
+        out_dim = out_dim or dim
         if transform:
-            self.transform = nn.Sequential(Linear(dim, dim, bias=transform_bias), nn.GELU(), norm)
+            self.transform = nn.Sequential(Linear(dim, out_dim, bias=transform_bias), nn.GELU(approximate=approximate), norm)
         else:
             self.transform = nn.Identity()
-        self.proj = Linear(dim, vocab_size, bias=bias)
+        self.proj = Linear(out_dim if transform else dim, vocab_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(self.transform(x))
@@ -122,7 +126,7 @@ class MLMHead(nn.Module, SummaryPart, VocabularyLoss, SavesPerToken):
         kept = d
         if isinstance(self.transform, nn.Sequential):
             norm = self.transform[-1]
-            kept += 3 * d + (norm.saved_per_token() if isinstance(norm, SavesPerToken) else 0)
+            kept = self.transform[0].in_features + 3 * d + (norm.saved_per_token() if isinstance(norm, SavesPerToken) else 0)
         return kept + self.proj.out_features
 
 
@@ -156,9 +160,12 @@ def _lm(spec, *, dim: int, vocab_size: int, embedding: nn.Module | None = None, 
 
 
 @register("head", "mlm")
-def _mlm(spec, *, dim: int, vocab_size: int, norm, embedding: nn.Module | None = None, **_) -> nn.Module:
-    layer = registry("norm").builder(norm.kind)(norm, dim=dim) if spec.transform else None
-    head = MLMHead(dim, vocab_size, transform=spec.transform, norm=layer, bias=spec.bias, transform_bias=spec.transform_bias)
+def _mlm(spec, *, dim: int, vocab_size: int, norm, embedding: nn.Module | None = None, embedding_dim: int | None = None,
+         **_) -> nn.Module:
+    out = embedding_dim or dim
+    layer = registry("norm").builder(norm.kind)(norm, dim=out) if spec.transform else None
+    head = MLMHead(dim, vocab_size, transform=spec.transform, norm=layer, bias=spec.bias, transform_bias=spec.transform_bias,
+                   out_dim=out, approximate=spec.approximate)
     _tie(head.proj, embedding, spec.tied)
     return head
 

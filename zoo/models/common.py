@@ -10,10 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from zoo.components.embedding import TokenEmbedding
+from zoo.components.linear import Linear
 from zoo.components.parts import residual_linears
 from zoo.components.position import NoPosition, Position
 from zoo.components.stack import Stack
-from zoo.protocols import HasSublayers, InitNormal, InitResidual, ResidualWriter
+from zoo.protocols import HasSublayers, InitNormal, InitResidual, ResidualWriter, SummaryPart
 from zoo.registry import registry
 from zoo.spec import FamilySpec
 
@@ -24,9 +25,24 @@ def build_part(part: str, spec, **context) -> nn.Module:
 
 
 def token_embedding(spec: FamilySpec, vocab_size: int) -> TokenEmbedding:
-    """A token embedding of ``vocab_size`` rows, scaled as ``spec.embedding`` says."""
+    """A token embedding of ``vocab_size`` rows, ``embedding.dim`` (else d_model) wide, scaled as
+    ``spec.embedding`` says."""
     e = spec.embedding
-    return TokenEmbedding(vocab_size, spec.d_model, scale=e.scale, round_scale=e.round_scale, multiplier=e.multiplier)
+    return TokenEmbedding(vocab_size, e.dim or spec.d_model, scale=e.scale, round_scale=e.round_scale,
+                          multiplier=e.multiplier)
+
+
+def embedding_projection(spec: FamilySpec) -> nn.Module:
+    """Factorised embeddings' linear map (with a bias) from ``embedding.dim`` to d_model; else nothing."""
+    e = spec.embedding.dim
+    return nn.Identity() if e is None else EmbeddingProjection(e, spec.d_model)
+
+
+class EmbeddingProjection(Linear, SummaryPart):
+    """[B, T, E] factorised embeddings -> [B, T, D] (ALBERT's embedding_hidden_mapping_in, ELECTRA's
+    embeddings_project)."""
+
+    summary_part = "embeddings"
 
 
 def build_position(spec: FamilySpec, position=None, *, block=None, max_len: int,
@@ -37,9 +53,10 @@ def build_position(spec: FamilySpec, position=None, *, block=None, max_len: int,
     if position is None and type(spec.position).per_stack:
         return NoPosition()
     att = (block or spec.block).attention
+    dim = spec.d_model if position is not None else getattr(spec, "embedding_dim", spec.d_model)  # added to the embeddings
     return build_part(
         "position", position or spec.position,
-        dim=spec.d_model, max_len=max_len, n_heads=att.n_heads, head_dim=att.qk_size(spec.d_model), grid=grid,
+        dim=dim, max_len=max_len, n_heads=att.n_heads, head_dim=att.qk_size(spec.d_model), grid=grid,
         causal=causal,
     )
 
@@ -50,7 +67,8 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
     block kind and parts, its window and its own position (one module per distinct position and
     head shape, shared by the layers that have it; a position kind that is one per stack, such as
     T5's relative bias, is every other layer's own); then the final norm where the block kind
-    declares one (``final_norm`` overrides) and the final dropout. ``causal``: the stack's
+    declares one (``final_norm`` overrides) and the final dropout. With ``shared_layers`` each layer
+    runs its group's first block (one module at several indices: tied names). ``causal``: the stack's
     self-attention is causal (a decoder's), which a position may depend on."""
     _, cross = spec.stacks()[stack]
     layers = spec.stack_layers(stack)
@@ -69,6 +87,8 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
             if key not in own:
                 own[key] = build_position(spec, position, block=b, max_len=max_len, causal=causal)
             positions.append(own[key])
+    if getattr(spec, "shared_layers", None) is not None:  # each layer runs its group's first block
+        blocks = [blocks[first] for first in spec.weight_layers(stack)]
     ends = type(layers[-1].block).final_norm if final_norm is None else final_norm
     norm = build_part("norm", spec.block.norm, dim=spec.d_model) if ends else None
     return Stack(blocks, norm, windows=windows, positions=positions, dropout=spec.dropout.final)

@@ -11,7 +11,16 @@ from torch import Tensor, nn
 
 from zoo.components.cache import KVCache
 from zoo.components.dropout import Dropout
-from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, token_embedding
+from zoo.models.common import (
+    build_part,
+    build_position,
+    build_stack,
+    check_mask,
+    check_tokens,
+    embedding_projection,
+    init_weights,
+    token_embedding,
+)
 from zoo.models.family import Family
 from zoo.registry import register
 from zoo.spec import DecoderSpec
@@ -33,11 +42,12 @@ class DecoderLM(Family):
         d = spec.d_model
         self.tok_emb = token_embedding(spec, spec.vocab_size)
         self.position = build_position(spec, max_len=spec.max_seq_len)
-        self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
+        self.emb_norm = build_part("norm", spec.block.norm, dim=spec.embedding_dim) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
+        self.emb_proj = embedding_projection(spec)  # factorised embeddings (embedding.dim) -> d_model
         self.stack = build_stack(spec, max_len=spec.max_seq_len, causal=True)
         self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
-                               embedding=self.tok_emb)
+                               embedding=self.tok_emb, embedding_dim=spec.embedding_dim)
         init_weights(self, spec)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, cache: KVCache | None = None, *,
@@ -64,7 +74,7 @@ class DecoderLM(Family):
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
         ctx = self.stack.context(self.position, tokens, padding_mask, causal=True, cache=cache, documents=documents,
                                  positions=positions)
-        x = self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), ctx.positions)))  # (B, T, D)
+        x = self.emb_proj(self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), ctx.positions))))  # (B, T, D)
         x = self.stack(x, ctx, cache=cache)
         if targets is not None:
             return self.head_out(x, targets, label_smoothing=label_smoothing, reduction=reduction, return_nll=return_nll)

@@ -23,7 +23,16 @@ from torch import Tensor, nn
 
 from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
-from zoo.models.common import build_part, build_position, build_stack, check_mask, check_tokens, init_weights, token_embedding
+from zoo.models.common import (
+    build_part,
+    build_position,
+    build_stack,
+    check_mask,
+    check_tokens,
+    embedding_projection,
+    init_weights,
+    token_embedding,
+)
 from zoo.models.family import Family
 from zoo.protocols import SummaryPart
 from zoo.registry import register
@@ -71,13 +80,14 @@ class Encoder(Family):
         self.spec = spec
         d = spec.d_model
         self.tok_emb = token_embedding(spec, spec.vocab_size)
-        self.type_emb = nn.Embedding(spec.type_vocab_size, d) if spec.type_vocab_size else None
+        self.type_emb = nn.Embedding(spec.type_vocab_size, spec.embedding_dim) if spec.type_vocab_size else None
         self.position = build_position(spec, max_len=spec.max_seq_len)
-        self.emb_norm = build_part("norm", spec.block.norm, dim=d) if spec.embedding.norm else nn.Identity()
+        self.emb_norm = build_part("norm", spec.block.norm, dim=spec.embedding_dim) if spec.embedding.norm else nn.Identity()
         self.drop = Dropout(spec.dropout.embedding)
+        self.emb_proj = embedding_projection(spec)  # factorised embeddings (embedding.dim) -> d_model
         self.stack = build_stack(spec, max_len=spec.max_seq_len)
         self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
-                               embedding=self.tok_emb)
+                               embedding=self.tok_emb, embedding_dim=spec.embedding_dim)
         self.pooler = Pooler(d) if spec.pooler else None
         c = spec.classifier
         self.classifier = Classifier(d, c.num_labels, pooler=c.pooler, dropout=c.dropout) if c else None
@@ -101,7 +111,7 @@ class Encoder(Family):
             x = x + self.type_emb(token_types)
         elif token_types is not None:
             raise ValueError("token_types: this encoder has no segment embeddings (type_vocab_size: 0)")
-        x = self.drop(self.emb_norm(x))  # (B, T, D)
+        x = self.emb_proj(self.drop(self.emb_norm(x)))  # (B, T, D)
         return self.stack(x, ctx)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None, *,

@@ -43,9 +43,10 @@ class Family(nn.Module, SummaryParts, ModelCosts, Generates):
         return [(m, seq, None) for m in self.children() if isinstance(m, Stack)]
 
     def flops(self, seq: int) -> int:
-        """Forward FLOPs of one sample: the stacks, and the head over every token."""
+        """Forward FLOPs of one sample: the stacks, the head over every token, and factorised
+        embeddings' projection (``emb_proj``) where there is one."""
         total = sum(stack.flops(tokens, memory) for stack, tokens, memory in self.stacks(seq))
-        return total + parts.flops(getattr(self, "head", None), seq)
+        return total + parts.flops(getattr(self, "head", None), seq) + parts.flops(_projection(self), seq)
 
     def saved(self, seq: int) -> tuple[int, int]:
         """(elements, dropout-mask bytes) one sample keeps for the backward pass: the embedding's
@@ -83,10 +84,12 @@ class Family(nn.Module, SummaryParts, ModelCosts, Generates):
 
     def embedding_saved(self, tokens: int) -> tuple[int, int]:
         """(elements, mask bytes) of one embedding pass over ``tokens`` tokens: an ``emb_norm``'s
-        input (and what it keeps), the embedding dropout's mask."""
-        d = self.spec.d_model
+        input (and what it keeps), the embedding dropout's mask, a factorised embedding's projection
+        input (all ``embedding.dim`` wide there)."""
+        d = getattr(self.spec, "embedding_dim", self.spec.d_model)
         norm = getattr(self, "emb_norm", None)
         elements = tokens * (d + parts.norm_saved(norm)) if parts.has_parameters(norm) else 0
+        elements += tokens * d if _projection(self) is not None else 0
         return elements, tokens * d if self.spec.dropout.embedding else 0
 
     def kv_cache(self) -> tuple[Stack, bool] | None:
@@ -118,3 +121,9 @@ class Family(nn.Module, SummaryParts, ModelCosts, Generates):
         if isinstance(node, nn.Embedding):
             return "embeddings"
         return "head"
+
+
+def _projection(model: nn.Module) -> nn.Module | None:
+    """The model's factorised-embedding projection (``emb_proj``), or None."""
+    proj = getattr(model, "emb_proj", None)
+    return proj if isinstance(proj, nn.Linear) else None

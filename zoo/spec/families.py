@@ -12,6 +12,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from zoo.registry import registry
 from zoo.spec.base import Dispatch, Rate, Spec, register_specs
 from zoo.spec.blocks import AnyBlock, BlockSpec, Layer, LayerPattern, PreBlockSpec, layer_key, resolve
+from zoo.spec.sharing import factorised_problems, shared_layers_field, sharing_problems, weight_layers
 from zoo.spec.parts import (
     AnyHead,
     AnyPool,
@@ -54,11 +55,18 @@ class InitSpec(Spec):
 
 
 class EmbeddingSpec(Spec):
-    """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper), ``multiplier`` by
-    a number of its own (Granite); ``norm`` puts a norm after the embedding sum (BERT)."""
+    """Token embedding options: ``scale`` multiplies by sqrt(d_model) (the paper; sqrt(dim) where
+    ``dim`` factorises the embeddings: ALBERT, ELECTRA), ``multiplier`` by a number of its own
+    (Granite); ``norm`` puts a norm after the embedding sum (BERT)."""
 
     scale: bool = False
     norm: bool = False
+    dim: PositiveInt | None = Field(
+        None, description="factorised embeddings (ALBERT's and ELECTRA's embedding_size): the token, position and "
+        "segment embeddings and their norm are dim wide, and a linear layer with a bias (emb_proj) maps their sum "
+        "to d_model; an mlm head's transform maps to dim, so a tied projection shares the embedding; null: d_model wide, "
+        "no projection",
+    )
     round_scale: bool = Field(
         False,
         description="round sqrt(d_model) to the weights' dtype before multiplying (HF Gemma's normalizer; "
@@ -116,6 +124,11 @@ class FamilySpec(Spec):
         """The resolved layers of ``stack``: ``block`` with the ``layers`` patterns applied."""
         return resolve(self.block, self.layers, self.stacks()[stack][0], stack)
 
+    def weight_layers(self, stack: str = "stack") -> list[int]:
+        """For each layer of ``stack``, the layer whose block it runs: itself, or with ``shared_layers``
+        the first layer of its group."""
+        return weight_layers(self.stacks()[stack][0], getattr(self, "shared_layers", None))
+
     @property
     def has_final_norm(self) -> bool:
         """A norm after the last block, as the block kind declares (``final_norm``)."""
@@ -123,7 +136,7 @@ class FamilySpec(Spec):
 
     @model_validator(mode="after")
     def _check_shared(self) -> FamilySpec:
-        problems = self._layer_problems()
+        problems = self._layer_problems() + sharing_problems(self)
         if self.init.scaled_residual and self.init.scheme == "xavier":
             problems.append("init.scaled_residual: applies to scheme normal or trunc_normal, not xavier; set it to false")
         position = self.position
@@ -235,12 +248,25 @@ class TextSpec(FamilySpec):
     head: AnyHead = Field(default_factory=LMHeadSpec, description="after the last block: lm (logits), mlm, or none "
                           "(the hidden states); a bare name stands for {kind: name}")
 
+    @property
+    def embedding_dim(self) -> int:
+        """The embeddings' width: ``embedding.dim``, else d_model."""
+        return self.embedding.dim or self.d_model
+
+    @model_validator(mode="after")
+    def _check_factorised(self) -> TextSpec:
+        problems = factorised_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
 
 class DecoderSpec(TextSpec):
     """GPT-style decoder-only language model: ``model(tokens[B,T]) -> logits[B,T,V]``."""
 
     windows: ClassVar[bool] = True
     family: Literal["decoder"] = "decoder"
+    shared_layers: PositiveInt | None = shared_layers_field()
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="normal", std=0.02, scaled_residual=True))
 
 
@@ -259,6 +285,7 @@ class EncoderSpec(TextSpec):
     windows: ClassVar[bool] = True
     padded_positions: ClassVar[bool] = True
     family: Literal["encoder"] = "encoder"
+    shared_layers: PositiveInt | None = shared_layers_field()
     type_vocab_size: NonNegativeInt = Field(0, description="segment (token type) embeddings; 0 for none")
     head: AnyHead = Field(default_factory=MLMHeadSpec, description="after the last block: mlm, lm, or none (the "
                           "hidden states); a bare name stands for {kind: name}")
@@ -346,6 +373,7 @@ class VitSpec(FamilySpec):
     output: ClassVar[str] = "pooled"
 
     family: Literal["vit"] = "vit"
+    shared_layers: PositiveInt | None = shared_layers_field()
     image_size: PositiveInt = 224
     patch_size: PositiveInt = 16
     in_channels: PositiveInt = 3

@@ -449,7 +449,10 @@ class MLMHeadSpec(HeadSpec):
     the projection to the vocabulary."""
 
     kind: Literal["mlm"] = "mlm"
-    transform: bool = Field(True, description="linear + GELU + norm before the projection (BERT)")
+    transform: bool = Field(True, description="linear + GELU + norm before the projection (BERT); the linear maps "
+                            "to embedding.dim where the embeddings are factorised (ALBERT, ELECTRA)")
+    approximate: Literal["none", "tanh"] = Field("none", description="the transform's GELU: exact (none, BERT's gelu) "
+                                                 "or its tanh approximation (tanh, ALBERT's gelu_new)")
     transform_bias: bool = Field(True, description="a bias on the transform's linear; false: none (ModernBERT's "
                                  "classifier_bias: false)")
     bias: bool = Field(True, description="a bias on the projection")

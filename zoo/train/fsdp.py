@@ -77,7 +77,7 @@ def apply_fsdp(model: nn.Module, dist: Dist, *, precision: str = "fp32", offload
             if isinstance(module, BATCH_NORMS):
                 fully_shard(module, **{**kwargs, "mp_policy": fp32})
     for stack in stacks(model):
-        for block in stack.blocks:
+        for block in dict.fromkeys(stack.blocks):  # a block shared by several layers (shared_layers) once
             fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return model
