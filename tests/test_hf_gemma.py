@@ -153,10 +153,12 @@ def test_gemma3_4b_config_reads_its_scaled_global_rope_into_the_pattern():
                                            head_dim=256, sliding_window=1024, max_position_embeddings=131072,
                                            rope_scaling={"rope_type": "linear", "factor": 8.0})
     spec = hf_spec(config)
-    assert spec.position.model_dump(mode="json") == {"kind": "rope", "base": 10000.0, "fraction": 1.0, "scaling": None}
+    assert spec.position.model_dump(mode="json") == {"kind": "rope", "base": 10000.0, "fraction": 1.0, "scaling": None,
+                                                     "pairs": "half"}
     assert [p.model_dump(mode="json", exclude_none=True) for p in spec.layers] == [
         {"at": "5::6", "block": {"attention": {"window": None}},
-         "position": {"kind": "rope", "base": 1e6, "fraction": 1.0, "scaling": {"kind": "linear", "factor": 8.0}}}]
+         "position": {"kind": "rope", "base": 1e6, "fraction": 1.0, "scaling": {"kind": "linear", "factor": 8.0},
+                      "pairs": "half"}}]
     assert [i for i, layer in enumerate(spec.stack_layers()) if layer.position is not None] == [5, 11, 17, 23, 29]
     back = hf_config(spec)
     assert type(back).__name__ == "Gemma3TextConfig" and back.rope_parameters == config.rope_parameters

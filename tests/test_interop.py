@@ -426,7 +426,8 @@ TO_REFUSED = {
     "llama with embedding dropout": ("llama-small", ["dropout.embedding=0.1"], None, "dropout.embedding=0.1"),
     "bert pre-norm": ("bert-base", ["block.kind=pre"], None, "block.kind='pre'"),
     "bert with a classifier": ("bert-base", ["classifier.num_labels=3"], None, "classifier="),
-    "bert gelu-tanh": ("bert-base", ["block.ffn.approximate=tanh"], None, "block.ffn.kind='gelu'"),
+    # (a BERT layout with tanh GELU is an ELECTRA generator whose embeddings are d_model wide: it converts to that)
+    "bert gelu-tanh": ("bert-base", ["block.ffn.approximate=tanh"], "BertForMaskedLM", "block.ffn.kind='gelu'"),
     "marian pre-norm": ("transformer-base", ["block.kind=pre"], None, "block.kind='pre'"),
     "marian learned positions": ("transformer-base", ["position.kind=learned"], None, "position.kind='learned'"),
     "marian shared but untied": ("transformer-base", ["head.tied=false"], None, "head.tied=False"),
