@@ -157,9 +157,15 @@ def table(repeats: int = 2, sizes=ROWS, precisions=("fp32", "bf16")) -> str:
     return "\n".join(lines)
 
 
+USAGE = ("usage: python -m bench.loss --table [REPEATS]   (every side, size and precision, each in a process of "
+         "its own; the rows of a bench run: python -m bench --only loss)")
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--table"]:  # python -m bench.loss --table [REPEATS]: every configuration, one process each
         print(table(int(sys.argv[2]) if len(sys.argv) > 2 else 2))
+    elif len(sys.argv) != 8 or sys.argv[1] not in SIDES:  # --help, or anything but a child's seven arguments
+        print(USAGE, file=sys.stderr if len(sys.argv) > 1 and sys.argv[1] not in ("-h", "--help") else sys.stdout)
+        raise SystemExit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
     else:
         side, n, precision, d, v, threads, repeats = sys.argv[1:8]
         torch.set_num_threads(int(threads))
