@@ -26,9 +26,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from zoo.interop.claims import ANY, one_of
-from zoo.interop.common import Rule, rule, unsupported
+from zoo.interop.common import Rule, unsupported
 from zoo.interop.hf.base import require, fused, weights
-from zoo.interop.hf.bert import BERT, Bert
+from zoo.interop.hf.bert import BERT, Bert, bert_embeddings
 from zoo.interop.hf.electra import factorised
 from zoo.interop.hf.table import Derived, Drop, Refuse, table
 from zoo.interop.hf.traits import who
@@ -99,12 +99,8 @@ class Albert(Bert):
 
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:
-        e, p = f"{cls.prefix}.embeddings", f"{cls.prefix}.encoder"
-        rules = [
-            rule("tok_emb.weight", f"{e}.word_embeddings.weight"), rule("position.weight", f"{e}.position_embeddings.weight"),
-            rule("type_emb.weight", f"{e}.token_type_embeddings.weight"), *weights("emb_norm", f"{e}.LayerNorm"),
-            *weights("emb_proj", f"{p}.embedding_hidden_mapping_in"),
-        ]
+        p = f"{cls.prefix}.encoder"
+        rules = [*bert_embeddings(cls.prefix), *weights("emb_proj", f"{p}.embedding_hidden_mapping_in")]
         for i in range(s.n_layers):  # a shared group's tensors for each layer that runs it
             z, h = f"stack.blocks.{i}", f"{p}.albert_layer_groups.{_group(s, i)}.albert_layers.0"
             rules += [

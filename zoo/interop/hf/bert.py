@@ -74,12 +74,7 @@ class Bert(Architecture):
 
     @staticmethod
     def rules(s: FamilySpec) -> list[Rule]:
-        e = "bert.embeddings"
-        rules = [
-            rule("tok_emb.weight", f"{e}.word_embeddings.weight"), rule("position.weight", f"{e}.position_embeddings.weight"),
-            rule("type_emb.weight", f"{e}.token_type_embeddings.weight"), *weights("emb_norm", f"{e}.LayerNorm"),
-        ]
-        rules += bert_layers(s, "bert")
+        rules = bert_embeddings("bert") + bert_layers(s, "bert")
         if getattr(s, "pooler", False):  # BertModel's (the backbone's claims alone take it)
             rules += weights("pooler.dense", "bert.pooler.dense")
         if s.head.kind != "mlm":
@@ -99,6 +94,14 @@ class Bert(Architecture):
     @staticmethod
     def extra_to(state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
         return {"cls.predictions.bias": state["head.proj.bias"].detach()} if s.head.kind == "mlm" else {}
+
+
+def bert_embeddings(prefix: str) -> list[Rule]:
+    """The embeddings of BERT's layout (RoBERTa's, ELECTRA's and ALBERT's too), under ``{prefix}.embeddings``:
+    tokens, positions, segments and their LayerNorm."""
+    e = f"{prefix}.embeddings"
+    return [rule("tok_emb.weight", f"{e}.word_embeddings.weight"), rule("position.weight", f"{e}.position_embeddings.weight"),
+            rule("type_emb.weight", f"{e}.token_type_embeddings.weight"), *weights("emb_norm", f"{e}.LayerNorm")]
 
 
 def bert_layers(s: FamilySpec, prefix: str) -> list[Rule]:

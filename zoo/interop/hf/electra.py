@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.interop.claims import ANY
-from zoo.interop.common import Rule, rule
-from zoo.interop.hf.base import TWO_LAYER, require, weights
-from zoo.interop.hf.bert import BERT, Bert, bert_layers
+from zoo.interop.common import Rule
+from zoo.interop.hf.base import require, weights
+from zoo.interop.hf.bert import BERT, Bert, bert_embeddings, bert_layers
 from zoo.interop.hf.table import Derived, Drop, Fixed, table
 from zoo.interop.hf.traits import two_layer_ffn, who
 from zoo.spec import FamilySpec
@@ -68,12 +68,7 @@ class Electra(Bert):
 
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:
-        e = f"{cls.prefix}.embeddings"
-        rules = [
-            rule("tok_emb.weight", f"{e}.word_embeddings.weight"), rule("position.weight", f"{e}.position_embeddings.weight"),
-            rule("type_emb.weight", f"{e}.token_type_embeddings.weight"), *weights("emb_norm", f"{e}.LayerNorm"),
-            *bert_layers(s, cls.prefix),
-        ]
+        rules = bert_embeddings(cls.prefix) + bert_layers(s, cls.prefix)
         if s.embedding.dim is not None:
             rules += weights("emb_proj", f"{cls.prefix}.embeddings_project")
         if s.head.kind != "mlm":

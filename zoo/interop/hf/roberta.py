@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from zoo.interop.claims import ANY, Claims
-from zoo.interop.common import Rule, rule
+from zoo.interop.common import Rule
 from zoo.interop.hf.base import require, weights
-from zoo.interop.hf.bert import BERT, Bert, bert_layers
+from zoo.interop.hf.bert import BERT, Bert, bert_embeddings, bert_layers
 from zoo.interop.hf.table import Derived, Drop, Tokens, table
 from zoo.interop.hf.traits import who
 from zoo.spec import FamilySpec
@@ -69,12 +69,7 @@ class Roberta(Bert):
 
     @classmethod
     def rules(cls, s: FamilySpec) -> list[Rule]:
-        e = f"{cls.prefix}.embeddings"
-        rules = [
-            rule("tok_emb.weight", f"{e}.word_embeddings.weight"), rule("position.weight", f"{e}.position_embeddings.weight"),
-            rule("type_emb.weight", f"{e}.token_type_embeddings.weight"), *weights("emb_norm", f"{e}.LayerNorm"),
-            *bert_layers(s, cls.prefix),
-        ]
+        rules = bert_embeddings(cls.prefix) + bert_layers(s, cls.prefix)
         if getattr(s, "pooler", False):
             rules += weights("pooler.dense", f"{cls.prefix}.pooler.dense")
         if s.head.kind != "mlm":
