@@ -40,7 +40,7 @@ from zoo.train.adapters import AdapterConfig, export_adapters, with_adapters
 from zoo.train.pretrained import pretrained
 
 from classify_data import (Classifying, ClassifyTask, Labelled, encode_labelled, majority, read_labelled,  # beside this script
-                           recipe_template)
+                           recipe_template, split_labelled)
 from text_data import get_tokenizer, own_tokenizer
 
 DEFAULT_CONFIG = Path(__file__).with_name("classify.yaml")
@@ -92,11 +92,7 @@ def load_data(cfg: ClassifyConfig) -> tuple[Labelled, Labelled, str]:
         if d.valid is not None:
             valid = read_labelled(d.valid)
         else:
-            n_valid = max(1, round(len(train) * (d.valid_fraction or 0.1)))
-            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(d.split_seed)).tolist()
-            pick = lambda idx: Labelled([train.texts[i] for i in idx], [train.labels[i] for i in idx],  # noqa: E731
-                                        None if train.seconds is None else [train.seconds[i] for i in idx])
-            train, valid = pick(order[n_valid:]), pick(order[:n_valid])
+            train, valid = split_labelled(train, d.valid_fraction or 0.1, d.split_seed)
         source = str(d.train)
     else:
         texts = T.read_wordnet(d.wordnet_dir)
@@ -104,8 +100,7 @@ def load_data(cfg: ClassifyConfig) -> tuple[Labelled, Labelled, str]:
         train, valid, source = Labelled(tr.texts, tr.labels), Labelled(va.texts, va.labels), "WordNet gloss -> part of speech"
     if d.limit:  # a seeded sample: the files and WordNet's split keep their order (WordNet's parts of speech in turn)
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(d.split_seed + 1))[: d.limit].tolist()
-        train = Labelled([train.texts[i] for i in order], [train.labels[i] for i in order],
-                         None if train.seconds is None else [train.seconds[i] for i in order])
+        train = train.select(order)
     if d.max_valid:
         valid = valid.take(d.max_valid)
     return train, valid, source

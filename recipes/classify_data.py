@@ -20,7 +20,7 @@ from zoo.train import Dist
 
 from text_data import LengthBatched, eval_batches  # beside this script
 
-__all__ = ["Labelled", "read_labelled", "recipe_template", "Encoded", "encode_labelled", "ClassifyTask",
+__all__ = ["Labelled", "split_labelled", "read_labelled", "recipe_template", "Encoded", "encode_labelled", "ClassifyTask",
            "Classifying", "majority"]
 
 
@@ -37,6 +37,18 @@ class Labelled:
 
     def take(self, n: int) -> Labelled:
         return Labelled(self.texts[:n], self.labels[:n], None if self.seconds is None else self.seconds[:n])
+
+    def select(self, rows: list[int]) -> Labelled:
+        """The examples at ``rows``, in that order."""
+        return Labelled([self.texts[i] for i in rows], [self.labels[i] for i in rows],
+                        None if self.seconds is None else [self.seconds[i] for i in rows])
+
+
+def split_labelled(data: Labelled, fraction: float, seed: int) -> tuple[Labelled, Labelled]:
+    """(train, valid): a seeded ``fraction`` of ``data`` (at least one example) held out."""
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_valid = max(1, round(len(data) * fraction))
+    return data.select(order[n_valid:]), data.select(order[:n_valid])
 
 
 def read_labelled(path: str | Path) -> Labelled:

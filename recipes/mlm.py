@@ -52,7 +52,7 @@ from zoo.train.pretrained import pretrained
 
 # beside this script
 from classify_data import (Classifying, ClassifyTask, Labelled, encode_labelled, majority, read_labelled,
-                           recipe_template)
+                           recipe_template, split_labelled)
 from text_data import (LengthBatched, TextDataConfig, eval_batches, export_tokenizer, get_tokenizer, load_text,
                        own_tokenizer)
 
@@ -248,11 +248,7 @@ def finetune_data(cfg: MLMConfig, splits) -> tuple[Labelled, Labelled, str] | No
         if ft.valid is not None:
             valid = read_labelled(ft.valid)
         else:
-            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.data.split_seed)).tolist()
-            n_valid = max(1, round(len(train) * ft.valid_fraction))
-            pick = lambda idx: Labelled([train.texts[i] for i in idx], [train.labels[i] for i in idx],  # noqa: E731
-                                        None if train.seconds is None else [train.seconds[i] for i in idx])
-            train, valid = pick(order[n_valid:]), pick(order[:n_valid])
+            train, valid = split_labelled(train, ft.valid_fraction, cfg.data.split_seed)
         return train, valid, str(ft.train)
     if cfg.data.text:
         return None
