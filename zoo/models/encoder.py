@@ -97,7 +97,7 @@ class Encoder(Family):
         self.pooler = Pooler(d) if spec.pooler else None
         self.pooling = build_part("pool", spec.pool, dim=d, block=spec.block) if spec.pool is not None else None
         p = spec.projection
-        self.projection = Linear(d, p.dim or d, bias=p.bias) if p is not None else None
+        self.projection = Linear(d, p.dim, bias=p.bias) if p is not None else None
         c = spec.classifier
         self.classifier = Classifier(d, c.num_labels, pooler=c.pooler, dropout=c.dropout) if c else None
         init_weights(self, spec)

@@ -49,8 +49,7 @@ class ProjectionSpec(Spec):
     """A linear map of the pooled vector, [B, D] -> [B, dim] (CLIP's ``text_projection`` without a
     bias, SigLIP's ``head`` with one)."""
 
-    dim: PositiveInt | None = Field(None, description="the output width (CLIP's projection_dim, SigLIP's "
-                                    "projection_size); null: d_model")
+    dim: PositiveInt = Field(description="the output width (CLIP's projection_dim, SigLIP's projection_size)")
     bias: bool = Field(False, description="a bias on the projection (SigLIP's head: true; CLIP's text_projection: false)")
 
 
