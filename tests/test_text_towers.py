@@ -202,3 +202,20 @@ def test_tiny_preset_converts_with_the_same_pooled_output():
     x = torch.randint(3, model.spec.vocab_size, (2, 20), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert max_diff(model.pool(x), hf(input_ids=x).text_embeds) < ATOL
+
+
+@pytest.mark.reference
+def test_zoo_convert_records_the_pooled_output_for_zoo_embed(tmp_path):
+    from zoo.embed import stored_settings
+    from zoo.interop.files import convert
+    from zoo.io import read_header
+
+    ref = _reference("CLIPTextModelWithProjection", "CLIPTextConfig", eos_token_id=2, projection_dim=20)
+    ref.save_pretrained(tmp_path / "hf")
+    done = convert(tmp_path / "hf", tmp_path / "clip.safetensors")
+    settings = stored_settings(read_header(done.path).metadata)
+    assert done.reference == "CLIPTextModelWithProjection" and settings.pooling == "pooler"
+    model = zoo.load(done.path).eval()
+    x = torch.randint(3, V, (2, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert max_diff(zoo.embed(model, x, pooling=settings.pooling), ref(input_ids=x).text_embeds) < ATOL

@@ -129,7 +129,10 @@ def tower_rules(s: FamilySpec, prefix: str = "") -> list[Rule]:
 
 
 class _Tower(Architecture):
-    """A text tower: its spec read from the config alone (it has no LM head whose tying the model says)."""
+    """A text tower: its spec read from the config alone (it has no LM head whose tying the model says);
+    ``pooled``: ``zoo convert`` records that ``zoo embed`` gives its pooled output (pooling "pooler")."""
+
+    pooled = True
 
     @classmethod
     def spec(cls, c: Any, hf: nn.Module | None) -> dict:
