@@ -294,7 +294,7 @@ class EncoderSpec(TextSpec):
                          "model.pool(...) -> [B, D] (HF's pooler_output); the classifier has its own")
     classifier: ClassifierSpec | None = None
     causal: bool = Field(False, description="each token attends to itself and the tokens before it (CLIP's text "
-                         "tower); false: to every token (BERT)")
+                         "tower; a window then counts back, as a decoder's); false: to every token (BERT)")
     pool: AnyPool | None = Field(None, description="how model.pool turns the hidden states into one vector: eos, last, "
                                  "cls or mean (a bare name stands for {kind: name}); null: none (or BERT's pooler)")
     projection: ProjectionSpec | None = Field(None, description="a linear map of the pooled vector (CLIP's "
