@@ -38,9 +38,10 @@ class EosPoolSpec(PoolSpec):
 
 
 class LastPoolSpec(PoolSpec):
-    """The last slot's hidden state, padding or not (SigLIP's text tower, trained on rows padded to
-    their full length without a mask; HF's ``SiglipTextModel`` pools ``last_hidden_state[:, -1]``).
-    Padded on the right, a row pools a padding token's state, as HF's does."""
+    """The last slot's hidden state (SigLIP's text tower, trained on rows padded to their full length
+    without a mask; HF's ``SiglipTextModel`` pools ``last_hidden_state[:, -1]``). A padding token
+    there (a row padded on the right, with a mask) is refused: HF computes its state with the token
+    hidden from itself, zoo lets a padding token attend to itself."""
 
     kind: Literal["last"] = "last"
 
