@@ -172,7 +172,38 @@ def check_outputs(ref: torch.nn.Module, name: str | None = None) -> torch.nn.Mod
         x = tokens(3, 7, seed=1)
         with torch.no_grad():
             assert max_diff(model.pool(x), ref(x).pooler_output) < ATOL
+    if getattr(model, "pooling", None) is not None:  # text towers: their pooled (and projected) output
+        check_pooled(model, ref, back)
     return model
+
+
+def pooled(out) -> torch.Tensor:
+    """A text tower's pooled output: ``text_embeds`` (CLIP's with its projection), else ``pooler_output``."""
+    return out.text_embeds if getattr(out, "text_embeds", None) is not None else out.pooler_output
+
+
+def check_pooled(model: torch.nn.Module, ref: torch.nn.Module, back: torch.nn.Module) -> None:
+    """``model.pool`` gives the reference's pooled output, and so does ``back`` (converted from ``model``),
+    unpadded and padded each side, with an end-of-text token (where the pool looks for one) at each
+    row's last real token; a pool that would read a padding token refuses by name."""
+    token = getattr(model.spec.pool, "token", None)
+    for side in sides(model.spec.family):
+        ours, theirs, real = inputs(ref, model.spec.family, side)
+        x = ours[0].clone()
+        if token is not None:
+            last = (torch.arange(x.shape[1]) * (real if real is not None else torch.ones_like(x, dtype=torch.bool))).argmax(1)
+            x[torch.arange(x.shape[0]), last] = token
+        theirs = {**theirs, "input_ids": x}
+        with torch.no_grad():
+            expected = pooled(ref(**theirs))
+            assert expected.abs().max() > 0.1
+            try:
+                out = model.pool(x, *ours[1:])
+            except ValueError as e:  # the last slot is padding: HF's state there is not zoo's
+                assert side == "right" and "padding_mask: pool last" in str(e), e
+                continue
+            assert max_diff(out, expected) < ATOL, f"{type(ref).__name__} -> zoo pooled, padding {side}"
+            assert max_diff(pooled(back(**theirs)), out) < ATOL, f"zoo -> {type(ref).__name__} pooled, padding {side}"
 
 
 def check_config(ref: torch.nn.Module, default: str | None = None) -> None:

@@ -112,6 +112,15 @@ HF_CONFIGS |= {  # factorised embeddings (embedding_size != hidden_size)
     "MPNetForMaskedLM": ("MPNetConfig", dict(vocab_size=V, max_position_embeddings=34, hidden_size=24, num_hidden_layers=2,
                                              num_attention_heads=3, intermediate_size=40)),
 }
+_TOWER = dict(vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+              intermediate_size=40)
+HF_CONFIGS |= {  # text towers: a causal mask and the end-of-text token (legacy argmax, or an id), or the last slot
+    "CLIPTextModel": ("CLIPTextConfig", dict(_TOWER, eos_token_id=2)),
+    "CLIPTextModelWithProjection": ("CLIPTextConfig", dict(_TOWER, eos_token_id=7, projection_dim=10, hidden_act="gelu",
+                                                                           architectures=["CLIPTextModelWithProjection"])),
+    "SiglipTextModel": ("SiglipTextConfig", dict(_TOWER, projection_size=10)),
+    "Siglip2TextModel": ("Siglip2TextConfig", dict(_TOWER, hidden_act="gelu_new")),
+}
 # the backbones without a head (head: none): their class's config, named in its architectures
 BACKBONE_OF = {
     "GPT2Model": "GPT2LMHeadModel", "BertModel": "BertForMaskedLM", "LlamaModel": "LlamaForCausalLM",

@@ -93,8 +93,9 @@ def canonical(spec: FamilySpec) -> dict:
     data = spec.model_dump(mode="json", exclude=set(FREE) | {"block", "layers", "pool"} | sizes)
     if hasattr(spec, "src_vocab_size"):
         data["src_vocab_size"] = spec.src_vocab_size
-    if hasattr(spec, "pool"):
-        data["pool"] = {"kind": spec.pool.kind, "bias": getattr(spec.pool, "bias", None)}
+    if getattr(spec, "pool", None) is not None:
+        data["pool"] = {"kind": spec.pool.kind, "bias": getattr(spec.pool, "bias", None),
+                        "token": getattr(spec.pool, "token", None)}
     for name in spec.stacks():
         data[f"layers:{name}"] = [_layer(spec, layer) for layer in spec.stack_layers(name)]
     return data

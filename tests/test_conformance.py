@@ -46,7 +46,8 @@ pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 
 
 # to_hf's class where it is not the reference's: the first that computes the spec
-DEFAULT_CLASS = {"XLMRobertaForMaskedLM": "RobertaForMaskedLM", "XLMRobertaModel": "RobertaModel"}
+DEFAULT_CLASS = {"XLMRobertaForMaskedLM": "RobertaForMaskedLM", "XLMRobertaModel": "RobertaModel",
+                 "Siglip2TextModel": "SiglipTextModel"}
 # the classes that generate: decoders with a head, encoder-decoders
 GENERATORS = [n for n in HF_CONFIGS if n.endswith(("ForCausalLM", "LMHeadModel")) or table_config(n).is_encoder_decoder]
 

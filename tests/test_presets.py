@@ -47,6 +47,9 @@ EXACT = {
     "nemotron-mini-4b": 4_190_509_056,  # HF NemotronForCausalLM from nvidia/Nemotron-Mini-4B-Instruct's config
     # HF BartForConditionalGeneration from facebook/bart-base's config (tests/test_bart_hf.py)
     "bart-base": 139_420_416,
+    # HF CLIPTextModelWithProjection and SiglipTextModel from the releases' text configs (tests/test_text_towers.py)
+    "clip-vit-base-patch32-text": 63_428_096,
+    "siglip-base-patch16-224-text": 110_271_744,
 }
 
 

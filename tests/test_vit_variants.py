@@ -168,7 +168,7 @@ def test_sincos2d_is_recomputed_for_the_grid():
         (["pool={kind: map, n_heads: 5}"], r"pool.n_heads: the pooling attention splits d_model \(24\) into 5 heads"),
         (["prefix_positions=false", "position.kind=none"], "prefix_positions: false leaves .* position.kind none adds no table"),
         (["reg_tokens=-1"], "reg_tokens: Input should be greater than or equal to 0"),
-        (["pool=max"], r"pool: unknown pool kind 'max'; did you mean 'map'\? \(known: cls, map, mean\)"),
+        (["pool=max"], r"pool: unknown pool kind 'max'; did you mean 'map'\? \(known: cls, eos, last, map, mean\)"),
         (["block.layer_scale=0"], "block.layer_scale: .* must be a positive number"),
     ],
 )

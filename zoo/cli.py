@@ -17,7 +17,7 @@
                 [--max-shard-size SIZE]
                              a zoo file to an HF / timm directory, or an HF / timm model to a zoo file
                              (tensor by tensor; sharded above SIZE, default 5GB)
-    zoo embed MODEL [--tokenizer PATH] [--pooling mean|cls|max] [--[no-]normalize] [--similarity]
+    zoo embed MODEL [--tokenizer PATH] [--pooling mean|cls|max|pooler] [--[no-]normalize] [--similarity]
                              sentence embeddings of stdin's lines, one vector a line (numbers
                              separated by spaces), or their cosine similarity matrix
     zoo generate MODEL [PROMPT] [--max-new-tokens N] [--sample | --beams K] [--stop STR ...] [--chat] [--echo]

@@ -7,6 +7,9 @@
     mean   the mean of the real tokens' hidden states (padding left out): sentence-transformers' default
     cls    the first token's hidden state (not BERT's pooler, a trained layer on it: ``model.pool``)
     max    each feature's largest value over the real tokens
+    pooler the model's own pooled output, ``model.pool``: BERT's pooler, or a text tower's pool and
+           projection (CLIP's end-of-text token through text_projection, SigLIP's last token through its
+           head: HF's ``text_embeds`` / ``pooler_output``)
 
 and ``normalize`` divides each vector by its L2 norm, so that a dot product is the cosine similarity.
 ``padding_mask`` ([B, T], True = real token) says which tokens are real; a row must have one. The
@@ -41,7 +44,7 @@ from zoo.tokens import read_tokenizer, tokenizer_path
 __all__ = ["KEY_EMBEDDING", "POOLINGS", "Settings", "embed", "embed_texts", "has_tokens", "load_tokenizer",
            "stored_settings"]
 
-POOLINGS = ("mean", "cls", "max")
+POOLINGS = ("mean", "cls", "max", "pooler")
 KEY_EMBEDDING = "zoo.embedding"  # the zoo file's metadata key of its Settings (JSON)
 
 
@@ -63,6 +66,11 @@ def embed(model: nn.Module, tokens: Tensor, padding_mask: Tensor | None = None, 
         empty = (~padding_mask.bool()).all(dim=1).nonzero().flatten().tolist()
         if empty:
             raise ValueError(f"padding_mask: row {empty[0]} has no real token to pool; leave empty texts out")
+    if pooling == "pooler":
+        if not callable(getattr(model, "pool", None)):
+            raise ValueError(f"pooling: pooler: a {model.spec.family} model has no pooled output; use mean, cls or max")
+        out = model.pool(tokens, padding_mask)  # (B, D) or (B, projection.dim)
+        return F.normalize(out, p=2, dim=-1) if normalize else out
     h = model.hidden_states(tokens, padding_mask)  # (B, T, D)
     real = (torch.ones_like(tokens, dtype=torch.bool) if padding_mask is None else padding_mask.bool()).unsqueeze(-1)
     if pooling == "cls":
@@ -159,4 +167,5 @@ def embed_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], settings
                 out.append(vectors.float().cpu())
     finally:
         model.train(was_training)
-    return torch.cat(out) if out else torch.zeros(0, spec.d_model)
+    width = spec.projection.dim if settings.pooling == "pooler" and getattr(spec, "projection", None) else spec.d_model
+    return torch.cat(out) if out else torch.zeros(0, width)

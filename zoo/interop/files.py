@@ -28,7 +28,8 @@ class does not read (BERT's pooler and next-sentence head) are left out and list
 
 A sentence-transformers directory (``modules.json``: a transformer, its pooling, perhaps a
 normalisation) converts as its transformer, and the zoo file keeps how it embeds in its metadata
-(:mod:`zoo.interop.sentence`, ``zoo.embedding``), which ``zoo embed`` reads. An HF directory's
+(:mod:`zoo.interop.sentence`, ``zoo.embedding``), which ``zoo embed`` reads; a text tower's (CLIP's,
+SigLIP's) records its own pooled output (pooling ``pooler``). An HF directory's
 tokenizer and generation files (``tokenizer.json``, ``tokenizer_config.json``,
 ``special_tokens_map.json``, ``generation_config.json``, ``chat_template.jinja``) are copied beside
 the zoo file, where ``zoo generate``, ``zoo embed`` and the recipes read them
@@ -48,6 +49,7 @@ import torch
 from torch import nn
 
 from zoo.build import count_parameters
+from zoo.embed import Settings
 from zoo.interop.claims import claims_family
 from zoo.interop.common import ConversionError, check_counted
 from zoo.interop.hf import ARCHS, by_model_type, from_hf
@@ -278,8 +280,12 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
             raise ConversionError(f"{src}: not a model directory (no config.json)")
         config = _read_json(src / "config.json")
         if "model_type" in config:
+            arch = _hf_arch(src, config)
+            if metadata is None and getattr(arch, "pooled", False):  # a text tower: zoo embed gives its pooled output
+                metadata = Settings(pooling="pooler").metadata()
+                notes = ("embeds with its pooled output (pooler pooling; zoo embed reads it)",)
             try:
-                done = hf_dir_to_zoo(src, dst, _hf_arch(src, config), dtype=dtype, max_shard_size=max_shard_size,
+                done = hf_dir_to_zoo(src, dst, arch, dtype=dtype, max_shard_size=max_shard_size,
                                      metadata=metadata)
                 return Converted("zoo", done.reference, done.path, done.parameters, done.ignored,
                                  notes + copy_sidecars(src, done.path.parent))

@@ -6,6 +6,11 @@ Without a head (``head: none``) the model returns the hidden states [B, T, D] (H
 without its pooler). With ``pooler: true`` it also holds BERT's pooler, a linear layer and tanh on
 the first token (``model.pool(...)`` -> [B, D], HF's ``pooler_output``).
 
+A text tower (CLIP's, SigLIP's) pools otherwise: ``pool`` picks the token (``eos``: the
+end-of-text token's hidden state, ``last``: the last slot's; or cls, mean) and ``projection`` maps
+it (``model.pool(...)`` -> [B, projection.dim], HF's ``text_embeds`` or ``pooler_output``); with
+``causal: true`` each token attends only to itself and the tokens before it (CLIP's causal mask).
+
 Why the pooler is a spec field of its own and not the classifier's: HF's ``BertModel`` ships it
 without any classifier (sentence-embedding and retrieval checkpoints keep the pre-training weights),
 so a zoo model of such a checkpoint has a pooler and no labels to classify into; a ``classifier``
@@ -21,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from zoo.components import parts
 from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
 from zoo.models.common import (
@@ -89,6 +95,9 @@ class Encoder(Family):
         self.head = build_part("head", spec.head, dim=d, vocab_size=spec.vocab_size, norm=spec.block.norm,
                                embedding=self.tok_emb, embedding_dim=spec.embedding_dim)
         self.pooler = Pooler(d) if spec.pooler else None
+        self.pooling = build_part("pool", spec.pool, dim=d, block=spec.block) if spec.pool is not None else None
+        p = spec.projection
+        self.projection = Linear(d, p.dim, bias=p.bias) if p is not None else None
         c = spec.classifier
         self.classifier = Classifier(d, c.num_labels, pooler=c.pooler, dropout=c.dropout) if c else None
         init_weights(self, spec)
@@ -99,7 +108,7 @@ class Encoder(Family):
         a packed row, each token attending within its own document (positions restart per document)."""
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
-        ctx = self.stack.context(self.position, tokens, padding_mask, causal=False, documents=documents)
+        ctx = self.stack.context(self.position, tokens, padding_mask, causal=self.spec.causal, documents=documents)
         x = self.position.add(self.tok_emb(tokens), self.position.added_positions(ctx.positions, padding_mask))
         if self.type_emb is not None:
             if token_types is None:
@@ -135,10 +144,21 @@ class Encoder(Family):
         return self.encode(tokens, padding_mask)
 
     def pool(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
-        """BERT's pooled output [B, D]: tanh(linear(first token's hidden state))."""
-        if self.pooler is None:
-            raise ValueError("pool: this encoder has no pooler; set pooler: true in its spec")
-        return self.pooler(self.encode(tokens, padding_mask, token_types))
+        """The pooled output: BERT's, tanh(linear(first token's hidden state)) [B, D]; or the spec's
+        ``pool`` of the hidden states, through its ``projection`` where it has one [B, projection.dim]."""
+        if self.pooler is None and self.pooling is None:
+            raise ValueError("pool: this encoder has no pooled output; set pool (eos, last, cls or mean) or pooler: true "
+                             "in its spec")
+        x = self.encode(tokens, padding_mask, token_types)
+        if self.pooler is not None:
+            return self.pooler(x)
+        mask = None if padding_mask is None else padding_mask.bool()
+        y = self.pooling(x, 0, tokens=tokens, padding_mask=mask)  # (B, D)
+        return y if self.projection is None else self.projection(y)
+
+    def flops(self, seq: int) -> int:
+        """The family's FLOPs, and the pooled output's projection (once a sample)."""
+        return super().flops(seq) + parts.flops(self.projection, 1)
 
 
 @register("family", "encoder")

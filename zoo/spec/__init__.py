@@ -10,6 +10,7 @@ fix; nothing is rewritten behind the user's back (derived sizes are properties).
 
     zoo.spec.base       Spec, ComponentSpec, and the dispatch of a part's spec by its registered kind
     zoo.spec.parts      the specs of attention, positions, FFNs, norms, heads and ViT pools
+    zoo.spec.pooling    a text sequence's pools (eos, last) and the pooled vector's projection
     zoo.spec.moe        the mixture-of-experts FFN (ffn.kind: moe): experts, router, shared expert
     zoo.spec.rope       the scalings of RoPE's frequencies (linear, dynamic, llama3, yarn, longrope)
     zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel, sandwich) and per-layer patterns
@@ -100,6 +101,7 @@ from zoo.spec.parts import (
     SinusoidalSpec,
     SwiGLUSpec,
 )
+from zoo.spec.pooling import EosPoolSpec, LastPoolSpec, ProjectionSpec
 from zoo.spec.rope import (
     AnyRopeScaling,
     DynamicScalingSpec,
@@ -123,3 +125,4 @@ __all__ = [
     "TextSpec", "VitSpec", "YarnScalingSpec", "apply_overrides", "json_schema", "load_spec", "parse_spec",
     "preset_names", "preset_path", "read_yaml", "select_layers", "to_yaml",
 ]
+__all__ += ["EosPoolSpec", "LastPoolSpec", "ProjectionSpec"]

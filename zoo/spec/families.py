@@ -12,6 +12,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from zoo.registry import registry
 from zoo.spec.base import Dispatch, Rate, Spec, register_specs
 from zoo.spec.blocks import AnyBlock, BlockSpec, Layer, LayerPattern, PreBlockSpec, layer_key, resolve
+from zoo.spec.pooling import ProjectionSpec, pool_problems
 from zoo.spec.sharing import factorised_problems, shared_layers_field, sharing_problems, weight_layers
 from zoo.spec.parts import (
     AnyHead,
@@ -292,6 +293,19 @@ class EncoderSpec(TextSpec):
     pooler: bool = Field(False, description="BERT's pooler: a linear layer and tanh on the first token's hidden state, "
                          "model.pool(...) -> [B, D] (HF's pooler_output); the classifier has its own")
     classifier: ClassifierSpec | None = None
+    causal: bool = Field(False, description="each token attends to itself and the tokens before it (CLIP's text "
+                         "tower; a window then counts back, as a decoder's); false: to every token (BERT)")
+    pool: AnyPool | None = Field(None, description="how model.pool turns the hidden states into one vector: eos, last, "
+                                 "cls or mean (a bare name stands for {kind: name}); null: none (or BERT's pooler)")
+    projection: ProjectionSpec | None = Field(None, description="a linear map of the pooled vector (CLIP's "
+                                              "text_projection, SigLIP's head); null: none")
+
+    @model_validator(mode="after")
+    def _check_pool(self) -> EncoderSpec:
+        problems = pool_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
 
 class EncoderDecoderSpec(TextSpec):
@@ -418,6 +432,8 @@ class VitSpec(FamilySpec):
                 f"e.g. patch_size one of {[p for p in range(2, 33) if self.image_size % p == 0]}"
             )
         problems = self.pool.problems(d_model=self.d_model, block=self.block, class_token=self.class_token)
+        if type(self.pool).takes_tokens:
+            problems.append(f"pool: {self.pool.kind} reads token ids, which a vit has none of; use cls, mean, map or last")
         if problems:
             raise ValueError("\n".join(problems))
         position = type(self.position)

@@ -342,8 +342,13 @@ class RMSNormSpec(NormSpec):
 
 # ------------------------------------------------------------------------------------ ViT pooling
 class PoolSpec(ComponentSpec):
-    """How a ViT turns its tokens into one vector [B, D] for the head. A pool sees every token and
-    the number of prefix tokens (class token, registers) in front of the patch tokens."""
+    """How a ViT turns its tokens into one vector [B, D] for the head (and an encoder its hidden
+    states into its pooled output). A pool sees every token and the number of prefix tokens (class
+    token, registers) in front of the patch tokens; ``takes_tokens``: it reads the token ids too (a
+    text family's); ``takes_padding``: it pools a padded row as the reference does (an encoder's)."""
+
+    takes_tokens: ClassVar[bool] = False
+    takes_padding: ClassVar[bool] = True
 
     def problems(self, *, d_model: int, block: ComponentSpec, class_token: bool) -> list[str]:
         """What does not fit the ViT (width ``d_model``, its ``block`` spec, a class token or not),
@@ -375,6 +380,7 @@ class MapPoolSpec(PoolSpec):
     y = y + ffn(norm(y))``."""
 
     kind: Literal["map"] = "map"
+    takes_padding: ClassVar[bool] = False  # its attention reads every token
     n_heads: PositiveInt | None = Field(None, description="heads of the pooling attention; default: block.attention.n_heads")
     hidden: PositiveInt | None = Field(None, description="hidden width of its FFN; default: the block FFN's")
     bias: bool = Field(True, description="biases on its projections and FFN (timm: always)")
