@@ -79,6 +79,17 @@ HF_CONFIGS = {  # HF class -> (config class, fields)
                                                  use_sliding_window=True, sliding_window=5,
                                                  layer_types=[F, F, S], bos_token_id=1, eos_token_id=2,
                                                  pad_token_id=0)),
+    # Llama 4 text: chunked attention (chunk 3) on its rope layers, a NoPE layer with temperature tuning (floor 2),
+    # the L2 qk norm, interleaved llama3 rope, an MoE layer (top-1 sigmoid, input-weighted, shared expert) and a dense one
+    "Llama4ForCausalLM": ("Llama4TextConfig", dict(_ROTARY, num_hidden_layers=4, head_dim=8, intermediate_size=12,
+                                                   intermediate_size_mlp=20, num_local_experts=3, num_experts_per_tok=1,
+                                                   interleave_moe_layer_step=2, no_rope_layer_interval=3,
+                                                   attention_chunk_size=3, floor_scale=2, attn_scale=0.3,
+                                                   rope_parameters={"rope_type": "llama3", "rope_theta": 5000.0,
+                                                                    "factor": 4.0, "low_freq_factor": 1.0,
+                                                                    "high_freq_factor": 2.0,
+                                                                    "original_max_position_embeddings": 8},
+                                                   bos_token_id=1, eos_token_id=2, pad_token_id=0)),
     "T5ForConditionalGeneration": ("T5Config", dict(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=1, num_heads=3,
                                                     relative_attention_num_buckets=8, relative_attention_max_distance=20)),
     "RobertaForMaskedLM": ("RobertaConfig", dict(vocab_size=V, max_position_embeddings=34, hidden_size=24, num_hidden_layers=2,
@@ -133,6 +144,7 @@ BACKBONE_OF = {
     "GraniteModel": "GraniteForCausalLM", "CohereModel": "CohereForCausalLM", "SmolLM3Model": "SmolLM3ForCausalLM",
     "OlmoModel": "OlmoForCausalLM", "NemotronModel": "NemotronForCausalLM",
 }
+BACKBONE_OF |= {"Llama4TextModel": "Llama4ForCausalLM"}
 BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM", "MPNetModel": "MPNetForMaskedLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 

@@ -206,7 +206,8 @@ def _layers(model: nn.Module, seq: int, bytes_per_element: int) -> tuple[dict, .
                    "flops": parts.flops(block, tokens, memory), "window": window}
             if cached is not None and cached[0] is stack:
                 _, G, K, V = parts.head_sizes(block.attn, 0)
-                held = tokens if window is None else min(tokens, window - 1)
+                kept = getattr(stack, "kept", stack.windows)[i]  # a chunk's keys too
+                held = tokens if kept is None else min(tokens, kept - 1)
                 row.update(kv_tokens=held, kv_cache_bytes=G * (K + V) * held * bytes_per_element)
             rows.append(row)
     return tuple(rows)

@@ -13,6 +13,7 @@ one ``attn_mask`` SDPA takes.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -27,9 +28,23 @@ from zoo.protocols import CountsFlops, HeadSizes, ResidualWriter, SavesActivatio
 from zoo.registry import register
 
 
-def qk_norm_layer(kind: str, size: int, eps: float, unit_offset: bool = False) -> nn.Module:
+class PlainRMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) over the last dimension, without a weight, computed in float32 and
+    cast back (Llama 4's ``Llama4TextL2Norm`` on queries and keys)."""
+
+    def __init__(self, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+
+def qk_norm_layer(kind: str, size: int, eps: float, unit_offset: bool = False, affine: bool = True) -> nn.Module:
     """The norm of a query/key vector of ``size`` features: LayerNorm (with bias) or RMSNorm (by
-    (1 + weight) with ``unit_offset``, Gemma 3)."""
+    (1 + weight) with ``unit_offset``, Gemma 3; without a weight unless ``affine``, Llama 4)."""
+    if kind == "rmsnorm" and not affine:
+        return PlainRMSNorm(eps)
     if kind == "layernorm" and not unit_offset:
         return nn.LayerNorm(size, eps=eps)
     if kind == "rmsnorm":
@@ -55,6 +70,10 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
     ``softcap * tanh(scores / softcap)``. ``kernel`` is what computes them, as the spec declares
     (:attr:`zoo.spec.AttentionSpec.kernel`): ``fused`` (:func:`zoo.kernels.attention`: SDPA or zoo's
     CPU kernel) or ``scores`` (:func:`zoo.kernels.scores_attention`), which a cap needs.
+
+    ``temperature`` ((floor, scale), Llama 4's NoPE layers) multiplies each query, after the qk-norm
+    and the rotation, by ``1 + scale * log(1 + floor((slot + 1) / floor))`` in float32, its slot the
+    index of its key in the sequence (padding and cached tokens counted: the cache's slots).
     """
 
     residual_out = ("out",)  # writes into the residual stream (zoo.components.parts)
@@ -78,9 +97,11 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         qk_scope: str = "head",
         qk_eps: float = 1e-6,
         qk_unit_offset: bool = False,
+        qk_affine: bool = True,
         scale: float | None = None,
         softcap: float | None = None,
         kernel: str = "fused",
+        temperature: tuple[int, float] | None = None,
     ) -> None:
         super().__init__()
         if kernel not in ("fused", "scores"):
@@ -88,6 +109,7 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         if softcap is not None and kernel != "scores":
             raise ValueError("softcap: no fused kernel caps the scores; build the attention with kernel='scores'")
         self.scale, self.softcap, self.kernel = scale, softcap, kernel
+        self.temperature = temperature
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
         if qk_scope not in ("head", "all"):
@@ -109,8 +131,8 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         self.qk_scope = qk_scope
         if qk_norm is not None:
             whole = qk_scope == "all"
-            self.q_norm = qk_norm_layer(qk_norm, q_size if whole else head_dim, qk_eps, qk_unit_offset)
-            self.k_norm = qk_norm_layer(qk_norm, k_size if whole else head_dim, qk_eps, qk_unit_offset)
+            self.q_norm = qk_norm_layer(qk_norm, q_size if whole else head_dim, qk_eps, qk_unit_offset, qk_affine)
+            self.k_norm = qk_norm_layer(qk_norm, k_size if whole else head_dim, qk_eps, qk_unit_offset, qk_affine)
         else:
             self.q_norm = self.k_norm = None
 
@@ -147,6 +169,8 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
             k, v = self._split_kv(kv)
             if pos is not None:
                 q, k = pos.rotate(q, k, positions)
+            if self.temperature is not None:
+                q = self.tuned(q, cache)
             if cache is not None:
                 k, v = cache.append(k, v)
         dropout_p = self.dropout if self.training else 0.0
@@ -157,6 +181,14 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
             y = kernels.attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
                                   enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)  # (B, H, T, V)
         return self.out(rearrange(y, "b h t v -> b t (h v)"))
+
+    def tuned(self, q: Tensor, cache: LayerCache | None) -> Tensor:
+        """Queries (B, H, T, K) times their temperature (see the class docstring)."""
+        T = q.shape[2]
+        slots = cache.parent.slots(T).to(q.device) if cache is not None else torch.arange(T, device=q.device)
+        floor, strength = self.temperature
+        factor = torch.log1p(torch.floor((slots.float() + 1.0) / floor)) * strength + 1.0
+        return (q * factor.view(T, 1)).to(q.dtype)
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
         """Forward FLOPs over ``tokens`` queries (cross-attention: against ``memory`` keys): the
@@ -263,7 +295,9 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         qk_scope=qk.scope if qk is not None else "head",
         qk_eps=qk.eps if qk is not None else 1e-6,
         qk_unit_offset=qk.unit_offset if qk is not None else False,
+        qk_affine=qk.affine if qk is not None else True,
         scale=spec.score_scale(d_model),
         softcap=spec.softcap,
         kernel=spec.kernel,
+        temperature=None if spec.temperature is None else (spec.temperature.floor, spec.temperature.scale),
     )

@@ -82,6 +82,10 @@ class KVCache:
         """``window`` if it is shorter than the capacity (the cache then slides), else None."""
         return window if window is not None and window < self.capacity else None
 
+    def slots(self, length: int) -> Tensor:
+        """The slots [T] of the ``length`` newest tokens (indices in the sequence, padding counted)."""
+        return torch.arange(self.end - length, self.end)
+
     def offset(self, window: int | None) -> int:
         """The first key the new tokens of a layer with ``window`` may see: 0, or with a window
         shorter than the capacity the oldest key in the first new token's window."""

@@ -60,12 +60,14 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
                  softmax_before_topk: bool = True, norm_topk_prob: bool = True, jitter: float = 0.0,
                  shared_hidden: int | None = None, shared_gate: bool = True, dropout: float = 0.0,
                  aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0, bias_update: float = 0.0,
-                 capacity_factor: float | None = None) -> None:
+                 capacity_factor: float | None = None, sigmoid_after_topk: bool = False,
+                 weight_input: bool = False) -> None:
         super().__init__()
         self.n_experts, self.top_k, self.hidden = n_experts, top_k, hidden
         self.softmax_before_topk, self.norm_topk_prob, self.jitter = softmax_before_topk, norm_topk_prob, jitter
         self.aux_loss_coef, self.z_loss_coef, self.bias_update = aux_loss_coef, z_loss_coef, bias_update
         self.capacity_factor = capacity_factor
+        self.sigmoid_after_topk, self.weight_input = sigmoid_after_topk, weight_input
         self.router = Linear(dim, n_experts, bias=False)  # HF: gate.weight [E, D]
         self.w_gate_up = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))  # [gate | up] per expert
         self.w_down = nn.Parameter(torch.empty(n_experts, dim, hidden))
@@ -85,6 +87,9 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(logits [N, E], weights [N, k] fp32, experts [N, k]) of tokens x [N, D]."""
         logits = self.router(x)
+        if self.sigmoid_after_topk:  # Llama 4: the top k of the logits, each weighted by its sigmoid
+            top, experts = torch.topk(logits, self.top_k, dim=-1)
+            return logits, torch.sigmoid(top.float()), experts
         scores = F.softmax(logits.float(), dim=-1) if self.softmax_before_topk else logits.float()
         if self.expert_bias is None:
             top, experts = torch.topk(scores, self.top_k, dim=-1)
@@ -121,6 +126,9 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
         logits, weights, experts = self.route(x)
         self.router_logits, self.routed, self.dropped = logits, experts, None
         n, k = x.shape[0], self.top_k
+        pairs_in = x  # each token's rows (k a token), or with weight_input one row per (token, slot) pair
+        if self.weight_input:  # the weight scales each expert's input (Llama 4), its output is summed as it is
+            pairs_in = (x.unsqueeze(1) * weights.to(x.dtype).unsqueeze(-1)).reshape(n * k, -1)
         if not self.training and torch.compiler.is_compiling() and n <= FIXED_SHAPE_TOKENS:
             return self._fixed_shape(x, weights, experts).reshape(shape)
         flat = experts.reshape(-1)  # (N * k,) each (token, slot) pair's expert
@@ -131,11 +139,11 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
         if capacity is not None:  # the pairs past an expert's capacity leave order (their output: zero)
             order, counts, self.dropped = self.within_capacity(order, counts, flat[order], capacity)
         rows = expert_rows(order, counts, row_block(x, self.w_gate_up, order.numel(), self.n_experts))
-        xs = gather_rows(x.to(compute_dtype(x, self.w_gate_up)), rows, k)  # (rows.size, D), sorted by expert
+        xs = gather_rows(pairs_in.to(compute_dtype(x, self.w_gate_up)), rows, 1 if self.weight_input else k)  # (rows.size, D), sorted by expert
         h = self.drop(gated(grouped_mm(xs, self.w_gate_up, rows.counts, rows.offsets), self.act))
         h = grouped_mm(h, self.w_down, rows.counts, rows.offsets)
         pairs = scatter_rows(h, rows, n * k).view(n, k, -1)  # back in (token, slot) order
-        out = (pairs.float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
+        out = (pairs.float() * (1.0 if self.weight_input else weights.unsqueeze(-1))).sum(1).to(x.dtype)
         if self.shared is not None:
             s = self.shared(x)
             out = out + (torch.sigmoid(self.shared_gate(x)) * s if self.shared_gate is not None else s)
@@ -148,7 +156,11 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
         expert on every token with the unpicked ones weighted 0. The same sum as the sorted path."""
         n, k, E = x.shape[0], self.top_k, self.n_experts
         xc = x.to(compute_dtype(x, self.w_gate_up))
-        if n * k <= E:
+        if self.weight_input:  # each pair's input scaled by its weight (Llama 4): the picked experts only
+            xk = xc.unsqueeze(1) * weights.to(xc.dtype).unsqueeze(-1)  # (N, k, D)
+            gu = torch.einsum("nkd,nkfd->nkf", xk, self.w_gate_up[experts])
+            out = torch.einsum("nkf,nkdf->nkd", gated(gu, self.act), self.w_down[experts]).float().sum(1)
+        elif n * k <= E:
             gu = torch.einsum("nd,nkfd->nkf", xc, self.w_gate_up[experts])  # (N, k, 2F)
             h = torch.einsum("nkf,nkdf->nkd", gated(gu, self.act), self.w_down[experts])  # (N, k, D)
             out = (h.float() * weights.unsqueeze(-1)).sum(1)
@@ -234,4 +246,5 @@ def _moe(spec, *, dim: int, dropout: float, **_) -> MoE:
                softmax_before_topk=spec.router.softmax_before_topk, norm_topk_prob=spec.router.norm_topk_prob,
                jitter=spec.router.jitter, shared_hidden=spec.shared_hidden, shared_gate=spec.shared_gate,
                dropout=dropout, aux_loss_coef=spec.router.aux_loss_coef, z_loss_coef=spec.router.z_loss_coef,
-               bias_update=spec.router.bias_update, capacity_factor=spec.capacity_factor)
+               bias_update=spec.router.bias_update, capacity_factor=spec.capacity_factor,
+               sigmoid_after_topk=spec.router.sigmoid_after_topk, weight_input=spec.weight_input)

@@ -61,6 +61,8 @@ class Stack(nn.Module, SummaryParts, LayerCosts):
     """Blocks in sequence, then the final norm (or nothing, where the block kind ends in a norm).
 
     ``windows``: each layer's sliding window (None: every token it may see; see ``zoo.kernels.Mask``);
+    ``chunks``: each layer's chunk size (chunked attention: a token sees only the keys whose position
+    // chunk is its own; a cache then keeps the last chunk - 1 keys of that layer, as a window would);
     ``positions``: each layer's own position module (None: the model's, passed to :meth:`context`);
     ``dropout``: a dropout rate on the output, after the final norm (T5's).
 
@@ -72,7 +74,8 @@ class Stack(nn.Module, SummaryParts, LayerCosts):
     summary_parts = {"norm": "norms"}  # the final norm; the blocks declare their own parts
 
     def __init__(self, blocks: list[Block], norm: nn.Module | None, *, windows: list[int | None] | None = None,
-                 positions: list[Position | None] | None = None, dropout: float = 0.0) -> None:
+                 positions: list[Position | None] | None = None, dropout: float = 0.0,
+                 chunks: list[int | None] | None = None) -> None:
         super().__init__()
         n = len(blocks)
         self.blocks = nn.ModuleList(blocks)
@@ -82,14 +85,17 @@ class Stack(nn.Module, SummaryParts, LayerCosts):
         self.padding_mask: Tensor | None = None  # the last forward pass's (see forward)
         self.windows = list(windows) if windows is not None else [None] * n
         own = list(positions) if positions is not None else [None] * n
-        if len(self.windows) != n or len(own) != n:
-            raise ValueError(f"Stack: {n} blocks need {n} windows and {n} positions")
+        self.chunks = list(chunks) if chunks is not None else [None] * n
+        if len(self.windows) != n or len(own) != n or len(self.chunks) != n:
+            raise ValueError(f"Stack: {n} blocks need {n} windows, {n} positions and {n} chunks")
+        # the keys a layer's cache keeps: its window's, or its chunk's (which a chunk never reaches past)
+        self.kept = [w if c is None else c if w is None else min(w, c) for w, c in zip(self.windows, self.chunks)]
         distinct = list({id(p): p for p in own if p is not None}.values())
         self.positions = nn.ModuleList(distinct)  # layers' own positions (derived tables; a dynamic rope's longest length)
         index = {id(p): i for i, p in enumerate(distinct)}
         heads = [parts.head_sizes(b.attn, 0)[0] for b in blocks]
-        keys = [(w, -1 if p is None else index[id(p)], h) for w, p, h in zip(self.windows, own, heads)]
-        self.variants = list(dict.fromkeys(keys))  # (window, own position or -1, query heads)
+        keys = [(w, -1 if p is None else index[id(p)], h, c) for w, p, h, c in zip(self.windows, own, heads, self.chunks)]
+        self.variants = list(dict.fromkeys(keys))  # (window, own position or -1, query heads, chunk)
         self.variant_of = [self.variants.index(k) for k in keys]
 
     def context(self, position: Position, tokens: Tensor, padding_mask: Tensor | None, *, causal: bool,
@@ -140,18 +146,21 @@ class Stack(nn.Module, SummaryParts, LayerCosts):
                     f"truncate the input or build the model with a larger max_seq_len"
                 )
         made = []
-        for window, own, heads in self.variants:
+        for window, own, heads, chunk in self.variants:
             pos = position if own < 0 else self.positions[own]
-            start = cache.offset(window) if cache is not None else 0
+            kept = window if chunk is None else chunk if window is None else min(window, chunk)
+            start = cache.offset(kept) if cache is not None else 0
             keys = key_positions[..., start:]
             padding = None if key_padding is None else key_padding[:, start:]
             bias = pos.bias(heads, positions, keys)
             rotation = pos.rotation(positions) if pos.rotates else None  # RoPE's cos/sin: once a pass
             if static:  # the whole buffer, the unwritten slots hidden: the same shapes at every step
-                mask = cache.mask(T, window, bias)
+                mask = cache.mask(T, window, bias, chunk=chunk)
             else:
+                chunks = None if chunk is None else torch.div(keys if keys.dim() == 2 else keys[None], chunk,
+                                                              rounding_mode="floor")
                 mask = Mask(T, keys.shape[-1], causal=causal, window=window, padding=padding, documents=documents,
-                            bias=bias, device=device)
+                            bias=bias, device=device, chunk=chunk, chunks=chunks)
             made.append(BlockContext(pos=pos, positions=positions, rotation=rotation, mask=mask, is_causal=False))
         return StackContext(positions=positions, layers=tuple(made[v] for v in self.variant_of), padding_mask=padding_mask)
 
@@ -171,7 +180,7 @@ class Stack(nn.Module, SummaryParts, LayerCosts):
     def new_cache(self, capacity: int) -> KVCache:
         """An empty cache for up to ``capacity`` positions; a layer with a window holds at most the
         window's keys between steps."""
-        return KVCache(len(self.blocks), capacity, windows=self.windows)
+        return KVCache(len(self.blocks), capacity, windows=self.kept)
 
     def new_static_cache(self, capacity: int, batch: int, device: torch.device | str | None = None) -> StaticKVCache:
         """A preallocated cache of ``capacity`` slots for ``batch`` rows, written in place (see

@@ -114,17 +114,20 @@ class StaticKVCache:
     def offset(self, window: int | None) -> int:
         return 0  # the buffers always start at slot 0
 
-    def mask(self, length: int, window: int | None, bias: Tensor | PairBias | None) -> Tensor:
+    def mask(self, length: int, window: int | None, bias: Tensor | PairBias | None, *, chunk: int | None = None) -> Tensor:
         """The newest ``length`` tokens' mask over every slot, [B, 1, T, C] boolean (True = may attend),
         or with a score ``bias`` ([B|1, H, T, C]) the bias with -inf where not allowed. A query sees
         the real tokens in the slots up to its own and always its own slot (a padded query then has
         a finite output, as in :class:`zoo.kernels.Mask`); with a ``window`` only the ``window - 1``
-        slots before its own."""
+        slots before its own; with a ``chunk`` only the slots whose position // chunk is its own."""
         q = self.slots(length)[:, None]  # (T, 1)
         j = self.slot_ids[None, :]  # (1, C)
         allowed = (j <= q) & self.real[:, None, :]  # (B, T, C)
         if window is not None:
             allowed = allowed & (q - j < window)
+        if chunk is not None:  # (B, T, C): the keys of the query's chunk
+            k_chunk = torch.div(self.key_positions, chunk, rounding_mode="floor")
+            allowed = allowed & (k_chunk[:, None, :] == k_chunk[:, q[:, 0]][:, :, None])
         allowed = (allowed | (j == q))[:, None]  # (B, 1, T, C)
         if bias is None:
             return allowed

@@ -5,7 +5,7 @@ A converter is a list of :class:`Rule` s. Each rule names one zoo tensor and the
 it is made of: one tensor copied (reshaped if the layouts differ, e.g. timm's ``pos_embed`` [1, N, D]
 and zoo's position table [N, D]), or several stacked along the output rows (zoo's fused ``qkv`` is
 [q | k | v]; its gated ``fc1`` is [gate | up]). ``transpose`` marks references that store [in, out]
-(GPT-2's Conv1D). The same rules run backwards to split zoo tensors into the reference's.
+(GPT-2's Conv1D; per expert [E, in, out], Llama 4's experts). The same rules run backwards to split zoo tensors into the reference's.
 :func:`zoo_tensor` and :func:`reference_tensors` apply one rule, so a converter of files on disk
 (:mod:`zoo.interop.hf.stream`) reads and writes one tensor at a time with the same rules.
 """
@@ -82,7 +82,7 @@ def zoo_tensor(r: Rule, ref: Mapping[str, Tensor], shape: torch.Size, where: str
     missing = [name for name in r.ref if name not in ref]
     if missing:
         raise ConversionError(f"{where}: the reference has no tensor {missing[0]!r} (for zoo's {r.zoo!r})")
-    parts = [ref[name].t() if r.transpose else ref[name] for name in r.ref]
+    parts = [ref[name].transpose(-2, -1) if r.transpose else ref[name] for name in r.ref]
     tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
     if tensor.numel() != shape.numel():
         got = " + ".join(f"{name} {tuple(p.shape)}" for name, p in zip(r.ref, parts))
@@ -113,7 +113,7 @@ def reference_tensors(r: Rule, tensor: Tensor, shapes: Mapping[str, torch.Size],
     for name, chunk in zip(r.ref, chunks):
         shape = shapes[name]
         if r.transpose:
-            chunk = chunk.reshape(shape[-1], -1).t()
+            chunk = chunk.reshape(*shape[:-2], shape[-1], shape[-2]).transpose(-2, -1)
         out[name] = chunk.reshape(shape).contiguous()
     return out
 

@@ -89,7 +89,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, dropout_p: float =
 
     qi = torch.arange(n * C, device=q.device).view(n, C, 1)  # query slots
     kj = (torch.arange(n, device=q.device) * C - back * C).view(n, 1, 1) + torch.arange(M, device=q.device).view(1, 1, M)
-    per_row = mask.padding is not None or mask.documents is not None
+    per_row = mask.padding is not None or mask.documents is not None or mask.chunks is not None
     b = torch.arange(B, device=q.device).view(B, 1, 1, 1) if per_row else 0
     ok = mask.allowed(b, qi, kj) & (kj >= 0) & (kj < T)
     ok = ok | (qi >= T) & (kj == qi)  # the padding queries past T attend to their own slot (sliced off below)

@@ -50,7 +50,7 @@ def block_mask(mask: Mask, batch: int, device) -> object:
     def make() -> object:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        per_row = any(t is not None for t in (mask.padding, mask.documents, mask.prefix))
+        per_row = any(t is not None for t in (mask.padding, mask.documents, mask.prefix, mask.chunks))
         off = mask.offset
 
         def mask_mod(b, h, q_idx, kv_idx):

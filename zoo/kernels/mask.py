@@ -20,7 +20,9 @@ where only documents pair queries with keys). ``padding`` is [B, S], True = real
 query of a square self-attention may attend to itself, so no row is empty (an empty row makes NaN);
 real tokens' outputs do not change. A causal window of W lets a query see itself and the W - 1 keys
 before it; a bidirectional window of W the keys within W // 2 on either side (ModernBERT's
-``local_attention``).
+``local_attention``). Chunks (Llama 4's chunked attention) let a query see only the keys of its own
+chunk: ``chunks`` [B|1, S] holds each key's chunk id (position // ``chunk``; the queries', its last
+T), so no allowed key lies more than ``chunk - 1`` slots away.
 
 Shapes: B batch, H heads, T queries, S keys.
 """
@@ -149,6 +151,8 @@ class Mask:
     q_documents: Tensor | None = None  # [B, T] the queries' own document ids (cross-attention)
     prefix: Tensor | None = None  # [B]: keys before prefix[b] are visible to every query of row b (causal only)
     bias: Tensor | PairBias | None = None  # additive [B|1, H, T, S] on the allowed pairs
+    chunk: int | None = None  # the chunks' size (chunked attention), with ``chunks``
+    chunks: Tensor | None = None  # [B|1, S] each key's chunk id (the queries': its last T)
     device: torch.device | None = None  # where the dense form is made when no tensor above says
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -156,6 +160,12 @@ class Mask:
         T, S = self.q_len, self.k_len
         if self.window is not None and self.window < 1:
             raise MaskError(f"window: a window covers at least the token itself, got {self.window}")
+        if (self.chunk is None) != (self.chunks is None) or (self.chunk is not None and self.chunk < 1):
+            raise MaskError(f"chunk: chunked attention needs both the size (>= 1, got {self.chunk}) and each key's "
+                            f"chunk ids (chunks)")
+        if self.chunks is not None and (self.chunks.dim() != 2 or self.chunks.shape[1] != S or self.q_documents is not None):
+            raise MaskError(f"chunks: shape {tuple(self.chunks.shape)} does not fit {S} keys of self-attention "
+                            f"(expected [B|1, {S}])")
         if self.prefix is not None and (not self.causal or self.window is not None):
             raise MaskError("prefix: a bidirectional prefix goes with a causal mask without a window")
         if self.q_documents is None and T > S:
@@ -187,7 +197,7 @@ class Mask:
     def trivial(self) -> bool:
         """Nothing to combine beyond what SDPA's ``is_causal`` says (or no mask at all)."""
         local = self.window is not None and self.window_bound() < self.k_len - 1
-        extra = self.padding is not None or self.bias is not None or self.documents is not None or self.prefix is not None
+        extra = self.chunks is not None or self.padding is not None or self.bias is not None or self.documents is not None or self.prefix is not None
         return not extra and not local and (not self.causal or self.q_len in (1, self.k_len))
 
     def window_bound(self) -> int:
@@ -207,6 +217,9 @@ class Mask:
         if self.window is not None:
             ok = ok & ((kj > qi - self.window) if self.causal else ((qi - kj).abs() <= self.window // 2))
         kc = kj.clamp(0, S - 1)
+        if self.chunks is not None:
+            cb = b if self.chunks.shape[0] > 1 else 0
+            ok = ok & (self.chunks[cb, qi.clamp(0, S - 1)] == self.chunks[cb, kc])
         if self.documents is not None:
             if self.q_documents is not None:
                 qd = self.q_documents[b, qi.clamp(0, T - 1)]
@@ -239,6 +252,9 @@ class Mask:
         if self.window is not None:
             back = self.window_bound()
             ahead = 0 if self.causal else self.window // 2
+        if self.chunk is not None:  # a key of the query's chunk lies at most chunk - 1 slots away
+            back = self.chunk - 1 if back is None else min(back, self.chunk - 1)
+            ahead = self.chunk - 1 if ahead is None else min(ahead, self.chunk - 1)
         if self.documents is not None and not torch.compiler.is_compiling():  # compiled: no host sync
             longest = self._longest_document() - 1
             back = longest if back is None else min(back, longest)
@@ -276,13 +292,14 @@ class Mask:
         T, S = self.q_len, self.k_len
         if self.trivial:
             return None, self.causal and (True if T > 1 else False)  # a bool, not a symbolic one (compiled)
-        device = next((t.device for t in (self.padding, self.documents, self.bias, self.prefix) if t is not None),
-                      self.device)
+        device = next((t.device for t in (self.padding, self.documents, self.bias, self.prefix, self.chunks)
+                       if t is not None), self.device)
         qi = torch.arange(T, device=device)[:, None] + self.offset
         kj = torch.arange(S, device=device)[None, :]
-        per_row = any(t is not None for t in (self.padding, self.documents, self.prefix))
+        rows = [t for t in (self.padding, self.documents, self.prefix, self.chunks) if t is not None]
+        per_row = bool(rows)
         if per_row:
-            B = next(t.shape[0] for t in (self.padding, self.documents, self.prefix) if t is not None)
+            B = max(t.shape[0] for t in rows)
             b = torch.arange(B, device=device)[:, None, None]
             allowed = self.allowed(b, qi[None], kj[None])[:, None]  # (B, 1, T, S)
         else:

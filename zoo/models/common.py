@@ -73,11 +73,12 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
     _, cross = spec.stacks()[stack]
     layers = spec.stack_layers(stack)
     own: dict[str, Position] = {}
-    blocks, windows, positions = [], [], []
+    blocks, windows, positions, chunks = [], [], [], []
     for layer in layers:
         b = layer.block
         blocks.append(build_part("block", b, dim=spec.d_model, dropout=spec.dropout, cross=cross))
         windows.append(b.attention.window)  # every attention spec is an AttentionSpec
+        chunks.append(getattr(b.attention, "chunk", None))
         position = layer.position or (spec.position if type(spec.position).per_stack else None)
         if position is None:
             positions.append(None)
@@ -91,7 +92,7 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
         blocks = [blocks[first] for first in spec.weight_layers(stack)]
     ends = type(layers[-1].block).final_norm if final_norm is None else final_norm
     norm = build_part("norm", spec.block.norm, dim=spec.d_model) if ends else None
-    return Stack(blocks, norm, windows=windows, positions=positions, dropout=spec.dropout.final)
+    return Stack(blocks, norm, windows=windows, positions=positions, dropout=spec.dropout.final, chunks=chunks)
 
 
 def check_tokens(tokens: object, name: str, *, vocab_size: int) -> None:

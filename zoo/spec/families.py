@@ -221,6 +221,11 @@ class FamilySpec(Spec):
                     f"{blk}.{field}.window: sliding-window attention is self-attention of a decoder or an encoder, "
                     f"which family {self.family} does not have here; remove it"
                 )
+            if getattr(spec, "chunk", None) is not None and (field == "cross_attention" or not self.windows):
+                problems.append(
+                    f"{blk}.{field}.chunk: chunked attention is self-attention of a decoder or an encoder, "
+                    f"which family {self.family} does not have here; remove it"
+                )
         if layer.position is not None and not problems:
             problems += layer.position.problems(d_model=d, head_dim=self._head_dim(b), field=f"{where}.position")
         elif where != "block" and not problems and self._head_dim(b) != self._head_dim(self.block):

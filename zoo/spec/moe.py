@@ -38,12 +38,18 @@ class MoERouterSpec(Spec):
         0.0, description="auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias (buffer expert_bias) is "
         "added to the scores that pick the top k, not to the weights, and after each optimizer step moves by "
         "this rate times sign(mean load - the expert's load) over the step's tokens; 0: no bias")
+    sigmoid_after_topk: bool = Field(
+        False, description="the top k of the logits, each weighted by the sigmoid of its logit and never "
+        "renormalised (Llama 4's router); replaces the softmax, so softmax_before_topk and norm_topk_prob stay true")
 
     @model_validator(mode="after")
     def _check(self) -> MoERouterSpec:
         if not self.softmax_before_topk and not self.norm_topk_prob:
             raise ValueError("router.norm_topk_prob: with softmax_before_topk false the softmax over the top k "
                              "already sums to one; set norm_topk_prob: true (or softmax_before_topk: true)")
+        if self.sigmoid_after_topk and not (self.softmax_before_topk and self.norm_topk_prob):
+            raise ValueError("router.sigmoid_after_topk: the sigmoid replaces the softmax, which softmax_before_topk "
+                             "and norm_topk_prob describe; leave both true")
         return self
 
 
@@ -83,6 +89,9 @@ class MoESpec(FFNBaseSpec):
         "each expert takes at most ceil(capacity_factor * tokens * top_k / n_experts) of a batch's tokens, the first "
         "by position, and drops the rest (the residual carries them), which the training loop logs; evaluation "
         "and decoding stay dropless (Switch Transformer: 1.0-1.25)")
+    weight_input: bool = Field(
+        False, description="the router's weight multiplies each routed expert's input, not its output (Llama 4's "
+        "Llama4TextMoe); false: its output")
 
     @model_validator(mode="before")
     @classmethod

@@ -32,7 +32,7 @@ __all__ = [
     "AlibiSpec", "AnyAttention", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition", "AttentionSpec",
     "ClsPoolSpec", "FFNBaseSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
     "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
-    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
+    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "TemperatureSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
     "Rope2dSpec", "RopeSpec", "SiluFFNSpec",
     "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec", "checked_multiplier",
 ]
@@ -53,13 +53,28 @@ class QKNormSpec(Spec):
         False, description="rmsnorm only: scale by (1 + weight), the weight initialised to zero (Gemma 3's q_norm and "
         "k_norm); false: by weight, initialised to one"
     )
+    affine: bool = Field(True, description="rmsnorm only: false leaves out the weight, the plain x / sqrt(mean(x^2) + "
+                         "eps) of each head (Llama 4's L2 qk norm, use_qk_norm); true: a learned weight")
 
     @model_validator(mode="after")
     def _check_offset(self) -> QKNormSpec:
         if self.unit_offset and self.kind != "rmsnorm":
             raise ValueError(f"unit_offset: the (1 + weight) scale is an RMSNorm's, not a {self.kind}'s; "
                              f"set kind: rmsnorm or unit_offset: false")
+        if not self.affine and (self.kind != "rmsnorm" or self.unit_offset or self.scope != "head"):
+            raise ValueError("affine: false is a weightless rmsnorm of each head; set kind: rmsnorm, scope: head and "
+                             "unit_offset: false (or affine: true)")
         return self
+
+
+class TemperatureSpec(Spec):
+    """Attention temperature tuning (Llama 4's NoPE layers; Nakanishi 2025, arXiv 2501.19399): each
+    query multiplied by ``1 + scale * log(1 + floor((slot + 1) / floor))``, its slot the index of its key
+    in the sequence, padding and cached tokens counted (HF's cache position), so a long context's
+    scores sharpen."""
+
+    floor: PositiveInt = Field(8192, description="the slots per step of the logarithm (Llama 4's floor_scale)")
+    scale: float = Field(0.1, description="the strength (Llama 4's attn_scale)")
 
 
 def checked_multiplier(value: float | None, field: str, what: str, example: str) -> float | None:
@@ -123,6 +138,14 @@ class AttentionSpec(ComponentSpec):
         "the position bias and the mask (Gemma 2's attn_logit_softcapping, 50.0); null: none. Computed on explicit "
         "scores, not by a fused kernel",
     )
+    chunk: int | None = Field(
+        None, description="chunked local attention: the tokens are cut into chunks of this many positions (0..chunk-1, "
+        "chunk..2*chunk-1, ...) and a token attends only within its own (Llama 4's attention_chunk_size); with a "
+        "cache a layer keeps at most chunk - 1 keys between steps; null: no chunks",
+    )
+    temperature: TemperatureSpec | None = Field(
+        None, description="attention temperature tuning: each query scaled by 1 + scale * log(1 + floor((slot + 1) / "
+        "floor)) (Llama 4's attn_temperature_tuning on its NoPE layers); null: none")
 
     @field_validator("scale")
     @classmethod
@@ -141,6 +164,13 @@ class AttentionSpec(ComponentSpec):
             raise ValueError(f"the scores are divided by sqrt(scale_dim), so it is a positive whole number, got "
                              f"{scale_dim}; use null for the head size, or the checkpoint's query_pre_attn_scalar")
         return scale_dim
+
+    @field_validator("chunk")
+    @classmethod
+    def _check_chunk(cls, chunk: int | None) -> int | None:
+        if chunk is not None and chunk < 1:
+            raise ValueError(f"chunk: a chunk holds at least one token, got {chunk}; use null for no chunks")
+        return chunk
 
     @field_validator("window")
     @classmethod
