@@ -45,6 +45,7 @@ EXACT = {
     "command-r-v01": 34_980_831_232,
     "olmo-1b": 1_176_764_416,  # HF OlmoForCausalLM from allenai/OLMo-1B-hf's config
     "nemotron-mini-4b": 4_190_509_056,  # HF NemotronForCausalLM from nvidia/Nemotron-Mini-4B-Instruct's config
+    "llama-4-scout-text": 107_769_861_120,  # HF Llama4ForCausalLM from Llama-4-Scout-17B-16E's text_config
     # HF BartForConditionalGeneration from facebook/bart-base's config (tests/test_bart_hf.py)
     "bart-base": 139_420_416,
     # HF CLIPTextModelWithProjection and SiglipTextModel from the releases' text configs (tests/test_text_towers.py)

@@ -2,13 +2,13 @@
 
 Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, ``olmo-1b``,
 ``nemotron-mini-4b``, and the mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``,
-``qwen1.5-moe-a2.7b``, and ``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``), on the
+``qwen1.5-moe-a2.7b``, and ``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``, ``llama-4-scout-text``), on the
 meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
 has the parameter count of the HF class built from that config (tied tensors once), and writes back to
 the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``), and their tiny variants
 (``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
 ``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``,
-``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``, ``olmo-tiny``, ``nemotron-tiny``): at random init each converts to its HF class with the same logits
+``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``, ``olmo-tiny``, ``nemotron-tiny``, ``llama4-tiny``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
 
@@ -101,6 +101,16 @@ RELEASES = {
         "num_attention_heads": 64, "num_key_value_heads": 64, "layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
         "logit_scale": 0.0625, "rope_parameters": {"rope_type": "default", "rope_theta": 8e6}, "attention_bias": False,
         "use_qk_norm": False, "tie_word_embeddings": True}),
+    "llama-4-scout-text": ("Llama4ForCausalLM", "Llama4TextConfig", 107_769_861_120, {  # text_config of
+        # meta-llama/Llama-4-Scout-17B-16E
+        "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+        "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+        "hidden_act": "silu", "max_position_embeddings": 10485760, "rms_norm_eps": 1e-5, "attention_bias": False,
+        "num_experts_per_tok": 1, "num_local_experts": 16, "interleave_moe_layer_step": 1, "use_qk_norm": True,
+        "no_rope_layer_interval": 4, "attention_chunk_size": 8192, "attn_temperature_tuning": True,
+        "floor_scale": 8192, "attn_scale": 0.1, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}}),
     "olmo-1b": ("OlmoForCausalLM", "OlmoConfig", 1_176_764_416, {  # allenai/OLMo-1B-hf
         "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
         "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 2048, "hidden_act": "silu",
@@ -160,6 +170,7 @@ TINY = {
     "command-r-tiny": ("command-r-v01", "CohereForCausalLM", "CohereForCausalLM"),
     "olmo-tiny": ("olmo-1b", "OlmoForCausalLM", "OlmoForCausalLM"),
     "nemotron-tiny": ("nemotron-mini-4b", "NemotronForCausalLM", "NemotronForCausalLM"),
+    "llama4-tiny": ("llama-4-scout-text", "Llama4ForCausalLM", "Llama4ForCausalLM"),
 }
 WINDOW = 64
 

@@ -339,7 +339,7 @@ BAD = {
                                    r"position\.scaling\.original_max_position_embeddings: Field required"),
     "llama3 bands reversed": ({"kind": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
                                "original_max_position_embeddings": 16},
-                              r"position\.scaling\.high_freq_factor: must be greater than low_freq_factor \(4\.0\)"),
+                              r"position\.scaling\.high_freq_factor: must be at least low_freq_factor \(4\.0\)"),
     "yarn betas reversed": ({"kind": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 1.0,
                              "beta_slow": 2.0}, r"position\.scaling\.beta_slow: must be at most beta_fast \(1\.0\)"),
     "yarn mscale alone": ({"kind": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0},

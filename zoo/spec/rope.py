@@ -64,7 +64,7 @@ class Llama3ScalingSpec(RopeScalingSpec):
     """LLaMA 3.1's scaling (HF ``rope_type: llama3``): wavelengths shorter than
     original_max_position_embeddings / high_freq_factor keep their frequency, those longer than
     original_max_position_embeddings / low_freq_factor are divided by ``factor``, and those between
-    are blended smoothly."""
+    are blended smoothly (equal factors: no band between, Llama 4 Scout's 1 and 1)."""
 
     kind: Literal["llama3"] = Field("llama3", description="llama3: LLaMA 3.1's frequency bands")
     factor: float = Field(ge=1.0, description=FACTOR + " (8 in LLaMA 3.1, 32 in LLaMA 3.2)")
@@ -76,8 +76,8 @@ class Llama3ScalingSpec(RopeScalingSpec):
     @classmethod
     def _check_bands(cls, high: float, info: ValidationInfo) -> float:
         low = info.data.get("low_freq_factor")
-        if low is not None and high <= low:
-            raise ValueError(f"must be greater than low_freq_factor ({low}), got {high}: the frequencies between the "
+        if low is not None and high < low:
+            raise ValueError(f"must be at least low_freq_factor ({low}), got {high}: the frequencies between the "
                              f"two bands are blended; LLaMA 3.1 has low_freq_factor 1 and high_freq_factor 4")
         return high
 
