@@ -165,9 +165,8 @@ def _write(s: FamilySpec, where: str) -> dict:
     view = SimpleNamespace(**c, num_hidden_layers=n, rms_norm_eps=norm_eps)
     for i, layer in enumerate(layers):
         a, f = _layer(view, where, bool(rope_flags[i]), layer.block.attention.chunk is not None, i in moes)
-        want = {**layer.block.model_dump(mode="json"), "attention": {**layer.block.model_dump(mode="json")["attention"], **a},
-                "ffn": f}
-        rebuilt = type(layer.block).model_validate(want)
+        base = s.block.model_dump(mode="json")  # the config's one setting of everything else
+        rebuilt = type(s.block).model_validate({**base, "attention": {**base["attention"], **a}, "ffn": f})
         if rebuilt != layer.block:
             got, wanted = layer.block.model_dump(mode="json"), rebuilt.model_dump(mode="json")
             path = _first_difference(got, wanted, "block")

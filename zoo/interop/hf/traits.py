@@ -245,7 +245,7 @@ def qk_norm(scope: str, name: str, what: str, *, unit_offset: bool = False) -> t
 
     def write(s: FamilySpec, where: str) -> dict:
         qk, norm = s.block.attention.qk_norm, s.block.norm
-        require(qk is not None and (qk.kind, qk.scope, qk.unit_offset) == tuple(want.values()), where,
+        require(qk is not None and (qk.kind, qk.scope, qk.unit_offset) == tuple(want.values()) and qk.affine, where,
                 "block.attention.qk_norm", qk.model_dump() if qk is not None else None,
                 f"{name} applies RMSNorm (by {words}) to {what} (qk_norm: {spelled})")
         require(qk.eps == norm.eps, where, "block.attention.qk_norm.eps", qk.eps,
