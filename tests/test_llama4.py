@@ -139,3 +139,19 @@ def test_a_chunked_decoder_decodes_as_its_full_pass(cache):
     picked = logits[:, 4:-1].log_softmax(-1).gather(-1, tokens[:, 5:, None]).sum((1, 2))
     assert (picked - out.scores).abs().max() < 1e-4  # and the cached steps' log-probabilities its
     assert model.stack.new_cache(64).layers[0].window == 4  # a chunked layer keeps its chunk's keys only
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available (FlexAttention runs on CUDA only)")
+def test_flex_attention_on_chunks_equals_the_dense_mask_on_the_gpu():
+    T, B = 257, 2
+    padding = (torch.arange(T)[None] < torch.tensor([T, 200])[:, None]).cuda()
+    positions = (padding.long().cumsum(1) - 1).clamp(min=0)
+    m = Mask(T, T, causal=True, padding=padding, chunk=48, chunks=positions // 48, device=torch.device("cuda"))
+    q, k, v = (torch.randn(B, 4, T, 16, device="cuda") for _ in range(3))
+    dense, is_causal = m.dense()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, is_causal=is_causal)
+    with attention_backend("flex"):
+        got = kernels.attention(q, k, v, mask=m)
+    real = padding[:, None, :, None]
+    assert ((got - ref) * real).abs().max() < 1e-4
