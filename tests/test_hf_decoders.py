@@ -101,7 +101,7 @@ def test_what_the_specs_say():
     spec = from_hf(reference("Qwen3", **CASES["qwen3: GQA 6/2, head_dim 16, layers 0 and 2 sliding, window 4"][1])).spec
     att = spec.block.attention
     assert (att.head_dim, att.n_kv_heads, att.bias, att.window) == (16, 2, False, None)
-    assert att.qk_norm.model_dump() == {"kind": "rmsnorm", "scope": "head", "eps": 1e-6, "unit_offset": False}
+    assert att.qk_norm.model_dump() == {"kind": "rmsnorm", "scope": "head", "eps": 1e-6, "unit_offset": False, "affine": True}
     assert [layer.block.attention.window for layer in spec.stack_layers()] == [4, None, 4]
     spec = from_hf(reference("Phi3", **CASES["phi3: MQA, rotary 0.75, residual dropout, tied"][1])).spec
     assert (spec.position.fraction, spec.block.attention.kind, spec.dropout.residual, spec.head.tied) == (0.75, "mqa", 0.1, True)

@@ -84,7 +84,7 @@ def test_the_spec_says_what_timm_says():
                               class_token=False, dynamic_img_size=True))
     assert (spec.reg_tokens, spec.prefix_positions, spec.class_token, spec.dynamic_size) == (2, False, False, True)
     assert spec.block.layer_scale == 1e-5 and spec.pool.kind == "map"
-    assert spec.block.attention.qk_norm.model_dump() == {"kind": "layernorm", "scope": "head", "eps": 1e-6, "unit_offset": False}
+    assert spec.block.attention.qk_norm.model_dump() == {"kind": "layernorm", "scope": "head", "eps": 1e-6, "unit_offset": False, "affine": True}
 
 
 # ----------------------------------------------------------------------------- intermediate features
