@@ -47,6 +47,9 @@ EXACT = {
     "nemotron-mini-4b": 4_190_509_056,  # HF NemotronForCausalLM from nvidia/Nemotron-Mini-4B-Instruct's config
     # HF BartForConditionalGeneration from facebook/bart-base's config (tests/test_bart_hf.py)
     "bart-base": 139_420_416,
+    # HF M2M100ForConditionalGeneration from the releases' configs (tests/test_m2m100.py)
+    "nllb-200-distilled-600m": 615_073_792,
+    "m2m100-418m": 483_905_536,
 }
 
 
