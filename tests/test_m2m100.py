@@ -114,10 +114,11 @@ def test_cached_decoding_through_a_padding_id_gives_hf_cached_logits():
             assert max_diff(ours, out.logits) < ATOL, f"step {t}"
 
 
-def test_a_decoder_with_fairseq_positions_decodes_as_its_full_pass():
+@pytest.mark.parametrize("position", [{"kind": "sinusoidal", "layout": "concat", "spacing": "fairseq", "padding_idx": 0},
+                                      {"kind": "learned", "padding_idx": 0}])
+def test_a_decoder_with_fairseq_positions_decodes_as_its_full_pass(position):
     spec = {"family": "decoder", "vocab_size": V, "d_model": 32, "n_layers": 2, "max_seq_len": 24,
-            "block": {"attention": {"kind": "mha", "n_heads": 4}},
-            "position": {"kind": "sinusoidal", "layout": "concat", "spacing": "fairseq", "padding_idx": 0}}
+            "block": {"attention": {"kind": "mha", "n_heads": 4}}, "position": position}
     model = zoo.build(spec, seed=0).eval()
     tokens, mask = padded(3, 10, "left", 0, seed=6)
     with torch.no_grad():

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from zoo.interop.claims import ANY, Claims, one_of
-from zoo.interop.common import Rule, rule, unsupported
+from zoo.interop.common import Rule, unsupported
 from zoo.interop.hf.base import Headless, require, weights
 from zoo.interop.hf.seq2seq import SEQ2SEQ_CLAIMS, Seq2Seq, seq2seq
 from zoo.interop.hf.table import Check, Derived, Field, Fixed, Refuse, Tokens, table
@@ -71,7 +71,6 @@ class M2M100(Seq2Seq):
         **SEQ2SEQ_CLAIMS, "src_vocab_size": ANY, "block.kind": one_of("pre"), "embedding.norm": one_of(False),
         "head.bias": one_of(False), "position.kind": one_of("sinusoidal"), "position.base": one_of(10000.0),
         "position.layout": one_of("concat"), "position.spacing": one_of("fairseq"), "position.padding_idx": ANY,
-        "share_positions": ANY,
     }
     table = table(
         seq2seq("pre"), _layerdrop("encoder_layerdrop"), _layerdrop("decoder_layerdrop"),
