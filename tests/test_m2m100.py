@@ -182,6 +182,12 @@ def test_configs_zoo_cannot_express_are_refused_by_name(fields, named):
         hf_spec(transformers.M2M100Config(**{**FIELDS, **fields}))
 
 
+def test_nllb_moe_does_not_convert():
+    config = transformers.NllbMoeConfig(vocab_size=V, d_model=24, encoder_layers=1, decoder_layers=1)
+    with pytest.raises(ConversionError, match="nllb-moe"):
+        hf_spec(config)
+
+
 def test_specs_m2m100_cannot_express_are_refused_by_name():
     spec = zoo.load_spec("m2m100-tiny")
     for override, named in (("position.spacing=paper", "position.spacing"), ("position.layout=interleaved", "position.layout"),
