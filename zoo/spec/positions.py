@@ -103,7 +103,7 @@ class LearnedSpec(PositionSpec):
         "row p + offset, the first offset rows never read (BART and mBART: 2, fairseq's padding index + 1); text only",
     )
     padding_idx: NonNegativeInt | None = Field(
-        None, description="fairseq's positions (RoBERTa, XLM-R; encoders only): the real tokens read rows "
+        None, description="fairseq's positions (RoBERTa, XLM-R): the real tokens read rows "
         "padding_idx + 1, padding_idx + 2, ... (counting real tokens, as without it) and padding tokens (padding_mask "
         "false) row padding_idx, so the table has max_seq_len + padding_idx + 1 rows (HF's max_position_embeddings); "
         "null: rows 0, 1, ... of a max_seq_len table; not with offset",
