@@ -36,6 +36,11 @@ HF_CONFIGS = {  # HF class -> (config class, fields)
     "MBartForConditionalGeneration": ("MBartConfig", dict(vocab_size=V, max_position_embeddings=32, d_model=24, encoder_layers=1,
                                                           decoder_layers=1, encoder_attention_heads=3, decoder_attention_heads=3,
                                                           encoder_ffn_dim=40, decoder_ffn_dim=40)),
+    # fairseq's sinusoids past an odd padding id, encoder and decoder depths apart
+    "M2M100ForConditionalGeneration": ("M2M100Config", dict(vocab_size=V, max_position_embeddings=32, d_model=24,
+                                                            encoder_layers=2, decoder_layers=1, encoder_attention_heads=3,
+                                                            decoder_attention_heads=3, encoder_ffn_dim=40, decoder_ffn_dim=40,
+                                                            encoder_layerdrop=0.0, decoder_layerdrop=0.0)),
     "MistralForCausalLM": ("MistralConfig", dict(_ROTARY, sliding_window=5)),
     "Qwen2ForCausalLM": ("Qwen2Config", dict(_ROTARY, num_hidden_layers=3, use_sliding_window=True, sliding_window=5,
                                              max_window_layers=1)),
@@ -134,6 +139,7 @@ BACKBONE_OF = {
     "OlmoModel": "OlmoForCausalLM", "NemotronModel": "NemotronForCausalLM",
 }
 BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM", "MPNetModel": "MPNetForMaskedLM"}
+BACKBONE_OF |= {"M2M100Model": "M2M100ForConditionalGeneration"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments
@@ -181,7 +187,8 @@ def reference(name: str) -> torch.nn.Module:
 # the encoder-decoders decode from untied variants (seed 1): tied to its input embedding, a random one
 # repeats its last token, which would compare little
 GENERATION = {name: dict(tie_word_embeddings=False) for name in
-              ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration")}
+              ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration",
+               "M2M100ForConditionalGeneration")}
 
 
 @functools.cache

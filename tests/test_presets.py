@@ -50,6 +50,9 @@ EXACT = {
     # HF CLIPTextModelWithProjection and SiglipTextModel from the releases' text configs (tests/test_text_towers.py)
     "clip-vit-base-patch32-text": 63_428_096,
     "siglip-base-patch16-224-text": 110_271_744,
+    # HF M2M100ForConditionalGeneration from the releases' configs (tests/test_m2m100.py)
+    "nllb-200-distilled-600m": 615_073_792,
+    "m2m100-418m": 483_905_536,
 }
 
 
