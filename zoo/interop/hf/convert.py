@@ -27,6 +27,7 @@ from zoo.interop.hf.gemma import Gemma
 from zoo.interop.hf.gemma2 import Gemma2
 from zoo.interop.hf.gemma3 import Gemma3
 from zoo.interop.hf.gpt2 import GPT2
+from zoo.interop.hf.gpt_oss import GptOss
 from zoo.interop.hf.gpt_neox import GPTNeoX
 from zoo.interop.hf.granite import Granite
 from zoo.interop.hf.llama import Llama
@@ -59,6 +60,7 @@ _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, 
                Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, Granite, Cohere, SmolLM3, T5, Roberta, XLMRoberta, DistilBert,
                ModernBert, Olmo, Nemotron)
 _WITH_HEADS += (Electra, Albert, MPNet)
+_WITH_HEADS += (GptOss,)
 _ALL = (*_WITH_HEADS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name and base
@@ -68,7 +70,7 @@ if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name
 def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, bart, mbart, mistral, qwen2, gpt_neox,
     olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, stablelm, granite, cohere,
-    smollm3, t5, roberta, xlm-roberta, distilbert, modernbert, olmo, nemotron, electra, albert, mpnet) is ``model_type``:
+    smollm3, t5, roberta, xlm-roberta, distilbert, modernbert, olmo, nemotron, electra, albert, mpnet, gpt_oss) is ``model_type``:
     the one of a class named in ``architectures`` (a config's: ``["LlamaModel"]``) where there is one, else the first
     (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
