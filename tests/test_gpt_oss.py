@@ -170,6 +170,7 @@ def test_summary_counts_the_sinks_and_the_experts_biases():
     assert s.parts["attention"] == attention
     ffn = 2 * (33 * 4 + 4 * (2 * 16 * 32 + 2 * 16 + 32 * 16 + 32))  # biased router, 4 biased experts, per layer
     assert s.parts["ffn"] == ffn == sum(p.numel() for n, p in model.named_parameters() if ".ffn." in n)
+    assert [row["sinks"] for row in s.layers] == [4, 4] and [row["window"] for row in s.layers] == [4, None]
 
 
 def test_cached_greedy_decoding_with_sinks_equals_the_full_pass():
