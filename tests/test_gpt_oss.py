@@ -202,3 +202,14 @@ def test_gpt_oss_tiny_trains():
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     assert all(m.sinks.grad is not None for m in model.modules() if isinstance(m, Attention))
+
+
+def test_saved_activations_of_the_clamped_swiglu_as_measured():
+    spec = zoo.spec.SwiGLUSpec(hidden=F, bias=False, limit=0.8, alpha=1.702, up_offset=1.0)
+    mlp = zoo.registry("ffn").builder("swiglu")(spec, dim=D, dropout=0.0)
+    x = torch.randn(3, D, requires_grad=True)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+        mlp(x)
+    inputs = 3 * D + (D * 2 * F + F * D)  # fc1's input, the two weights
+    assert sum(kept) - inputs == 3 * mlp.saved_per_token()

@@ -120,8 +120,10 @@ class GatedMLP(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesPerToke
         return linear_flops(self, tokens)
 
     def saved_per_token(self) -> int:
-        """[gate | up], act(gate) and their product (4F); a norm its output (F) more."""
-        return (4 + (self.norm is not None)) * self.fc2.in_features
+        """[gate | up], act(gate) and their product (4F); a clamped SwiGLU its clamped halves, the
+        sigmoid, the gated gate and up + offset besides (8F); a norm its output (F) more."""
+        own = 8 if isinstance(self.act, ClampedSwiGLU) else 4
+        return (own + (self.norm is not None)) * self.fc2.in_features
 
     def mask_per_token(self) -> int:
         """The dropout mask on the gated product, a byte per element."""

@@ -211,10 +211,12 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
 
     def saved_per_token(self) -> int:
         """The router's logits and probabilities (2E); per routed expert its input (D), [gate | up]
-        (2F), act(gate) and the product (2F) and its output (D); the shared expert's 4F."""
+        (2F), act(gate) and the product (2F) and its output (D), a clamped SwiGLU 4F more (its
+        clamped halves, sigmoid and shifted up); the shared expert's 4F (8F)."""
         d = self.router.in_features
         shared = 0 if self.shared is None else self.shared.saved_per_token() + 1
-        return 2 * self.n_experts + self.top_k * (2 * d + 4 * self.hidden) + shared
+        own = 8 if isinstance(self.act, ClampedSwiGLU) else 4
+        return 2 * self.n_experts + self.top_k * (2 * d + own * self.hidden) + shared
 
     def mask_per_token(self) -> int:
         return self.top_k * self.hidden if self.drop.p else 0
