@@ -173,14 +173,15 @@ def test_summary_counts_the_sinks_and_the_experts_biases():
     assert [row["sinks"] for row in s.layers] == [4, 4] and [row["window"] for row in s.layers] == [4, None]
 
 
-def test_cached_greedy_decoding_with_sinks_equals_the_full_pass():
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_cached_greedy_decoding_with_sinks_equals_the_full_pass(cache):
     model = zoo.build(_tiny(), seed=0).eval()
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, Attention):
                 m.sinks.normal_(0.0, 2.0)  # sinks that take weight
     prompt = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(0))
-    out = zoo.generate(model, prompt, max_new_tokens=8).tokens
+    out = zoo.generate(model, prompt, max_new_tokens=8, cache=cache).tokens
     seq = prompt
     with torch.no_grad():  # no cache: the whole sequence again at every step, past the window of 4
         for _ in range(8):
