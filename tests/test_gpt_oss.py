@@ -214,3 +214,28 @@ def test_saved_activations_of_the_clamped_swiglu_as_measured():
         mlp(x)
     inputs = 3 * D + (D * 2 * F + F * D)  # fc1's input, the two weights
     assert sum(kept) - inputs == 3 * mlp.saved_per_token()
+
+
+@pytest.mark.parametrize("path,value", [
+    ("block.attention.sinks", False), ("block.ffn.router.bias", False), ("block.ffn.router.softmax_before_topk", True),
+    ("block.ffn.expert.bias", False), ("block.ffn.expert.limit", None), ("block.ffn.expert.up_offset", 0.0),
+    ("block.ffn.shared_hidden", 16),
+])
+def test_gpt_oss_refuses_what_it_does_not_compute_by_name(path, value):
+    from zoo.interop import ConversionError, hf_config
+
+    data = _tiny().model_dump(mode="json")
+    *parents, leaf = path.split(".")
+    node = data
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    with pytest.raises(ConversionError, match=path.replace(".", r"\.")):
+        hf_config(zoo.parse_spec(data), "GptOssForCausalLM")
+
+
+def test_a_config_whose_hidden_act_the_experts_ignore_is_refused_by_name():
+    from zoo.interop import ConversionError, hf_spec
+
+    with pytest.raises(ConversionError, match="hidden_act"):
+        hf_spec(_config(num_hidden_layers=2, hidden_act="gelu"))
