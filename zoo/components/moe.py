@@ -19,6 +19,10 @@ Two changes to routing, both off by default:
   residual stream carries them on. Evaluation and decoding are dropless, so a cached decode equals a
   full pass and no sequence changes another's outputs.
 
+gpt-oss's experts: ``router_bias`` puts a bias on the router's linear, ``bias`` gives each expert
+biases on its two products (``b_gate_up`` [E, 2F], ``b_down`` [E, D], added to each expert's rows),
+and a :class:`~zoo.components.ffn.ClampedSwiGLU` activation gates [gate | up] with its clamp.
+
 What the last forward pass routed stays on the module, for the router's losses
 (:func:`load_balancing_loss`, :func:`router_z_loss`) and the training loop's statistics
 (:mod:`zoo.train.router`): ``router_logits`` [N, E] (N = B*T), ``routed`` [N, k] (each token's
