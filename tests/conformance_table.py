@@ -138,6 +138,16 @@ BACKBONE_OF = {
     "GraniteModel": "GraniteForCausalLM", "CohereModel": "CohereForCausalLM", "SmolLM3Model": "SmolLM3ForCausalLM",
     "OlmoModel": "OlmoForCausalLM", "NemotronModel": "NemotronForCausalLM",
 }
+# gpt-oss: attention sinks, a sliding and a full layer, yarn without truncation, biased router and experts, a clamped
+# SwiGLU whose limit bites on the tiny model's activations
+HF_CONFIGS["GptOssForCausalLM"] = ("GptOssConfig", dict(_ROTARY, head_dim=6, intermediate_size=12, num_local_experts=3,
+                                                        num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.5,
+                                                        router_aux_loss_coef=0.02,
+                                                        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0,
+                                                                         "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                                         "truncate": False,
+                                                                         "original_max_position_embeddings": 8}))
+BACKBONE_OF["GptOssModel"] = "GptOssForCausalLM"
 BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM", "MPNetModel": "MPNetForMaskedLM"}
 BACKBONE_OF |= {"M2M100Model": "M2M100ForConditionalGeneration"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}

@@ -44,7 +44,8 @@ EXACT = {
     "smollm3-3b": 3_075_098_624,
     "command-r-v01": 34_980_831_232,
     "olmo-1b": 1_176_764_416,  # HF OlmoForCausalLM from allenai/OLMo-1B-hf's config
-    "nemotron-mini-4b": 4_190_509_056,  # HF NemotronForCausalLM from nvidia/Nemotron-Mini-4B-Instruct's config
+    "nemotron-mini-4b": 4_190_509_056,
+    "gpt-oss-20b": 20_914_757_184,  # HF GptOssForCausalLM from openai/gpt-oss-20b's config (tests/test_presets_hf.py)  # HF NemotronForCausalLM from nvidia/Nemotron-Mini-4B-Instruct's config
     # HF BartForConditionalGeneration from facebook/bart-base's config (tests/test_bart_hf.py)
     "bart-base": 139_420_416,
     # HF CLIPTextModelWithProjection and SiglipTextModel from the releases' text configs (tests/test_text_towers.py)

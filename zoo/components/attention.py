@@ -54,7 +54,9 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
     ``scale`` multiplies the scores (None: 1/sqrt(K)); ``softcap`` caps them,
     ``softcap * tanh(scores / softcap)``. ``kernel`` is what computes them, as the spec declares
     (:attr:`zoo.spec.AttentionSpec.kernel`): ``fused`` (:func:`zoo.kernels.attention`: SDPA or zoo's
-    CPU kernel) or ``scores`` (:func:`zoo.kernels.scores_attention`), which a cap needs.
+    CPU kernel) or ``scores`` (:func:`zoo.kernels.scores_attention`), which a cap needs, and
+    ``sinks`` (gpt-oss): a learned logit per head, the parameter ``sinks`` [H], that joins each
+    query's softmax denominator and is dropped after it.
     """
 
     residual_out = ("out",)  # writes into the residual stream (zoo.components.parts)
@@ -81,13 +83,18 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         scale: float | None = None,
         softcap: float | None = None,
         kernel: str = "fused",
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         if kernel not in ("fused", "scores"):
             raise ValueError(f"kernel must be fused or scores, got {kernel!r}")
         if softcap is not None and kernel != "scores":
             raise ValueError("softcap: no fused kernel caps the scores; build the attention with kernel='scores'")
+        if sinks and kernel != "scores":
+            raise ValueError("sinks: no fused kernel takes attention sinks; build the attention with kernel='scores'")
         self.scale, self.softcap, self.kernel = scale, softcap, kernel
+        # gpt-oss's attention sinks: a logit per head in each query's softmax, dropped after it
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
         if qk_scope not in ("head", "all"):
@@ -152,7 +159,7 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         dropout_p = self.dropout if self.training else 0.0
         if self.kernel == "scores":
             y = kernels.scores_attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
-                                         scale=self.scale, softcap=self.softcap)
+                                         scale=self.scale, softcap=self.softcap, sinks=self.sinks)
         else:
             y = kernels.attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
                                   enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)  # (B, H, T, V)
@@ -266,4 +273,5 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         scale=spec.score_scale(d_model),
         softcap=spec.softcap,
         kernel=spec.kernel,
+        sinks=spec.sinks,
     )

@@ -38,6 +38,7 @@ class MoERouterSpec(Spec):
         0.0, description="auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias (buffer expert_bias) is "
         "added to the scores that pick the top k, not to the weights, and after each optimizer step moves by "
         "this rate times sign(mean load - the expert's load) over the step's tokens; 0: no bias")
+    bias: bool = Field(False, description="a bias on the router's linear (gpt-oss); false: none")
 
     @model_validator(mode="after")
     def _check(self) -> MoERouterSpec:
@@ -62,7 +63,8 @@ class MoESpec(FFNBaseSpec):
     are added by the training loop; ``router.bias_update`` balances without a loss (DeepSeek-V3).
 
     ``expert`` is the experts' FFN, a gated kind (swiglu, geglu) whose ``hidden`` is each expert's
-    hidden size; experts have no biases, so ``expert.bias`` defaults to false here. The experts'
+    hidden size; ``expert.bias`` defaults to false here (gpt-oss's experts have biases: ``b_gate_up``
+    [E, 2F], ``b_down`` [E, D]), and a swiglu expert may clamp (``expert.limit``, gpt-oss). The experts'
     weights are stacked per expert (``w_gate_up`` [E, 2F, D], ``w_down`` [E, D, F]: HF Mixtral's
     ``gate_up_proj``/``down_proj`` layout)."""
 
@@ -98,8 +100,6 @@ class MoESpec(FFNBaseSpec):
     @field_validator("expert")
     @classmethod
     def _check_expert(cls, expert: GatedFFNSpec) -> GatedFFNSpec:
-        if expert.bias:
-            raise ValueError("expert.bias: experts' stacked weights have no biases; set expert.bias: false")
         if expert.norm:
             raise ValueError("expert.norm: experts have no norm on their hidden activation; set expert.norm: false")
         return expert

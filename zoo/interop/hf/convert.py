@@ -27,6 +27,7 @@ from zoo.interop.hf.gemma import Gemma
 from zoo.interop.hf.gemma2 import Gemma2
 from zoo.interop.hf.gemma3 import Gemma3
 from zoo.interop.hf.gpt2 import GPT2
+from zoo.interop.hf.gpt_oss import GptOss
 from zoo.interop.hf.gpt_neox import GPTNeoX
 from zoo.interop.hf.granite import Granite
 from zoo.interop.hf.llama import Llama
@@ -62,6 +63,7 @@ _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, 
                ModernBert, Olmo, Nemotron)
 _WITH_HEADS += (Electra, Albert, MPNet)
 _WITH_HEADS += (M2M100,)
+_WITH_HEADS += (GptOss,)
 _TOWERS = (ClipText, ClipTextProjection, SiglipText, Siglip2Text)  # text towers: head none, a pooled output
 _ALL = (*_WITH_HEADS, *_TOWERS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
@@ -73,7 +75,8 @@ def by_model_type(model_type: str | None, architectures: list[str] | None = None
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, bart, mbart, mistral, qwen2, gpt_neox,
     olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, stablelm, granite, cohere,
     smollm3, t5, roberta, xlm-roberta, distilbert, modernbert, olmo, nemotron, electra, albert, mpnet, clip_text_model,
-    siglip_text_model, siglip2_text_model, m2m_100) is ``model_type``:
+    siglip_text_model, siglip2_text_model, m2m_100,
+    gpt_oss) is ``model_type``:
     the one of a class named in ``architectures`` (a config's: ``["LlamaModel"]``) where there is one, else the first
     (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
