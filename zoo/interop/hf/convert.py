@@ -49,6 +49,7 @@ from zoo.interop.hf.roberta import Roberta, XLMRoberta
 from zoo.interop.hf.electra import Electra
 from zoo.interop.hf.albert import Albert
 from zoo.interop.hf.mpnet import MPNet
+from zoo.interop.hf.deepseek import DeepseekV3
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["ARCHS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
@@ -59,6 +60,7 @@ _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, 
                Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, Granite, Cohere, SmolLM3, T5, Roberta, XLMRoberta, DistilBert,
                ModernBert, Olmo, Nemotron)
 _WITH_HEADS += (Electra, Albert, MPNet)
+_WITH_HEADS += (DeepseekV3,)
 _ALL = (*_WITH_HEADS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name and base
@@ -68,7 +70,7 @@ if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name
 def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
     """The architecture whose HF ``model_type`` (gpt2, bert, llama, marian, bart, mbart, mistral, qwen2, gpt_neox,
     olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, stablelm, granite, cohere,
-    smollm3, t5, roberta, xlm-roberta, distilbert, modernbert, olmo, nemotron, electra, albert, mpnet) is ``model_type``:
+    smollm3, t5, roberta, xlm-roberta, distilbert, modernbert, olmo, nemotron, electra, albert, mpnet, deepseek_v3) is ``model_type``:
     the one of a class named in ``architectures`` (a config's: ``["LlamaModel"]``) where there is one, else the first
     (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
