@@ -65,7 +65,7 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
                  shared_hidden: int | None = None, shared_gate: bool = True, dropout: float = 0.0,
                  aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0, bias_update: float = 0.0,
                  capacity_factor: float | None = None, scoring: str = "softmax", n_groups: int = 1,
-                 topk_groups: int | None = None, score_bias: bool = False, routed_scale: float = 1.0) -> None:
+                 topk_groups: int = 1, score_bias: bool = False, routed_scale: float = 1.0) -> None:
         super().__init__()
         self.n_experts, self.top_k, self.hidden = n_experts, top_k, hidden
         self.softmax_before_topk, self.norm_topk_prob, self.jitter = softmax_before_topk, norm_topk_prob, jitter
@@ -73,7 +73,7 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
         self.capacity_factor = capacity_factor
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"scoring must be softmax or sigmoid, got {scoring!r}")
-        self.scoring, self.n_groups, self.topk_groups = scoring, n_groups, topk_groups or n_groups
+        self.scoring, self.n_groups, self.topk_groups = scoring, n_groups, topk_groups
         self.routed_scale = routed_scale
         self.router = Linear(dim, n_experts, bias=False)  # HF: gate.weight [E, D]
         self.w_gate_up = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))  # [gate | up] per expert

@@ -45,8 +45,8 @@ class MoERouterSpec(Spec):
         1, description="group-limited routing (DeepSeek-V3's n_group): the experts fall into this many equal groups "
         "in order, each group ranked by the sum of its two best scores (with the score bias), and a token picks its "
         "top k from the best topk_groups groups only; 1: no groups")
-    topk_groups: PositiveInt | None = Field(None, description="with n_groups: the groups a token picks from "
-                                            "(DeepSeek-V3's topk_group); null: every group")
+    topk_groups: PositiveInt = Field(1, description="with n_groups: how many of the best groups a token picks from "
+                                     "(DeepSeek-V3's topk_group); n_groups: every group")
     score_bias: bool = Field(
         False, description="a per-expert bias (buffer expert_bias, saved with the weights) added to the scores that "
         "pick the experts, never to the weights (HF's e_score_correction_bias), held fixed unless bias_update moves "
@@ -63,7 +63,7 @@ class MoERouterSpec(Spec):
             field = "scoring" if self.scoring != "softmax" else "n_groups"
             raise ValueError(f"router.{field}: a sigmoid scoring or groups score every expert before the top k; set "
                              f"softmax_before_topk: true")
-        if self.topk_groups is not None and self.topk_groups > self.n_groups:
+        if self.topk_groups > self.n_groups:
             raise ValueError(f"router.topk_groups ({self.topk_groups}) picks more groups than there are (n_groups: "
                              f"{self.n_groups}); set topk_groups <= n_groups")
         return self
@@ -140,7 +140,7 @@ class MoESpec(FFNBaseSpec):
         if g > 1 and (self.n_experts % g or self.n_experts // g < 2):
             raise ValueError(f"router.n_groups: {self.n_experts} experts (n_experts) split into {g} equal groups of at "
                              f"least two (a group ranks by its two best scores); choose n_groups dividing n_experts")
-        if g > 1 and self.top_k > (self.router.topk_groups or g) * (self.n_experts // g):
+        if g > 1 and self.top_k > self.router.topk_groups * (self.n_experts // g):
             raise ValueError(f"top_k ({self.top_k}) routes each token to more experts than its router.topk_groups "
                              f"groups hold; raise topk_groups or lower top_k")
         return self

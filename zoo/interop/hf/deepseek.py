@@ -70,7 +70,8 @@ def _write_attention(s: FamilySpec, where: str) -> dict:
                      else {"rope_type": s.position.scaling.kind, **s.position.scaling.model_dump()})
     require(att.scale == want, where, "block.attention.scale", att.scale,
             f"{who(where)}'s scores are scaled by 1/sqrt(qk_nope_head_dim + qk_rope_head_dim), times yarn's "
-            f"mscale(factor, mscale_all_dim)^2 where set: {want} (null: the plain 1/sqrt)")
+            f"mscale(factor, mscale_all_dim)^2 where set, which for this position.scaling is {want} (null: the "
+            f"plain 1/sqrt)")
     require(att.has_out_bias == att.bias, where, "block.attention.out_bias", att.out_bias,
             f"{who(where)} has one attention_bias for the down and output projections")
     return {"num_attention_heads": att.n_heads, "num_key_value_heads": att.n_heads, "q_lora_rank": att.q_lora_rank,
@@ -100,7 +101,7 @@ def _read_ffn(c: Any, where: str) -> dict:
     require(isinstance(groups, int) and groups > 0, where, "n_group", groups, "the experts fall into a positive number of groups")
     require(c.n_shared_experts and c.n_shared_experts > 0, where, "n_shared_experts", c.n_shared_experts,
             f"{who(where)}'s MoE layers have shared experts (a zero-wide MLP zoo does not build)")
-    router = {"scoring": "sigmoid", "n_groups": groups, "topk_groups": None if c.topk_group == groups else c.topk_group,
+    router = {"scoring": "sigmoid", "n_groups": groups, "topk_groups": c.topk_group,
               "norm_topk_prob": c.norm_topk_prob, "routed_scale": c.routed_scaling_factor, "score_bias": True,
               "aux_loss_coef": 0.0}
     expert = {**ffn_of(GATED, c.hidden_act, where, "hidden_act"), "hidden": c.moe_intermediate_size, "bias": False}
@@ -139,7 +140,7 @@ def _write_ffn(s: FamilySpec, where: str) -> dict:
             f"{name}'s shared experts are n_shared_experts * moe_intermediate_size ({hidden}) wide")
     c = {"hidden_act": act_name(moe.expert, LLAMA_ACTS, where), "n_routed_experts": moe.n_experts,
          "num_experts_per_tok": moe.top_k, "moe_intermediate_size": hidden, "n_shared_experts": shared // hidden,
-         "n_group": r.n_groups, "topk_group": r.topk_groups or r.n_groups, "norm_topk_prob": r.norm_topk_prob,
+         "n_group": r.n_groups, "topk_group": r.topk_groups, "norm_topk_prob": r.norm_topk_prob,
          "routed_scaling_factor": r.routed_scale, "first_k_dense_replace": len(dense)}
     if widths:
         c["intermediate_size"] = widths.pop()
