@@ -83,3 +83,33 @@ def test_groups_limit_the_experts_a_token_takes():
 def test_group_rules_name_the_field(router, field):
     with pytest.raises(ValueError, match=field):
         MoESpec.model_validate({"n_experts": E, "top_k": K, "router": router})
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.01])
+def test_deepseek_tiny_trains_and_its_held_bias_moves_only_with_bias_update(rate):
+    from zoo.train import Dist
+    from zoo.train.router import RouterTraining
+
+    shrink = ["d_model=32", "vocab_size=61", "max_seq_len=32", "block.attention.q_lora_rank=12",
+              "block.attention.kv_lora_rank=10", "block.attention.qk_nope_head_dim=6", "block.attention.qk_rope_head_dim=4",
+              "block.attention.v_head_dim=8", "block.ffn.expert.hidden=16", "block.ffn.shared_hidden=16",
+              f"block.ffn.router.bias_update={rate}"]
+    model = zoo.build(zoo.load_spec("deepseek-tiny", shrink), seed=0).train()
+    moe = model.stack.blocks[3].ffn
+    with torch.no_grad():
+        moe.expert_bias.copy_(0.1 * torch.randn(16, generator=torch.Generator().manual_seed(0)))  # a loaded bias
+    held = moe.expert_bias.clone()
+    x = torch.randint(0, 61, (4, 17), generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    helper, losses = RouterTraining.of(model), []
+    for _ in range(12):
+        logits = model(x[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        helper.micro_batch()
+        opt.step()
+        opt.zero_grad()
+        helper.after_step(Dist())
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    assert torch.equal(moe.expert_bias, held) == (rate == 0.0)
