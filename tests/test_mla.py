@@ -108,3 +108,13 @@ def test_mla_spec_rules_and_summary():
     assert s.kv_cache_bytes_per_token == 2 * (10 + 4) * 4  # two layers' latent + rotary key, fp32
     logits = model(torch.randint(0, 50, (2, 5)))
     assert logits.shape == (2, 5, 50)
+
+
+@pytest.mark.parametrize("q_rank", [12, None])
+def test_mla_flops_are_what_torch_counts(q_rank):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    att = LatentAttention(D, n_heads=H, q_rank=q_rank, kv_rank=KV, nope_dim=NOPE, rope_dim=ROPE, v_head_dim=V)
+    with FlopCounterMode(display=False) as counter:
+        att(torch.randn(1, 7, D))
+    assert counter.get_total_flops() == att.flops(7)
