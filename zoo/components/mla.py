@@ -124,16 +124,19 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
         return projections + 2 * tokens * tokens * self.n_heads * (self.head_dim + self.v_head_dim)
 
     def saved(self, tokens: int, memory: int | None = None, *, rotates: bool = False) -> int:
-        """Elements kept for the backward pass besides the input: the query latent and its
-        normalised copy (with ``q_rank``), the query projection, the kv down projection, the
-        normalised latent, the expanded keys' and values' projection, the assembled q and k, the
-        attention output; with ``rotates`` the rotary parts' copies. The fused kernel keeps no
-        T x S weights, the ``scores`` kernel three H x T x S tensors."""
+        """Elements kept for the backward pass besides the input: with ``q_rank`` the query latent,
+        its normalised copy and the norm's output (3Q); the kv down projection (R + P), the
+        normalised latent and the norm's output (2R); the assembled queries and keys (2HK), the
+        values and the attention output (2HV). The rotation keeps only its cos and sin. Queries and
+        keys wider than the values (K != V) take SDPA's math path on the CPU, which keeps the
+        H x T x S softmax weights, as the ``scores`` kernel does (three such tensors there)."""
         H, K, V, R, P = self.n_heads, self.head_dim, self.v_head_dim, self.kv_rank, self.rope_dim
-        q_latent = 2 * self.q_rank if self.q_rank is not None else 0
-        per_token = q_latent + H * K + (R + P) + R + H * (self.nope_dim + V) + 2 * H * K + H * V
-        per_token += (H + 1) * P if rotates else 0
-        weights = 3 * H * tokens * tokens if self.kernel == "scores" else 0
+        q_latent = 3 * self.q_rank if self.q_rank is not None else 0
+        per_token = q_latent + (R + P) + 2 * R + 2 * H * K + 2 * H * V
+        if self.kernel == "scores":
+            weights = 3 * H * tokens * tokens
+        else:
+            weights = H * tokens * tokens if K != V else 0
         return tokens * per_token + weights
 
 
