@@ -150,6 +150,15 @@ HF_CONFIGS["GptOssForCausalLM"] = ("GptOssConfig", dict(_ROTARY, head_dim=6, int
 BACKBONE_OF["GptOssModel"] = "GptOssForCausalLM"
 BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM", "MPNetModel": "MPNetForMaskedLM"}
 BACKBONE_OF |= {"M2M100Model": "M2M100ForConditionalGeneration"}
+# DeepSeek-V3: multi-head latent attention (q through a latent), yarn with mscale_all_dim (the scores' scale), the
+# first layer dense, a sigmoid router over groups with a correction bias, two shared experts
+HF_CONFIGS["DeepseekV3ForCausalLM"] = ("DeepseekV3Config", dict(
+    _ROTARY, num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=10, kv_lora_rank=8, qk_nope_head_dim=6,
+    qk_rope_head_dim=4, v_head_dim=5, n_routed_experts=6, num_experts_per_tok=2, n_group=3, topk_group=2,
+    moe_intermediate_size=12, n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=1.7,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                     "mscale": 1.0, "mscale_all_dim": 0.8}))
+BACKBONE_OF |= {"DeepseekV3Model": "DeepseekV3ForCausalLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments
@@ -185,7 +194,8 @@ def build_reference(name: str, seed: int = 0, **kw) -> torch.nn.Module:
     import transformers
 
     model = getattr(transformers, name)(hf_config(name, **kw))
-    return randomize(model, seed, buffers=("final_logits_bias",))
+    bias = tuple(n for n, _ in model.named_buffers() if n.endswith("e_score_correction_bias"))  # DeepSeek-V3's router
+    return randomize(model, seed, buffers=("final_logits_bias", *bias))
 
 
 @functools.cache

@@ -209,9 +209,8 @@ def _layers(model: nn.Module, seq: int, bytes_per_element: int) -> tuple[dict, .
             if sinks is not None:  # attention sinks (gpt-oss): a learned logit per head
                 row["sinks"] = sinks.numel()
             if cached is not None and cached[0] is stack:
-                _, G, K, V = parts.head_sizes(block.attn, 0)
                 held = tokens if window is None else min(tokens, window - 1)
-                row.update(kv_tokens=held, kv_cache_bytes=G * (K + V) * held * bytes_per_element)
+                row.update(kv_tokens=held, kv_cache_bytes=parts.cache_elements(block.attn) * held * bytes_per_element)
             rows.append(row)
     return tuple(rows)
 

@@ -7,11 +7,15 @@ alike); the N * top_k (token, expert) pairs are sorted by expert, each expert's 
 goes through its gated FFN by :func:`zoo.kernels.grouped_mm` (no loop over experts where torch's
 grouped_mm applies), and the weighted outputs are added back per token.
 
-Two changes to routing, both off by default:
+Changes to routing, all off by default:
 
 * ``bias_update`` (DeepSeek-V3's auxiliary-loss-free balancing): a per-expert bias (the buffer
   ``expert_bias``, saved with the weights) is added to the scores that pick the top k, never to the
   weights; ``zoo.train.router`` moves it after each optimizer step toward equal load.
+* DeepSeek-V3's router (:meth:`MoE.pick`, as HF's ``DeepseekV3TopkRouter``): ``scoring: sigmoid``
+  scores each expert on its own; ``n_groups`` limits a token to the experts of its best
+  ``topk_groups`` groups; ``score_bias`` holds ``expert_bias`` fixed where ``bias_update`` is 0
+  (a loaded ``e_score_correction_bias``); ``routed_scale`` multiplies the routed weights.
 * ``capacity_factor`` (Switch Transformer): in training, each expert takes at most
   ``ceil(capacity_factor * N * top_k / E)`` of the pairs routed to it, the first by position (token
   order in the batch, its rows one after another; padding tokens, which the module does not see as
@@ -65,12 +69,18 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
                  softmax_before_topk: bool = True, norm_topk_prob: bool = True, jitter: float = 0.0,
                  shared_hidden: int | None = None, shared_gate: bool = True, dropout: float = 0.0,
                  aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0, bias_update: float = 0.0,
-                 capacity_factor: float | None = None, router_bias: bool = False, bias: bool = False) -> None:
+                 capacity_factor: float | None = None, router_bias: bool = False, bias: bool = False,
+                 scoring: str = "softmax", n_groups: int = 1, topk_groups: int = 1, score_bias: bool = False,
+                 routed_scale: float = 1.0) -> None:
         super().__init__()
         self.n_experts, self.top_k, self.hidden = n_experts, top_k, hidden
         self.softmax_before_topk, self.norm_topk_prob, self.jitter = softmax_before_topk, norm_topk_prob, jitter
         self.aux_loss_coef, self.z_loss_coef, self.bias_update = aux_loss_coef, z_loss_coef, bias_update
         self.capacity_factor = capacity_factor
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring must be softmax or sigmoid, got {scoring!r}")
+        self.scoring, self.n_groups, self.topk_groups = scoring, n_groups, topk_groups
+        self.routed_scale = routed_scale
         self.router = Linear(dim, n_experts, bias=router_bias)  # HF: gate.weight [E, D] (gpt-oss: and a bias)
         self.w_gate_up = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))  # [gate | up] per expert
         self.w_down = nn.Parameter(torch.empty(n_experts, dim, hidden))
@@ -83,7 +93,7 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
                                                                   activation=copy.deepcopy(activation))
         self.shared_gate = Linear(dim, 1, bias=False) if shared_hidden is not None and shared_gate else None
         # persistent: it changes which experts a token takes, so it travels with the weights
-        self.register_buffer("expert_bias", torch.zeros(n_experts) if bias_update else None)
+        self.register_buffer("expert_bias", torch.zeros(n_experts) if bias_update or score_bias else None)
         self.router_logits: Tensor | None = None
         self.routed: Tensor | None = None
         self.dropped: Tensor | None = None
@@ -92,8 +102,13 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(logits [N, E], weights [N, k] fp32, experts [N, k]) of tokens x [N, D]."""
+        if self.scoring == "sigmoid":  # DeepSeek-V3: fp32 logits of the fp32 weight, each expert's sigmoid
+            logits = F.linear(x.float(), self.router.weight.float())
+            return (logits, *self.pick(logits.sigmoid()))
         logits = self.router(x)
         scores = F.softmax(logits.float(), dim=-1) if self.softmax_before_topk else logits.float()
+        if self.n_groups > 1 or self.routed_scale != 1.0:
+            return (logits, *self.pick(scores))
         if self.expert_bias is None:
             top, experts = torch.topk(scores, self.top_k, dim=-1)
         else:  # the bias picks the experts but never weighs them (DeepSeek-V3)
@@ -104,6 +119,25 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
         else:
             weights = top / top.sum(dim=-1, keepdim=True) if self.norm_topk_prob else top
         return logits, weights, experts
+
+    def pick(self, scores: Tensor) -> tuple[Tensor, Tensor]:
+        """(weights [N, k] fp32, experts [N, k]) of every expert's ``scores`` [N, E] (fp32), as HF's
+        DeepseekV3TopkRouter: the score bias added for the choice, the experts of the best
+        ``topk_groups`` groups (each ranked by the sum of its two best biased scores) kept, the top k
+        of those, their unbiased scores renormalised (``norm_topk_prob``) and times ``routed_scale``."""
+        choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
+        if self.n_groups > 1:
+            n, g = choice.shape[0], self.n_groups
+            grouped = choice.view(n, g, -1)
+            ranks = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, G)
+            best = torch.topk(ranks, self.topk_groups, dim=-1, sorted=False).indices
+            keep = torch.zeros_like(ranks).scatter_(1, best, 1.0).bool()
+            choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(n, -1)
+        experts = torch.topk(choice, self.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, experts)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scale if self.routed_scale != 1.0 else weights, experts
 
     def capacity(self, tokens: int) -> int | None:
         """The most (token, expert) pairs one expert takes in training of ``tokens`` tokens; None: dropless."""
@@ -268,4 +302,6 @@ def _moe(spec, *, dim: int, dropout: float, **_) -> MoE:
                jitter=spec.router.jitter, shared_hidden=spec.shared_hidden, shared_gate=spec.shared_gate,
                dropout=dropout, aux_loss_coef=spec.router.aux_loss_coef, z_loss_coef=spec.router.z_loss_coef,
                bias_update=spec.router.bias_update, capacity_factor=spec.capacity_factor,
-               router_bias=spec.router.bias, bias=spec.expert.bias)
+               router_bias=spec.router.bias, bias=spec.expert.bias, scoring=spec.router.scoring,
+               n_groups=spec.router.n_groups, topk_groups=spec.router.topk_groups, score_bias=spec.router.score_bias,
+               routed_scale=spec.router.routed_scale)

@@ -188,9 +188,9 @@ class FamilySpec(Spec):
         return list(dict.fromkeys(problems))
 
     def _head_dim(self, block: BlockSpec) -> int:
-        """The query/key head size of ``block``'s attention (every attention spec subclasses
-        AttentionSpec: the attention registry's spec base)."""
-        return block.attention.qk_size(self.d_model)
+        """The query/key head size a position of ``block``'s attention turns (every attention spec
+        subclasses AttentionSpec: the attention registry's spec base; mla: its rotary part)."""
+        return block.attention.rope_size(self.d_model)
 
     def _origins(self, stack: str, n: int) -> list[str]:
         """For each layer, the field its spec comes from: ``block``, or the last pattern selecting it."""

@@ -212,6 +212,10 @@ class AttentionSpec(ComponentSpec):
     def qk_size(self, d_model: int) -> int:
         return self.head_dim or d_model // self.n_heads
 
+    def rope_size(self, d_model: int) -> int:
+        """The query/key head size a rotary position turns (before its ``fraction``): the head's."""
+        return self.qk_size(d_model)
+
     def scale_size(self, d_model: int) -> int:
         """The size whose inverse square root scales the scores: ``scale_dim``, else the query/key
         head size (a float ``scale`` replaces it)."""
