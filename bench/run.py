@@ -5,6 +5,7 @@
     python -m bench --only moe            # HF Mixtral (each experts implementation) vs zoo's moe decoder
     python -m bench --only loss           # chunked linear + cross-entropy vs the logits written out (time, memory)
     python -m bench --only lora           # a LoRA training step vs full fine-tuning (time, memory; bench/lora.py)
+    python -m bench --only deepseek       # MLA vs GQA decoding (cache bytes), a DeepSeek MoE layer vs HF's
     python -m bench --tiny                # every script at toy sizes (seconds; used by the tests)
     python -m bench --device cuda         # the GPU rows at GPU sizes (--size gpu), eager and compiled, bf16
     python -m bench --compile             # CPU rows with torch.compile'd sides too (both zoo's and the peer's)
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from bench import dropout, lora, loss, masks, moe, sized, sized_rows
+from bench import deepseek, dropout, lora, loss, masks, moe, sized, sized_rows
 from bench import workloads as W
 from bench.common import MALLOC, Row, machine, matmul_peak
 from zoo.cli import positive_int
@@ -48,8 +49,8 @@ from zoo.train.optim import bf16_is_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ["peak", "vit", "gpt2", "mistral", "moe", "bert", "transformer", "generate", "compile", "window", "packing",
-             "dropout", "loss", "llama", "lora"]
-DEFAULT = [w for w in WORKLOADS if w not in ("llama", "lora")]  # llama: a 1B model; both asked for by name (llama: or at --size gpu)
+             "dropout", "loss", "llama", "lora", "deepseek"]
+DEFAULT = [w for w in WORKLOADS if w not in ("llama", "lora", "deepseek")]  # llama: a 1B model; both asked for by name (llama: or at --size gpu)
 GPU_DEFAULT = ["peak", *sized.WORKLOADS]  # --size gpu without --only
 QUALITY = "translation-quality"  # run only when named: it trains two models for the full budget
 QUALITY_MD = ROOT / "bench" / "QUALITY.md"
@@ -100,6 +101,8 @@ def _rows(name: str, precisions: list[str], timing: dict, tiny: bool, plan: size
             out.extend(loss.rows(p, timing, tiny))
         elif name == "lora":
             out.extend(lora.rows(p, timing, tiny))
+        elif name == "deepseek":
+            out.extend(deepseek.rows(p, timing, tiny))
     return out
 
 
@@ -145,6 +148,10 @@ def markdown(rows: list[Row], peaks: dict[str, float], env: dict) -> str:
     extra += [f"- {r.workload} [{r.precision}]: peak memory of a step over its inputs "
               + ", ".join(f"{side} {mb:,} MB" for side, mb in r.extra["peak_mb"].items()) + "; saved for backward "
               + ", ".join(f"{side} {mb:,} MB" for side, mb in r.extra["saved_mb"].items()) for r in rows if "peak_mb" in r.extra]
+    extra += [f"- {r.workload} [{r.precision}]: KV cache bytes per token "
+              + ", ".join(f"{side} {n:,}" for side, n in r.extra["kv_cache_bytes_per_token"].items()) + "; parameters "
+              + ", ".join(f"{side} {n:,}" for side, n in r.extra["parameters"].items())
+              for r in rows if "kv_cache_bytes_per_token" in r.extra]
     if not rows:
         lines = []
     text = "\n".join(head + lines + ([""] + extra if extra else [])) + "\n"

@@ -36,6 +36,11 @@ HF_CONFIGS = {  # HF class -> (config class, fields)
     "MBartForConditionalGeneration": ("MBartConfig", dict(vocab_size=V, max_position_embeddings=32, d_model=24, encoder_layers=1,
                                                           decoder_layers=1, encoder_attention_heads=3, decoder_attention_heads=3,
                                                           encoder_ffn_dim=40, decoder_ffn_dim=40)),
+    # fairseq's sinusoids past an odd padding id, encoder and decoder depths apart
+    "M2M100ForConditionalGeneration": ("M2M100Config", dict(vocab_size=V, max_position_embeddings=32, d_model=24,
+                                                            encoder_layers=2, decoder_layers=1, encoder_attention_heads=3,
+                                                            decoder_attention_heads=3, encoder_ffn_dim=40, decoder_ffn_dim=40,
+                                                            encoder_layerdrop=0.0, decoder_layerdrop=0.0)),
     "MistralForCausalLM": ("MistralConfig", dict(_ROTARY, sliding_window=5)),
     "Qwen2ForCausalLM": ("Qwen2Config", dict(_ROTARY, num_hidden_layers=3, use_sliding_window=True, sliding_window=5,
                                              max_window_layers=1)),
@@ -144,8 +149,28 @@ BACKBONE_OF = {
     "GraniteModel": "GraniteForCausalLM", "CohereModel": "CohereForCausalLM", "SmolLM3Model": "SmolLM3ForCausalLM",
     "OlmoModel": "OlmoForCausalLM", "NemotronModel": "NemotronForCausalLM",
 }
+# gpt-oss: attention sinks, a sliding and a full layer, yarn without truncation, biased router and experts, a clamped
+# SwiGLU whose limit bites on the tiny model's activations
+HF_CONFIGS["GptOssForCausalLM"] = ("GptOssConfig", dict(_ROTARY, head_dim=6, intermediate_size=12, num_local_experts=3,
+                                                        num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.5,
+                                                        router_aux_loss_coef=0.02,
+                                                        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0,
+                                                                         "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                                         "truncate": False,
+                                                                         "original_max_position_embeddings": 8}))
+BACKBONE_OF["GptOssModel"] = "GptOssForCausalLM"
 BACKBONE_OF |= {"Llama4TextModel": "Llama4ForCausalLM"}
 BACKBONE_OF |= {"ElectraModel": "ElectraForMaskedLM", "AlbertModel": "AlbertForMaskedLM", "MPNetModel": "MPNetForMaskedLM"}
+BACKBONE_OF |= {"M2M100Model": "M2M100ForConditionalGeneration"}
+# DeepSeek-V3: multi-head latent attention (q through a latent), yarn with mscale_all_dim (the scores' scale), the
+# first layer dense, a sigmoid router over groups with a correction bias, two shared experts
+HF_CONFIGS["DeepseekV3ForCausalLM"] = ("DeepseekV3Config", dict(
+    _ROTARY, num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=10, kv_lora_rank=8, qk_nope_head_dim=6,
+    qk_rope_head_dim=4, v_head_dim=5, n_routed_experts=6, num_experts_per_tok=2, n_group=3, topk_group=2,
+    moe_intermediate_size=12, n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=1.7,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                     "mscale": 1.0, "mscale_all_dim": 0.8}))
+BACKBONE_OF |= {"DeepseekV3Model": "DeepseekV3ForCausalLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments
@@ -181,7 +206,8 @@ def build_reference(name: str, seed: int = 0, **kw) -> torch.nn.Module:
     import transformers
 
     model = getattr(transformers, name)(hf_config(name, **kw))
-    return randomize(model, seed, buffers=("final_logits_bias",))
+    bias = tuple(n for n, _ in model.named_buffers() if n.endswith("e_score_correction_bias"))  # DeepSeek-V3's router
+    return randomize(model, seed, buffers=("final_logits_bias", *bias))
 
 
 @functools.cache
@@ -193,7 +219,8 @@ def reference(name: str) -> torch.nn.Module:
 # the encoder-decoders decode from untied variants (seed 1): tied to its input embedding, a random one
 # repeats its last token, which would compare little
 GENERATION = {name: dict(tie_word_embeddings=False) for name in
-              ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration")}
+              ("MarianMTModel", "BartForConditionalGeneration", "MBartForConditionalGeneration",
+               "M2M100ForConditionalGeneration")}
 
 
 @functools.cache

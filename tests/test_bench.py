@@ -264,3 +264,17 @@ def test_lora_bench_table_runs_each_side_in_a_process_of_its_own(capsys):
     assert lora.main(["--tiny", "--repeats", "1", "--precision", "fp32"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| fp32 |")]
     assert [r.split(" | ")[1] for r in rows[-2:]] == ["LoRA", "full"]
+
+
+def test_deepseek_rows_run_at_toy_size():
+    from bench import deepseek
+
+    rows = deepseek.rows("fp32", {"warmup": 0, "repeats": 1}, tiny=True)
+    decode, *layer = rows
+    mla, gqa = (decode.extra["kv_cache_bytes_per_token"][k] for k in ("MLA", "GQA"))
+    assert mla == 2 * (64 // 14 + 8) * 4 and gqa == 2 * 2 * (1 * 16) * 4  # latent + rotary key; k and v of 1 kv head
+    assert set(decode.seconds) == {"zoo", "GQA"} and all(set(r.seconds) == {"zoo", "HF"} and r.flops for r in layer)
+    from bench.run import markdown
+
+    text = markdown(rows, {}, {"date": "-", "cpu": "-", "threads": 1, "torch": "-", "malloc": "-"})
+    assert f"KV cache bytes per token MLA {mla:,}, GQA {gqa:,}" in text

@@ -139,6 +139,11 @@ ACTIVATIONS = [
     ("vit", ["pool=map", "reg_tokens=3", "prefix_positions=false", "block.layer_scale=0.1"]),
     ("decoder", ["block.ffn.kind=relu2", "block.norm={kind: layernorm, unit_offset: true}", "position.kind=rope"]),
     ("decoder", ["block.norm={kind: layernorm, affine: false}"]),
+    ("decoder", ["position={kind: rope, pairs: interleaved}", "block.norm.kind=rmsnorm",  # latent attention
+                 "block.attention={kind: mla, n_heads: 4, q_lora_rank: 12, kv_lora_rank: 10, qk_nope_head_dim: 6, "
+                 "qk_rope_head_dim: 4, v_head_dim: 8}"]),
+    ("decoder", ["position.kind=rope", "block.attention={kind: mla, n_heads: 4, kv_lora_rank: 10, qk_nope_head_dim: 6, "
+                 "qk_rope_head_dim: 4, v_head_dim: 8}"]),
 ]
 
 

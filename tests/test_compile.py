@@ -23,6 +23,7 @@ CASES = {  # name: (spec, forward keywords)
     "gemma2-softcap-pattern": (lambda: zoo.load_spec("gemma-2-tiny", TWO + ["block.attention.window=4"]), {}),
     "mixtral-moe": (lambda: zoo.load_spec("mixtral-tiny", TWO), {}),
     "qwen-moe-shared": (lambda: zoo.load_spec("qwen1.5-moe-tiny", TWO), {}),
+    "deepseek-mla-router": (lambda: zoo.load_spec("deepseek-tiny", TWO + ["layers=[]"]), {}),
     "llama-packed": (lambda: zoo.load_spec("llama-tiny", TWO), {"documents": DOCS}),
     "mistral-packed-window": (lambda: zoo.load_spec("mistral-tiny", TWO + ["block.attention.window=4"]),
                               {"documents": DOCS}),

@@ -31,7 +31,7 @@ from conformance_checks import (
     ATOL, NEW, PROMPT, check_config, check_greedy, check_outputs, check_round_trip, forward, hf_generate, inputs,
     is_timm, mask, rows, same_state, to_zoo, tokens, zoo_generate,
 )
-from conformance_table import CLASSES, HF_CONFIGS, generation_reference, reference, timm_classes
+from conformance_table import BACKBONE_OF, CLASSES, HF_CONFIGS, generation_reference, reference, timm_classes
 from conformance_table import hf_config as table_config
 from conftest import max_diff
 
@@ -49,7 +49,8 @@ pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 DEFAULT_CLASS = {"XLMRobertaForMaskedLM": "RobertaForMaskedLM", "XLMRobertaModel": "RobertaModel",
                  "Siglip2TextModel": "SiglipTextModel"}
 # the classes that generate: decoders with a head, encoder-decoders
-GENERATORS = [n for n in HF_CONFIGS if n.endswith(("ForCausalLM", "LMHeadModel")) or table_config(n).is_encoder_decoder]
+GENERATORS = [n for n in HF_CONFIGS if n.endswith(("ForCausalLM", "LMHeadModel"))
+              or (table_config(n).is_encoder_decoder and n not in BACKBONE_OF)]
 
 
 def test_every_registered_class_has_an_entry_in_the_table():

@@ -46,11 +46,15 @@ EXACT = {
     "olmo-1b": 1_176_764_416,  # HF OlmoForCausalLM from allenai/OLMo-1B-hf's config
     "nemotron-mini-4b": 4_190_509_056,  # HF NemotronForCausalLM from nvidia/Nemotron-Mini-4B-Instruct's config
     "llama-4-scout-text": 107_769_861_120,  # HF Llama4ForCausalLM from Llama-4-Scout-17B-16E's text_config
+    "gpt-oss-20b": 20_914_757_184,  # HF GptOssForCausalLM from openai/gpt-oss-20b's config (tests/test_presets_hf.py)
     # HF BartForConditionalGeneration from facebook/bart-base's config (tests/test_bart_hf.py)
     "bart-base": 139_420_416,
     # HF CLIPTextModelWithProjection and SiglipTextModel from the releases' text configs (tests/test_text_towers.py)
     "clip-vit-base-patch32-text": 63_428_096,
     "siglip-base-patch16-224-text": 110_271_744,
+    # HF M2M100ForConditionalGeneration from the releases' configs (tests/test_m2m100.py)
+    "nllb-200-distilled-600m": 615_073_792,
+    "m2m100-418m": 483_905_536,
 }
 
 

@@ -2,13 +2,15 @@
 
 Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, ``olmo-1b``,
 ``nemotron-mini-4b``, and the mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``,
-``qwen1.5-moe-a2.7b``, and ``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``, ``llama-4-scout-text``), on the
+``qwen1.5-moe-a2.7b``, ``gpt-oss-20b``, ``deepseek-v3`` (671B), and ``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``,
+``llama-4-scout-text``), on the
 meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
 has the parameter count of the HF class built from that config (tied tensors once), and writes back to
 the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``), and their tiny variants
 (``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
 ``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``,
-``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``, ``olmo-tiny``, ``nemotron-tiny``, ``llama4-tiny``): at random init each converts to its HF class with the same logits
+``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``, ``olmo-tiny``, ``nemotron-tiny``, ``gpt-oss-tiny``,
+``deepseek-tiny``, ``llama4-tiny``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
 
@@ -84,6 +86,16 @@ RELEASES = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "use_sliding_window": False,
         "sliding_window": 32768, "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": False,
         "decoder_sparse_step": 1, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False}),
+    "gpt-oss-20b": ("GptOssForCausalLM", "GptOssConfig", 20_914_757_184, {  # openai/gpt-oss-20b
+        "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+        "num_experts_per_tok": 4, "sliding_window": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+        "attention_bias": True, "swiglu_limit": 7.0, "router_aux_loss_coef": 0.9, "hidden_act": "silu",
+        "layer_types": [S if i % 2 == 0 else F for i in range(24)], "tie_word_embeddings": False,
+        # the release also states beta_fast 32 and beta_slow 1, HF's defaults, which zoo does not write
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "truncate": False,
+                            "original_max_position_embeddings": 4096},
+        "eos_token_id": 200002, "pad_token_id": 199999}),
     "granite-3.3-8b": ("GraniteForCausalLM", "GraniteConfig", 8_170_864_640, {  # ibm-granite/granite-3.3-8b-base
         "vocab_size": 49159, "hidden_size": 4096, "intermediate_size": 12800, "num_hidden_layers": 40,
         "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
@@ -122,6 +134,16 @@ RELEASES = {
         "max_position_embeddings": 4096, "norm_eps": 1e-5, "attention_bias": False, "mlp_bias": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         "initializer_range": 0.0134, "tie_word_embeddings": False}),
+    "deepseek-v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", 671_026_404_352, {  # deepseek-ai/DeepSeek-V3
+        "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+        "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4,
+        "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True, "hidden_act": "silu",
+        "max_position_embeddings": 163840, "initializer_range": 0.02, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "original_max_position_embeddings": 4096},  # beta_fast 32, beta_slow 1: HF's defaults
+        "attention_bias": False, "rope_interleave": True, "tie_word_embeddings": False}),
 }
 NOT_SPEC = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}  # token ids are no part of a spec
 
@@ -170,6 +192,8 @@ TINY = {
     "command-r-tiny": ("command-r-v01", "CohereForCausalLM", "CohereForCausalLM"),
     "olmo-tiny": ("olmo-1b", "OlmoForCausalLM", "OlmoForCausalLM"),
     "nemotron-tiny": ("nemotron-mini-4b", "NemotronForCausalLM", "NemotronForCausalLM"),
+    "gpt-oss-tiny": ("gpt-oss-20b", "GptOssForCausalLM", "GptOssForCausalLM"),
+    "deepseek-tiny": ("deepseek-v3", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM"),
     "llama4-tiny": ("llama-4-scout-text", "Llama4ForCausalLM", "Llama4ForCausalLM"),
 }
 WINDOW = 64

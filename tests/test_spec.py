@@ -87,7 +87,7 @@ def test_rules_name_the_field_and_fix(overrides, message):
         ("vit-tiny-16", ["stem.channels=[]"], "stem.channels"),
         ("gpt2-small", ["block.cross_attention={kind: mha, n_heads: 4}"], "block.cross_attention: family decoder has no cross-attention"),
         ("gpt2-small", ["init.scheme=xavier"], "init.scaled_residual: applies to scheme normal or trunc_normal"),
-        ("gpt2-small", ["position.padding_idx=1"], "position.padding_idx: fairseq's padding-aware positions are an encoder's"),
+        ("vit-tiny-16", ["position.padding_idx=1"], "position.padding_idx: fairseq's padding-aware positions are for token sequences"),
         ("transformer-base", ["block.kind=parallel", "block.shared_norm=false"],
          "block.kind: a parallel block has no cross-attention, which family encoder_decoder's decoder needs"),
         ("transformer-base", ["layers=[{at: 0, stack: decoder, block: {attention: {window: 2}}}]"],

@@ -1,7 +1,7 @@
 """The static KV cache and the compiled decoding step: token for token what the dynamic cache decodes
 (itself tested against full recomputation and HF's generate), for greedy, seeded sampling and beam
 search, on left-padded decoders (learned positions, RoPE + GQA, a sliding window, ALiBi, a mixture of
-experts) and an encoder-decoder; the compiled step has one graph, no graph break and no recompilation
+experts, DeepSeek-V3's latent attention and router) and an encoder-decoder; the compiled step has one graph, no graph break and no recompilation
 from step to step, and decodes as the eager one does."""
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ DECODERS = {
     "alibi": lambda: tiny_spec("decoder", ["position.kind=alibi"]),
     "mixtral moe": lambda: zoo.load_spec("mixtral-tiny", SMALL + ["block.attention.n_kv_heads=2",
                                                                   "block.ffn.expert.hidden=24"]),
+    "deepseek mla": lambda: zoo.load_spec("deepseek-tiny", SMALL + [
+        "block.attention.q_lora_rank=12", "block.attention.kv_lora_rank=10", "block.attention.qk_nope_head_dim=6",
+        "block.attention.qk_rope_head_dim=4", "block.attention.v_head_dim=8", "block.ffn.expert.hidden=24",
+        "block.ffn.shared_hidden=24", "layers=[{at: [0], block: {ffn: {kind: swiglu, hidden: 48, bias: false}}}]"]),
 }
 STRATEGIES = {
     "greedy": {"num_beams": 1},

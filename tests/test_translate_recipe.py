@@ -136,6 +136,17 @@ def test_init_continues_a_run_s_export_and_refuses_another_tokenizer(data, tmp_p
 
 
 @pytest.mark.recipe
+def test_trains_the_m2m100_layout(data, tmp_path, capsys):
+    """The NLLB-200 / M2M100 layout (``m2m100-tiny``: fairseq's sinusoids past the recipe's padding id 0,
+    scaled embeddings, pre-norm with final norms) trains, decodes and scores."""
+    out = tmp_path / "run"
+    assert recipe.main(tiny(data, out, "model=m2m100-tiny", "train.steps=6", "train.average_last=1",
+                            "decode.final_splits=[valid]")) == 0
+    assert "m2m100-tiny" in capsys.readouterr().out
+    assert 0 <= json.loads((out / "results.json").read_text())["valid/last"]["bleu"] <= 100
+
+
+@pytest.mark.recipe
 def test_ablation_setting_scores_the_last_model_once_on_valid_only(data, tmp_path, capsys):
     """The paper's Table 3 setting: no averaging, dev only. One checkpoint is the final model, so it is decoded
     once; the test split is never decoded; the export is that checkpoint's weights. The model is the grid's

@@ -123,6 +123,7 @@ def summary_table(s, spec) -> Table:
             stack = f"{row['stack']} " if len(spec.stacks()) > 1 else ""
             kv = f", KV cache {human_bytes(row['kv_cache_bytes'] * s.batch)} ({row['kv_tokens']} tokens)" if "kv_cache_bytes" in row else ""
             window = f", window {row['window']}" if row["window"] is not None else ""
+            window += f", {row['sinks']} sink logits" if "sinks" in row else ""
             table.add_row(f"  {stack}{row['layer']}", f"{row['parameters']:,}",
                           f"{human_flops(row['flops'] // (s.seq if s.unit == 'token' else 1))} per {s.unit}{window}{kv}")
     return table

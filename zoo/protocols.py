@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
 __all__ = [
-    "CountsFlops", "DerivedBuffers", "Experts", "Generates", "HasSublayers", "HeadSizes", "InitNormal", "InitResidual", "KeepsMasks",
+    "CachesPerToken", "CountsFlops", "DerivedBuffers", "Experts", "Generates", "HasSublayers", "HeadSizes", "InitNormal", "InitResidual", "KeepsMasks",
     "LayerCosts", "ModelCosts", "PROTOCOLS", "ResidualWriter", "SavesActivations", "SavesPerToken", "SummaryPart", "SummaryParts",
     "VocabularyLoss", "members",
 ]
@@ -85,6 +85,16 @@ class HeadSizes(Protocol):
     n_kv_heads: int  # key and value heads (fewer with GQA, one with MQA)
     head_dim: int  # the width of a query and key head
     v_head_dim: int  # the width of a value head
+
+
+@runtime_checkable
+class CachesPerToken(Protocol):
+    """An attention whose decoding cache is not its heads' keys and values (multi-head latent
+    attention: a latent and a shared rotary key)."""
+
+    def cache_elements(self) -> int:
+        """Elements it caches per token."""
+        ...
 
 
 @runtime_checkable
@@ -207,7 +217,7 @@ class Generates(Protocol):
 
 
 PROTOCOLS: tuple[type, ...] = (
-    ResidualWriter, CountsFlops, SavesActivations, SavesPerToken, KeepsMasks, HeadSizes, SummaryPart, SummaryParts,
+    ResidualWriter, CountsFlops, SavesActivations, SavesPerToken, KeepsMasks, HeadSizes, CachesPerToken, SummaryPart, SummaryParts,
     InitNormal, InitResidual, DerivedBuffers, Experts, VocabularyLoss, HasSublayers, LayerCosts, ModelCosts,
     Generates,
 )

@@ -77,7 +77,7 @@ class Summary:
     kv_cache_bytes_per_token: int | None  # decoders only: every layer's keys and values of one token
     cross_kv_bytes_per_source_token: int | None  # encoder-decoders only
     kv_cache_tokens: int | None = None  # tokens a sequence's cache holds at seq: all, or a sliding window's
-    layers: tuple[dict, ...] = ()  # per layer of each stack: parameters, FLOPs per unit, window, KV cache
+    layers: tuple[dict, ...] = ()  # per layer of each stack: parameters, FLOPs per unit, window, KV cache, sinks
     active_parameters: int | None = None  # what one token's forward pass uses (mixtures of experts: top_k experts)
     expert_parameters: int = 0  # the routed experts' parameters, all of them (0: no mixture of experts)
 
@@ -192,8 +192,9 @@ def kv_cache_bytes(model: nn.Module, bytes_per_element: int) -> tuple[int | None
 
 
 def _layers(model: nn.Module, seq: int, bytes_per_element: int) -> tuple[dict, ...]:
-    """A row per layer of each stack: its parameters, forward FLOPs per sample, window and, where the
-    model decodes, the bytes of keys and values it holds for one sequence of ``seq`` tokens."""
+    """A row per layer of each stack: its parameters, forward FLOPs per sample, window, its attention
+    sinks' parameters where it has them and, where the model decodes, the bytes of keys and values it
+    holds for one sequence of ``seq`` tokens."""
     fam = _family(model)
     cached = fam.kv_cache()
     rows = []
@@ -204,11 +205,13 @@ def _layers(model: nn.Module, seq: int, bytes_per_element: int) -> tuple[dict, .
             row = {"stack": names.get(id(stack), "stack"), "layer": i, "kind": type(block).__name__,
                    "parameters": sum(p.numel() for p in block.parameters()),
                    "flops": parts.flops(block, tokens, memory), "window": window}
+            sinks = getattr(getattr(block, "attn", None), "sinks", None)
+            if sinks is not None:  # attention sinks (gpt-oss): a learned logit per head
+                row["sinks"] = sinks.numel()
             if cached is not None and cached[0] is stack:
-                _, G, K, V = parts.head_sizes(block.attn, 0)
                 kept = getattr(stack, "kept", stack.windows)[i]  # a chunk's keys too
                 held = tokens if kept is None else min(tokens, kept - 1)
-                row.update(kv_tokens=held, kv_cache_bytes=G * (K + V) * held * bytes_per_element)
+                row.update(kv_tokens=held, kv_cache_bytes=parts.cache_elements(block.attn) * held * bytes_per_element)
             rows.append(row)
     return tuple(rows)
 

@@ -8,6 +8,7 @@ from zoo.components import (  # noqa: F401
     ffn,
     head,
     linear,
+    mla,
     moe,
     norm,
     pool,
@@ -33,6 +34,7 @@ from zoo.components.embedding import PatchEmbedding, TokenEmbedding
 from zoo.components.ffn import MLP, GatedMLP
 from zoo.components.head import ClassifierHead, LMHead, MLMHead
 from zoo.components.linear import Linear
+from zoo.components.mla import LatentAttention
 from zoo.components.moe import MoE, load_balancing_loss, router_z_loss
 from zoo.components.norm import RMSNorm
 from zoo.components.pool import AttentionPool, ClsPool, MeanPool
@@ -53,5 +55,5 @@ __all__ = [
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
     "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
     "RotaryPosition", "GridRotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
-    "MLMHead", "ClassifierHead", "MoE", "load_balancing_loss", "router_z_loss",
+    "MLMHead", "ClassifierHead", "LatentAttention", "MoE", "load_balancing_loss", "router_z_loss",
 ]

@@ -69,7 +69,9 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
     ``scale`` multiplies the scores (None: 1/sqrt(K)); ``softcap`` caps them,
     ``softcap * tanh(scores / softcap)``. ``kernel`` is what computes them, as the spec declares
     (:attr:`zoo.spec.AttentionSpec.kernel`): ``fused`` (:func:`zoo.kernels.attention`: SDPA or zoo's
-    CPU kernel) or ``scores`` (:func:`zoo.kernels.scores_attention`), which a cap needs.
+    CPU kernel) or ``scores`` (:func:`zoo.kernels.scores_attention`), which a cap needs, and
+    ``sinks`` (gpt-oss): a learned logit per head, the parameter ``sinks`` [H], that joins each
+    query's softmax denominator and is dropped after it.
 
     ``temperature`` ((floor, scale), Llama 4's NoPE layers) multiplies each query, after the qk-norm
     and the rotation, by ``1 + scale * log(1 + floor((slot + 1) / floor))`` in float32, its slot the
@@ -102,14 +104,19 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         softcap: float | None = None,
         kernel: str = "fused",
         temperature: tuple[int, float] | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         if kernel not in ("fused", "scores"):
             raise ValueError(f"kernel must be fused or scores, got {kernel!r}")
         if softcap is not None and kernel != "scores":
             raise ValueError("softcap: no fused kernel caps the scores; build the attention with kernel='scores'")
+        if sinks and kernel != "scores":
+            raise ValueError("sinks: no fused kernel takes attention sinks; build the attention with kernel='scores'")
         self.scale, self.softcap, self.kernel = scale, softcap, kernel
         self.temperature = temperature
+        # gpt-oss's attention sinks: a logit per head in each query's softmax, dropped after it
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
         if qk_scope not in ("head", "all"):
@@ -176,7 +183,7 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         dropout_p = self.dropout if self.training else 0.0
         if self.kernel == "scores":
             y = kernels.scores_attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
-                                         scale=self.scale, softcap=self.softcap)
+                                         scale=self.scale, softcap=self.softcap, sinks=self.sinks)
         else:
             y = kernels.attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
                                   enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)  # (B, H, T, V)
@@ -300,4 +307,5 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         softcap=spec.softcap,
         kernel=spec.kernel,
         temperature=None if spec.temperature is None else (spec.temperature.floor, spec.temperature.scale),
+        sinks=spec.sinks,
     )

@@ -2,7 +2,8 @@
 
 Two-layer: ``fc2(drop(act(fc1(x))))`` with ReLU (the paper), GELU (BERT, GPT-2, ViT), SiLU (Marian),
 quick GELU (OpenAI CLIP) or squared ReLU (Primer, Nemotron). Gated (Shazeer 2020): ``fc2(drop(act(gate) * up))`` where ``fc1``
-computes [gate | up] in one matmul; SwiGLU uses SiLU (LLaMA), GeGLU uses GELU. Either may put a
+computes [gate | up] in one matmul; SwiGLU uses SiLU (LLaMA), GeGLU uses GELU; gpt-oss's SwiGLU
+clamps both halves, sharpens the sigmoid and adds one to up (:class:`ClampedSwiGLU`). Either may put a
 ``norm`` on the hidden activation before ``fc2`` (NormFormer; EVA-02's SwiGLU).
 
 Shapes: B batch, T tokens, D dim, F hidden.
@@ -32,6 +33,37 @@ class ReLU2(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.relu(x).square()
+
+
+class ClampedSwiGLU(nn.Module):
+    """gpt-oss's gated activation of (gate, up): with ``limit``, the gate clamped above at limit and
+    up into [-limit, limit]; then ``(up + up_offset) * gate * sigmoid(alpha * gate)``. Called with
+    both halves (:func:`glu`), not with the gate alone as the plain activations are."""
+
+    def __init__(self, limit: float | None = None, alpha: float = 1.0, up_offset: float = 0.0) -> None:
+        super().__init__()
+        self.limit, self.alpha, self.up_offset = limit, alpha, up_offset
+
+    def forward(self, gate: Tensor, up: Tensor) -> Tensor:
+        if self.limit is not None:
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        return (up + self.up_offset) * (gate * torch.sigmoid(self.alpha * gate))
+
+    def extra_repr(self) -> str:
+        return f"limit={self.limit}, alpha={self.alpha}, up_offset={self.up_offset}"
+
+
+def glu(act: nn.Module, gate: Tensor, up: Tensor) -> Tensor:
+    """The gated product of a gated FFN's halves: ``act(gate) * up``, or a :class:`ClampedSwiGLU`'s own."""
+    return act(gate, up) if isinstance(act, ClampedSwiGLU) else act(gate) * up
+
+
+def gated_activation(spec) -> nn.Module:
+    """The activation module of a gated FFN spec (swiglu, geglu): SiLU, GELU, or a
+    :class:`ClampedSwiGLU` where the swiglu spec clamps or shifts (``spec.clamped``)."""
+    if getattr(spec, "clamped", False):
+        return ClampedSwiGLU(spec.limit, spec.alpha, spec.up_offset)
+    return nn.SiLU() if spec.kind == "swiglu" else nn.GELU(approximate=spec.approximate)
 
 
 class MLP(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesPerToken, KeepsMasks):
@@ -81,15 +113,17 @@ class GatedMLP(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesPerToke
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.fc1(x).chunk(2, dim=-1)  # (B, T, F) each
-        h = self.drop(self.act(gate) * up)
+        h = self.drop(glu(self.act, gate, up))
         return self.fc2(h if self.norm is None else self.norm(h))
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
         return linear_flops(self, tokens)
 
     def saved_per_token(self) -> int:
-        """[gate | up], act(gate) and their product (4F); a norm its output (F) more."""
-        return (4 + (self.norm is not None)) * self.fc2.in_features
+        """[gate | up], act(gate) and their product (4F); a clamped SwiGLU its clamped halves, the
+        sigmoid, the gated gate and up + offset besides (8F); a norm its output (F) more."""
+        own = 8 if isinstance(self.act, ClampedSwiGLU) else 4
+        return (own + (self.norm is not None)) * self.fc2.in_features
 
     def mask_per_token(self) -> int:
         """The dropout mask on the gated product, a byte per element."""
@@ -123,5 +157,5 @@ def _mlp(spec, *, dim: int, dropout: float, norm=None, **_) -> MLP:
 @register("ffn", "swiglu")
 @register("ffn", "geglu")
 def _gated(spec, *, dim: int, dropout: float, norm=None, **_) -> GatedMLP:
-    act, hidden = _activation(spec.kind, getattr(spec, "approximate", "none")), spec.hidden_size(dim)
+    act, hidden = gated_activation(spec), spec.hidden_size(dim)
     return GatedMLP(dim, hidden, bias=spec.bias, dropout=dropout, activation=act, norm=_hidden_norm(spec, norm, hidden))

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from zoo.protocols import CountsFlops, HeadSizes, KeepsMasks, ResidualWriter, SavesActivations, SavesPerToken
+from zoo.protocols import CachesPerToken, CountsFlops, HeadSizes, KeepsMasks, ResidualWriter, SavesActivations, SavesPerToken
 
-__all__ = ["flops", "has_parameters", "head_sizes", "linear_flops", "mask_per_token", "norm_saved", "residual_linears",
+__all__ = ["cache_elements", "flops", "has_parameters", "head_sizes", "linear_flops", "mask_per_token", "norm_saved", "residual_linears",
            "residual_out", "saved", "saved_per_token"]
 
 
@@ -104,3 +104,14 @@ def head_sizes(part: nn.Module, dim: int) -> tuple[int, int, int, int]:
     if isinstance(part, HeadSizes):
         return part.n_heads, part.n_kv_heads, part.head_dim, part.v_head_dim
     return 1, 1, dim, dim
+
+
+def cache_elements(part: nn.Module | None) -> int:
+    """Elements an attention caches per token: its declaration (multi-head latent attention's
+    latent), else its key/value heads' keys and values, G * (K + V)."""
+    if part is None:
+        return 0
+    if isinstance(part, CachesPerToken):
+        return part.cache_elements()
+    _, G, K, V = head_sizes(part, 0)
+    return G * (K + V)

@@ -52,10 +52,10 @@ class Position(nn.Module, SummaryPart):
         """x [B, T, D] -> x with absolute position information added."""
         return x
 
-    def added_positions(self, positions: Tensor, padding_mask: Tensor | None) -> Tensor:
-        """The positions :meth:`add` reads for tokens at ``positions`` ([T] or [B, T]) whose padding
-        is ``padding_mask`` ([B, T], True = real; None: every token real): ``positions`` itself, but
-        for a learned table with a ``padding_idx`` (an encoder's, which calls this)."""
+    def added_positions(self, positions: Tensor, padding_mask: Tensor | None, tokens: Tensor | None = None) -> Tensor:
+        """The positions :meth:`add` reads for ``tokens`` ([B, T] ids; None: not known) at ``positions``
+        ([T] or [B, T]) whose padding is ``padding_mask`` ([B, T], True = real; None: every token
+        real): ``positions`` itself, but for a table with a ``padding_idx`` (fairseq's)."""
         return positions
 
     def rotation(self, positions: Tensor):
@@ -118,12 +118,33 @@ class LearnedPosition(TablePosition, InitNormal):
     def add(self, x: Tensor, positions: Tensor) -> Tensor:
         return super().add(x, positions + self.offset if self.offset else positions)
 
-    def added_positions(self, positions: Tensor, padding_mask: Tensor | None) -> Tensor:
+    def added_positions(self, positions: Tensor, padding_mask: Tensor | None, tokens: Tensor | None = None) -> Tensor:
         """HF's ``create_position_ids_from_input_ids`` before :meth:`add`'s offset: with
-        ``padding_idx``, padding tokens -1 (so they read row padding_idx), real tokens as they are."""
+        ``padding_idx``, padding tokens -1 (so they read row padding_idx), real tokens as they are
+        (the padding mask says which are padding; ``tokens`` are not read)."""
         if self.padding_idx is None or padding_mask is None:
             return positions
         return positions.masked_fill(~padding_mask, -1)
+
+
+def fairseq_sinusoid_table(rows: int, dim: int, *, base: float = 10000.0, layout: str = "concat",
+                           padding_idx: int | None = None) -> Tensor:
+    """fairseq's ``SinusoidalPositionalEmbedding.get_embedding`` (HF M2M100's): row r holds
+    sin(r * f_i) then cos(r * f_i) for f_i = base^(-i/(D/2-1)), i < D/2, computed in float32 as
+    fairseq does; an odd D's last column zero, the row ``padding_idx`` zero. ``interleaved`` puts
+    the sines and cosines of each frequency side by side instead."""
+    half = dim // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(base) / (half - 1)))
+    angles = torch.arange(rows, dtype=torch.int64).float().unsqueeze(1) * inv_freq.unsqueeze(0)  # (rows, half)
+    if layout == "interleaved":
+        table = torch.stack([angles.sin(), angles.cos()], dim=2).reshape(rows, 2 * half)
+    else:
+        table = torch.cat([angles.sin(), angles.cos()], dim=1)
+    if dim % 2:
+        table = torch.cat([table, torch.zeros(rows, 1)], dim=1)
+    if padding_idx is not None:
+        table[padding_idx] = 0
+    return table
 
 
 def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
@@ -131,6 +152,7 @@ def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str
 
     ``interleaved`` puts sin/cos in alternate columns as the formula reads; ``concat`` puts all sines
     first, then all cosines (tensor2tensor, fairseq, Marian). Odd D gets a final sine column.
+    fairseq's spacing of the frequencies: :func:`fairseq_sinusoid_table`.
     """
     half = (dim + 1) // 2
     inv_freq = base ** (-torch.arange(half, dtype=torch.float64) * 2 / dim)  # (half,)
@@ -145,15 +167,48 @@ def sinusoid_table(max_len: int, dim: int, *, base: float = 10000.0, layout: str
 
 
 class SinusoidalPosition(TablePosition, DerivedBuffers):
-    def __init__(self, dim: int, max_len: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
+    """A fixed sinusoid table: the paper's frequencies, or fairseq's (``spacing``). With
+    ``padding_idx`` (fairseq's positions: M2M100, NLLB) position p reads row p + padding_idx + 1 and
+    padding (the padding mask's, and tokens whose id is padding_idx, as HF reads them from the ids)
+    the zero row padding_idx; the table has ``max_len + padding_idx + 1`` rows."""
+
+    def __init__(self, dim: int, max_len: int, *, base: float = 10000.0, layout: str = "interleaved",
+                 spacing: str = "paper", padding_idx: int | None = None) -> None:
         super().__init__()
-        self.base, self.layout = base, layout
-        self.register_buffer("weight", sinusoid_table(max_len, dim, base=base, layout=layout), persistent=False)
+        self.base, self.layout, self.spacing, self.padding_idx = base, layout, spacing, padding_idx
+        self.offset = 0 if padding_idx is None else padding_idx + 1
+        self.register_buffer("weight", self.table(max_len + self.offset, dim), persistent=False)
+
+    def table(self, rows: int, dim: int) -> Tensor:
+        """The [rows, dim] table this module holds."""
+        if self.spacing == "fairseq":
+            return fairseq_sinusoid_table(rows, dim, base=self.base, layout=self.layout, padding_idx=self.padding_idx)
+        table = sinusoid_table(rows, dim, base=self.base, layout=self.layout)
+        if self.padding_idx is not None:
+            table[self.padding_idx] = 0
+        return table
+
+    @property
+    def max_len(self) -> int:
+        return self.weight.shape[0] - self.offset
+
+    def add(self, x: Tensor, positions: Tensor) -> Tensor:
+        return super().add(x, positions + self.offset if self.offset else positions)
+
+    def added_positions(self, positions: Tensor, padding_mask: Tensor | None, tokens: Tensor | None = None) -> Tensor:
+        """With ``padding_idx``: padding -1 (so it reads the zero row padding_idx), the padding mask's
+        and the tokens whose id is padding_idx (HF's ``create_position_ids_from_input_ids``)."""
+        if self.padding_idx is None:
+            return positions
+        pad = None if padding_mask is None else ~padding_mask.to(torch.bool)
+        if tokens is not None:
+            pad = tokens.eq(self.padding_idx) if pad is None else pad | tokens.eq(self.padding_idx)
+        return positions if pad is None else positions.expand(pad.shape).masked_fill(pad, -1)
 
     def reset_buffers(self) -> None:
         """Recompute the table in place, on its device, keeping its dtype."""
         with torch.device(self.weight.device):
-            self.weight.copy_(sinusoid_table(*self.weight.shape, base=self.base, layout=self.layout))
+            self.weight.copy_(self.table(*self.weight.shape))
 
 
 def sincos_2d_table(grid: tuple[int, int], dim: int, *, base: float = 10000.0, extra_tokens: int = 0) -> Tensor:
@@ -290,7 +345,8 @@ def _learned(spec, *, dim: int, max_len: int, **_) -> Position:
 
 @register("position", "sinusoidal")
 def _sinusoidal(spec, *, dim: int, max_len: int, **_) -> Position:
-    return SinusoidalPosition(dim, max_len, base=spec.base, layout=spec.layout)
+    return SinusoidalPosition(dim, max_len, base=spec.base, layout=spec.layout, spacing=getattr(spec, "spacing", "paper"),
+                              padding_idx=getattr(spec, "padding_idx", None))
 
 
 @register("position", "alibi")

@@ -214,8 +214,7 @@ class Stack(nn.Module, SummaryParts, LayerCosts):
         total = 0
         for block in self.blocks:
             att = block.cross_attn if cross else block.attn
-            _, G, K, V = parts.head_sizes(att, 0)
-            total += G * (K + V)
+            total += parts.cache_elements(att)
         return total
 
 

@@ -127,6 +127,7 @@ def scores_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """:func:`attention`'s semantics computed on explicit scores, with ``softcap`` (Gemma 2): the
     scaled scores become ``softcap * tanh(scores / softcap)`` before the mask (or additive bias) and
@@ -134,7 +135,9 @@ def scores_attention(
     autograd, so the backward pass keeps the [B, H, T, S] scores' tanh, the weights and their cast
     (what fused kernels avoid). Dropout on the weights as :func:`dropout`; a query with no allowed
     key gets zeros, as in SDPA. Any device. q (B, H, T, K), k (B, G, S, K), v (B, G, S, V) -> (B, H, T, V).
-    A structured :class:`~zoo.kernels.mask.Mask` is taken in its dense form."""
+    A structured :class:`~zoo.kernels.mask.Mask` is taken in its dense form. ``sinks`` [H] (gpt-oss's
+    attention sinks): one more logit per head joins each query's softmax and is dropped after it, so
+    a query's weights sum to less than one."""
     if isinstance(mask, Mask):
         mask, is_causal = mask.dense()
     rep = q.shape[1] // k.shape[1]
@@ -150,7 +153,11 @@ def scores_attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     elif mask is not None:
         scores = scores + mask.float()
-    weights = scores.softmax(dim=-1)
+    if sinks is not None:
+        sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    else:
+        weights = scores.softmax(dim=-1)
     if mask is not None:
         weights = weights.nan_to_num(0.0)
     weights = dropout(weights, dropout_p)

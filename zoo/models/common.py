@@ -56,7 +56,7 @@ def build_position(spec: FamilySpec, position=None, *, block=None, max_len: int,
     dim = spec.d_model if position is not None else getattr(spec, "embedding_dim", spec.d_model)  # added to the embeddings
     return build_part(
         "position", position or spec.position,
-        dim=dim, max_len=max_len, n_heads=att.n_heads, head_dim=att.qk_size(spec.d_model), grid=grid,
+        dim=dim, max_len=max_len, n_heads=att.n_heads, head_dim=att.rope_size(spec.d_model), grid=grid,
         causal=causal,
     )
 
@@ -84,7 +84,7 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
             positions.append(None)
         else:  # one module per distinct position (and query/key heads it turns)
             att = b.attention
-            key = json.dumps([position.model_dump(mode="json"), att.n_heads, att.qk_size(spec.d_model)], sort_keys=True)
+            key = json.dumps([position.model_dump(mode="json"), att.n_heads, att.rope_size(spec.d_model)], sort_keys=True)
             if key not in own:
                 own[key] = build_position(spec, position, block=b, max_len=max_len, causal=causal)
             positions.append(own[key])

@@ -74,7 +74,8 @@ class DecoderLM(Family):
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
         ctx = self.stack.context(self.position, tokens, padding_mask, causal=True, cache=cache, documents=documents,
                                  positions=positions)
-        x = self.emb_proj(self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), ctx.positions))))  # (B, T, D)
+        positions = self.position.added_positions(ctx.positions, padding_mask, tokens)
+        x = self.emb_proj(self.drop(self.emb_norm(self.position.add(self.tok_emb(tokens), positions))))  # (B, T, D)
         x = self.stack(x, ctx, cache=cache)
         if targets is not None:
             return self.head_out(x, targets, label_smoothing=label_smoothing, reduction=reduction, return_nll=return_nll)

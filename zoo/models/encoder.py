@@ -109,7 +109,7 @@ class Encoder(Family):
         check_tokens(tokens, "tokens", vocab_size=self.spec.vocab_size)
         padding_mask = check_mask(padding_mask, tokens, "padding_mask")
         ctx = self.stack.context(self.position, tokens, padding_mask, causal=self.spec.causal, documents=documents)
-        x = self.position.add(self.tok_emb(tokens), self.position.added_positions(ctx.positions, padding_mask))
+        x = self.position.add(self.tok_emb(tokens), self.position.added_positions(ctx.positions, padding_mask, tokens))
         if self.type_emb is not None:
             if token_types is None:
                 token_types = tokens.new_zeros(tokens.shape)

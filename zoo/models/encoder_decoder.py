@@ -60,7 +60,8 @@ class EncoderDecoder(Family):
         src_padding_mask = check_mask(src_padding_mask, src, "src_padding_mask")
         position = self.position if self.src_position is None else self.src_position
         ctx = self.encoder.context(position, src, src_padding_mask, causal=False, name="src", documents=src_documents)
-        x = self.drop(self.src_emb_norm(position.add(self.src_emb(src), ctx.positions)))
+        positions = position.added_positions(ctx.positions, src_padding_mask, src)
+        x = self.drop(self.src_emb_norm(position.add(self.src_emb(src), positions)))
         return self.encoder(x, ctx)
 
     def decode(
@@ -105,7 +106,8 @@ class EncoderDecoder(Family):
                              "own id), or neither")
         ctx = self.decoder.context(self.position, tgt_in, tgt_padding_mask, causal=True, cache=cache, name="tgt_in",
                                    documents=tgt_documents)
-        x = self.drop(self.tgt_emb_norm(self.position.add(self.tgt_emb(tgt_in), ctx.positions)))
+        positions = self.position.added_positions(ctx.positions, tgt_padding_mask, tgt_in)
+        x = self.drop(self.tgt_emb_norm(self.position.add(self.tgt_emb(tgt_in), positions)))
         if src_documents is not None:
             padding = None if src_padding_mask is None else src_padding_mask.to(bool)
             memory_mask = Mask(tgt_in.shape[1], memory.shape[1], padding=padding, documents=src_documents,

@@ -11,6 +11,7 @@ fix; nothing is rewritten behind the user's back (derived sizes are properties).
     zoo.spec.base       Spec, ComponentSpec, and the dispatch of a part's spec by its registered kind
     zoo.spec.parts      the specs of attention, positions, FFNs, norms, heads and ViT pools
     zoo.spec.pooling    a text sequence's pools (eos, last) and the pooled vector's projection
+    zoo.spec.mla        multi-head latent attention (attention.kind: mla): q/kv latents, a decoupled rotary key
     zoo.spec.moe        the mixture-of-experts FFN (ffn.kind: moe): experts, router, shared expert
     zoo.spec.rope       the scalings of RoPE's frequencies (linear, dynamic, llama3, yarn, longrope)
     zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel, sandwich) and per-layer patterns
@@ -59,6 +60,7 @@ from zoo.spec.load import (
     to_yaml,
 )
 from zoo.spec.migrate import SpecNote
+from zoo.spec.mla import MLASpec
 from zoo.spec.moe import MoERouterSpec, MoESpec
 from zoo.spec.parts import (
     AlibiSpec,
@@ -118,7 +120,7 @@ __all__ = [
     "DecoderSpec", "Dispatch", "DropoutSpec", "DynamicScalingSpec", "EmbeddingSpec", "EncoderDecoderSpec",
     "EncoderSpec", "FFNBaseSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "Kinds",
     "LMHeadSpec", "Layer", "LayerNormSpec", "LayerPattern", "LearnedSpec", "LinearHeadSpec", "LinearScalingSpec",
-    "Llama3ScalingSpec", "LongRopeScalingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
+    "Llama3ScalingSpec", "LongRopeScalingSpec", "MLASpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
     "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
     "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "Rate", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
     "Rope2dSpec", "RopeScalingSpec", "RopeSpec", "SandwichBlockSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",

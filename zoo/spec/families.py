@@ -95,8 +95,8 @@ class FamilySpec(Spec):
     checks): ``layout`` of its tokens (``sequence`` or ``grid``: which positions apply), ``output``
     its head reads (``tokens`` [B, T, D] or ``pooled`` [B, D]: which heads apply), ``windows``
     (sliding-window self-attention applies: causal in a decoder, both ways in an encoder),
-    ``padded_positions`` (a learned table's ``padding_idx`` applies: its embedding reads the padding
-    mask), and its stacks (:meth:`stacks`)."""
+    ``padded_positions`` (a position's ``padding_idx`` applies: its embedding reads the padding
+    mask; the text families), and its stacks (:meth:`stacks`)."""
 
     layout: ClassVar[str] = "sequence"
     output: ClassVar[str] = "tokens"
@@ -143,7 +143,7 @@ class FamilySpec(Spec):
         position = self.position
         problems += position.problems(d_model=self.d_model, head_dim=self._head_dim(self.block), field="position")
         if getattr(position, "padding_idx", None) is not None and not self.padded_positions:
-            problems.append(f"position.padding_idx: fairseq's padding-aware positions are an encoder's (RoBERTa), not "
+            problems.append(f"position.padding_idx: fairseq's padding-aware positions are for token sequences, not "
                             f"family {self.family}'s; remove it")
         if self.layout not in type(position).layouts:
             allowed = [n for n in registry("position").names() if self.layout in registry("position").spec(n).layouts]
@@ -188,9 +188,9 @@ class FamilySpec(Spec):
         return list(dict.fromkeys(problems))
 
     def _head_dim(self, block: BlockSpec) -> int:
-        """The query/key head size of ``block``'s attention (every attention spec subclasses
-        AttentionSpec: the attention registry's spec base)."""
-        return block.attention.qk_size(self.d_model)
+        """The query/key head size a position of ``block``'s attention turns (every attention spec
+        subclasses AttentionSpec: the attention registry's spec base; mla: its rotary part)."""
+        return block.attention.rope_size(self.d_model)
 
     def _origins(self, stack: str, n: int) -> list[str]:
         """For each layer, the field its spec comes from: ``block``, or the last pattern selecting it."""
@@ -248,6 +248,7 @@ class FamilySpec(Spec):
 
 
 class TextSpec(FamilySpec):
+    padded_positions: ClassVar[bool] = True
     vocab_size: PositiveInt = 32000
     max_seq_len: PositiveInt = Field(1024, description="longest sequence; sizes learned and sinusoidal tables")
     embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
@@ -289,7 +290,6 @@ class EncoderSpec(TextSpec):
     """BERT-style bidirectional encoder: ``model(tokens[B,T], padding_mask) -> logits[B,T,V]``."""
 
     windows: ClassVar[bool] = True
-    padded_positions: ClassVar[bool] = True
     family: Literal["encoder"] = "encoder"
     shared_layers: PositiveInt | None = shared_layers_field()
     type_vocab_size: NonNegativeInt = Field(0, description="segment (token type) embeddings; 0 for none")

@@ -38,6 +38,22 @@ class MoERouterSpec(Spec):
         0.0, description="auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias (buffer expert_bias) is "
         "added to the scores that pick the top k, not to the weights, and after each optimizer step moves by "
         "this rate times sign(mean load - the expert's load) over the step's tokens; 0: no bias")
+    bias: bool = Field(False, description="a bias on the router's linear (gpt-oss); false: none")
+    scoring: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="what scores the experts: a softmax over them, or each one's sigmoid (DeepSeek-V3's "
+        "scoring_func, computed in fp32 from fp32 logits); the weights are the picked experts' scores")
+    n_groups: PositiveInt = Field(
+        1, description="group-limited routing (DeepSeek-V3's n_group): the experts fall into this many equal groups "
+        "in order, each group ranked by the sum of its two best scores (with the score bias), and a token picks its "
+        "top k from the best topk_groups groups only; 1: no groups")
+    topk_groups: PositiveInt = Field(1, description="with n_groups: how many of the best groups a token picks from "
+                                     "(DeepSeek-V3's topk_group); n_groups: every group")
+    score_bias: bool = Field(
+        False, description="a per-expert bias (buffer expert_bias, saved with the weights) added to the scores that "
+        "pick the experts, never to the weights (HF's e_score_correction_bias), held fixed unless bias_update moves "
+        "it; bias_update > 0 always has it")
+    routed_scale: PositiveFloat = Field(1.0, description="the routed experts' weights multiplied by this number, after "
+                                        "norm_topk_prob (DeepSeek-V3's routed_scaling_factor, 2.5); 1: none")
     sigmoid_after_topk: bool = Field(
         False, description="the top k of the logits, each weighted by the sigmoid of its logit and never "
         "renormalised (Llama 4's router); replaces the softmax, so softmax_before_topk and norm_topk_prob stay true")
@@ -50,7 +66,22 @@ class MoERouterSpec(Spec):
         if self.sigmoid_after_topk and not (self.softmax_before_topk and self.norm_topk_prob):
             raise ValueError("router.sigmoid_after_topk: the sigmoid replaces the softmax, which softmax_before_topk "
                              "and norm_topk_prob describe; leave both true")
+        if self.sigmoid_after_topk and (self.scoring != "softmax" or self.n_groups > 1 or self.routed_scale != 1.0):
+            raise ValueError("router.sigmoid_after_topk: Llama 4's router weighs the top k of the logits itself; "
+                             "leave scoring: softmax, n_groups: 1 and routed_scale: 1 (DeepSeek-V3's router)")
+        if not self.softmax_before_topk and (self.scoring != "softmax" or self.n_groups > 1):
+            field = "scoring" if self.scoring != "softmax" else "n_groups"
+            raise ValueError(f"router.{field}: a sigmoid scoring or groups score every expert before the top k; set "
+                             f"softmax_before_topk: true")
+        if self.topk_groups > self.n_groups:
+            raise ValueError(f"router.topk_groups ({self.topk_groups}) picks more groups than there are (n_groups: "
+                             f"{self.n_groups}); set topk_groups <= n_groups")
         return self
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the router holds the per-expert bias that picks experts (``score_bias`` or ``bias_update``)."""
+        return self.score_bias or self.bias_update > 0
 
 
 ExpertFFN = Annotated[GatedFFNSpec, Kinds("expert FFN", {"swiglu": SwiGLUSpec, "geglu": GeGLUSpec})]
@@ -68,7 +99,8 @@ class MoESpec(FFNBaseSpec):
     are added by the training loop; ``router.bias_update`` balances without a loss (DeepSeek-V3).
 
     ``expert`` is the experts' FFN, a gated kind (swiglu, geglu) whose ``hidden`` is each expert's
-    hidden size; experts have no biases, so ``expert.bias`` defaults to false here. The experts'
+    hidden size; ``expert.bias`` defaults to false here (gpt-oss's experts have biases: ``b_gate_up``
+    [E, 2F], ``b_down`` [E, D]), and a swiglu expert may clamp (``expert.limit``, gpt-oss). The experts'
     weights are stacked per expert (``w_gate_up`` [E, 2F, D], ``w_down`` [E, D, F]: HF Mixtral's
     ``gate_up_proj``/``down_proj`` layout)."""
 
@@ -107,8 +139,6 @@ class MoESpec(FFNBaseSpec):
     @field_validator("expert")
     @classmethod
     def _check_expert(cls, expert: GatedFFNSpec) -> GatedFFNSpec:
-        if expert.bias:
-            raise ValueError("expert.bias: experts' stacked weights have no biases; set expert.bias: false")
         if expert.norm:
             raise ValueError("expert.norm: experts have no norm on their hidden activation; set expert.norm: false")
         return expert
@@ -118,6 +148,13 @@ class MoESpec(FFNBaseSpec):
         if self.top_k > self.n_experts:
             raise ValueError(f"top_k ({self.top_k}) routes each token to more experts than there are "
                              f"(n_experts: {self.n_experts}); set top_k <= n_experts")
+        g = self.router.n_groups
+        if g > 1 and (self.n_experts % g or self.n_experts // g < 2):
+            raise ValueError(f"router.n_groups: {self.n_experts} experts (n_experts) split into {g} equal groups of at "
+                             f"least two (a group ranks by its two best scores); choose n_groups dividing n_experts")
+        if g > 1 and self.top_k > self.router.topk_groups * (self.n_experts // g):
+            raise ValueError(f"top_k ({self.top_k}) routes each token to more experts than its router.topk_groups "
+                             f"groups hold; raise topk_groups or lower top_k")
         return self
 
     def hidden_size(self, d_model: int) -> int:

@@ -146,6 +146,8 @@ class AttentionSpec(ComponentSpec):
     temperature: TemperatureSpec | None = Field(
         None, description="attention temperature tuning: each query scaled by 1 + scale * log(1 + floor((slot + 1) / "
         "floor)) (Llama 4's attn_temperature_tuning on its NoPE layers); null: none")
+    sinks: bool = Field(False, description="a learned logit per head (parameter sinks [n_heads]) joins each query's "
+                        "softmax denominator and is dropped (gpt-oss's attention sinks); computed on explicit scores")
 
     @field_validator("scale")
     @classmethod
@@ -234,11 +236,15 @@ class AttentionSpec(ComponentSpec):
     def kernel(self) -> Literal["fused", "scores"]:
         """What computes it: ``fused`` (SDPA or zoo's CPU kernel, :func:`zoo.kernels.attention`) or
         ``scores`` (the scores made explicit, :func:`zoo.kernels.scores_attention`), which a
-        soft-capped attention needs: no fused kernel caps the scores."""
-        return "fused" if self.softcap is None else "scores"
+        soft-capped attention or one with sinks needs: no fused kernel computes them."""
+        return "fused" if self.softcap is None and not self.sinks else "scores"
 
     def qk_size(self, d_model: int) -> int:
         return self.head_dim or d_model // self.n_heads
+
+    def rope_size(self, d_model: int) -> int:
+        """The query/key head size a rotary position turns (before its ``fraction``): the head's."""
+        return self.qk_size(d_model)
 
     def scale_size(self, d_model: int) -> int:
         """The size whose inverse square root scales the scores: ``scale_dim``, else the query/key
@@ -323,7 +329,20 @@ class GeGLUSpec(GatedFFNSpec):
 
 
 class SwiGLUSpec(GatedFFNSpec):
+    """``(up + up_offset) * g * sigmoid(alpha * g)``, g = gate; with ``limit`` the gate clamped above
+    at limit and up into [-limit, limit] first (gpt-oss: limit 7, alpha 1.702, up_offset 1)."""
+
     kind: Literal["swiglu"] = "swiglu"
+    limit: PositiveFloat | None = Field(None, description="clamp the gate above and up on both sides at this value "
+                                        "(gpt-oss's swiglu_limit, 7.0); null: no clamp")
+    alpha: PositiveFloat = Field(1.0, description="the sigmoid's gain, g * sigmoid(alpha * g) (gpt-oss's swiglu_alpha, "
+                                 "1.702); 1: SiLU")
+    up_offset: float = Field(0.0, description="added to up before the product (gpt-oss: 1.0)")
+
+    @property
+    def clamped(self) -> bool:
+        """Whether it differs from the plain SwiGLU, silu(gate) * up."""
+        return self.limit is not None or self.alpha != 1.0 or self.up_offset != 0.0
 
 
 # -------------------------------------------------------------------------------------------- norms

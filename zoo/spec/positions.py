@@ -57,12 +57,35 @@ class NoPositionSpec(PositionSpec):
 class SinusoidalSpec(PositionSpec):
     """The paper's fixed sinusoids, frequencies base^(-2i/D). ``interleaved``: sin/cos alternate (the
     paper's formula); ``concat``: all sines then all cosines (HF Marian). tensor2tensor and fairseq
-    also concatenate but space their frequencies as base^(-i/(D/2-1)), a slightly different table."""
+    also concatenate but space their frequencies as base^(-i/(D/2-1)) (``spacing: fairseq``, a
+    slightly different table, HF M2M100 and NLLB); fairseq's table also numbers positions past a
+    padding index (``padding_idx``), whose row is zero."""
 
     kind: Literal["sinusoidal"] = "sinusoidal"
     adds: ClassVar[bool] = True
     base: PositiveFloat = 10000.0
     layout: Literal["interleaved", "concat"] = "interleaved"
+    spacing: Literal["paper", "fairseq"] = Field(
+        "paper", description="the frequencies: paper, base^(-2i/D) for i < ceil(D/2) (an odd D's last column a sine); "
+        "fairseq, base^(-i/(D/2-1)) for i < D/2 computed in float32 as fairseq and HF M2M100 do (an odd D's last "
+        "column zero)",
+    )
+    padding_idx: NonNegativeInt | None = Field(
+        None, description="fairseq's positions (HF M2M100, NLLB): position p reads row p + padding_idx + 1 of a table "
+        "of max_seq_len + padding_idx + 1 rows, and padding (padding_mask false, or a token whose id is padding_idx) "
+        "the zero row padding_idx; null: position p reads row p",
+    )
+
+    @property
+    def offset(self) -> int:
+        """Table rows before position 0: padding_idx + 1, or none."""
+        return 0 if self.padding_idx is None else self.padding_idx + 1
+
+    def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
+        if self.spacing == "fairseq" and d_model < 4:
+            return [f"{field}.spacing: fairseq's frequencies base^(-i/(D/2-1)) need d_model >= 4, got {d_model}; "
+                    f"use spacing: paper"]
+        return []
 
 
 class LearnedSpec(PositionSpec):
@@ -80,7 +103,7 @@ class LearnedSpec(PositionSpec):
         "row p + offset, the first offset rows never read (BART and mBART: 2, fairseq's padding index + 1); text only",
     )
     padding_idx: NonNegativeInt | None = Field(
-        None, description="fairseq's positions (RoBERTa, XLM-R; encoders only): the real tokens read rows "
+        None, description="fairseq's positions (RoBERTa, XLM-R): the real tokens read rows "
         "padding_idx + 1, padding_idx + 2, ... (counting real tokens, as without it) and padding tokens (padding_mask "
         "false) row padding_idx, so the table has max_seq_len + padding_idx + 1 rows (HF's max_position_embeddings); "
         "null: rows 0, 1, ... of a max_seq_len table; not with offset",

@@ -354,6 +354,7 @@ TEXT_CLAIMS: Claims = {
 # what it has beyond these (norm_topk_prob, Mixtral's jitter, Qwen2-MoE's shared expert); the router's
 # z-loss, DeepSeek-V3's bias_update and a capacity factor none of them has, so they stay unclaimed.
 MOE_CLAIMS: Claims = {
-    "block.ffn.kind": one_of("moe"), "block.ffn.n_experts": ANY, "block.ffn.top_k": ANY, "block.ffn.expert": ANY,
+    "block.ffn.kind": one_of("moe"), "block.ffn.n_experts": ANY, "block.ffn.top_k": ANY, "block.ffn.expert.kind": ANY,
+    "block.ffn.expert.hidden": ANY, "block.ffn.expert.approximate": ANY,  # not the experts' biases nor a clamp (gpt-oss)
     "block.ffn.router.softmax_before_topk": one_of(True), "block.ffn.router.aux_loss_coef": ANY,
 }

@@ -135,7 +135,7 @@ class Seq2Seq(Architecture):
                         *weights(f"{z}.cross_norm", f"{h}.encoder_attn_layer_norm"),
                     ]
         rules.append(rule("head.weight", "lm_head.weight"))
-        return rules + ([rule("head.bias", "final_logits_bias")] if s.head.bias else [])
+        return rules + ([rule("head.bias", "final_logits_bias")] if getattr(s.head, "bias", False) else [])
 
     @staticmethod
     def unread(s: FamilySpec, ref: Mapping[str, Tensor]) -> list[str]:
