@@ -166,6 +166,9 @@ TIMM_CONFIGS = {  # timm class -> its arguments
     # timm's Eva: rope2d, SwiGLU, no key bias
     "Eva": dict(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, mlp_ratio=2.0, num_classes=5,
                 use_rot_pos_emb=True, use_abs_pos_emb=False, swiglu_mlp=True, ref_feat_shape=(8, 8)),
+    # timm's Beit: a 2-D relative bias of each layer's own, layer scale, q and v biases, mean pooling with fc_norm
+    "Beit": dict(img_size=24, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5,
+                 use_abs_pos_emb=False, use_rel_pos_bias=True, init_values=0.1),
 }
 CLASSES = [*HF_CONFIGS, *TIMM_CONFIGS]
 

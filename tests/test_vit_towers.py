@@ -139,9 +139,9 @@ def test_the_registry_picks_the_first_class_and_lists_each_ones_reason():
     assert reasons[0].startswith("to_timm: no timm class expresses this vit")
     assert [r.split(":")[0].strip() for r in reasons[1:]] == [f"zoo -> timm {name}" for name in ARCHS]
     assert all("position.kind='sincos2d'" in r for r in reasons[1:])
-    with pytest.raises(ConversionError, match="unknown architecture 'ConvNeXt'; choose from VisionTransformer, Eva"):
+    with pytest.raises(ConversionError, match="unknown architecture 'ConvNeXt'; choose from VisionTransformer, Eva, Beit"):
         to_timm(zoo.build("vit-tiny-16", device="meta"), "ConvNeXt")
     from timm.models.deit import VisionTransformerDistilled
 
-    with pytest.raises(ConversionError, match="VisionTransformerDistilled does not convert; supported: timm's VisionTransformer, Eva"):
+    with pytest.raises(ConversionError, match="VisionTransformerDistilled does not convert; supported: timm's VisionTransformer, Eva, Beit"):
         from_timm(VisionTransformerDistilled(**SMALL))

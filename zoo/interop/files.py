@@ -121,7 +121,9 @@ def timm_model_args(spec, architecture: str | None = None) -> tuple[str, dict]:
             f"(convert in Python with zoo.interop.to_timm instead)"
         )
     del kwargs["norm_layer"]
-    return arch.base_model, {**kwargs, "class_token": bool(kwargs["class_token"])}
+    if "class_token" in kwargs:  # Beit always has one and takes no such argument
+        kwargs["class_token"] = bool(kwargs["class_token"])
+    return arch.base_model, kwargs
 
 
 def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None, architecture: str | None) -> Converted:

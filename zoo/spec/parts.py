@@ -21,6 +21,7 @@ from zoo.spec.positions import (  # the positions' specs live apart; re-exported
     LearnedSpec,
     NoPositionSpec,
     PositionSpec,
+    RelativeBias2dSpec,
     RelativeBiasSpec,
     Rope2dSpec,
     RopeSpec,
@@ -32,7 +33,7 @@ __all__ = [
     "AlibiSpec", "AnyAttention", "AnyFFN", "AnyHead", "AnyNorm", "AnyPool", "AnyPosition", "AttentionSpec",
     "ClsPoolSpec", "FFNBaseSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
     "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
-    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
+    "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBias2dSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
     "Rope2dSpec", "RopeSpec", "SiluFFNSpec",
     "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec", "checked_multiplier",
 ]
