@@ -23,7 +23,7 @@ timm = pytest.importorskip("timm")
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 ATOL = 1e-4
 SMALL = dict(embed_dim=48, depth=2, num_heads=3, img_size=32, patch_size=8)  # a 4 x 4 grid, heads of 16
-CLIP, EVA = "vit_base_patch16_clip_224", "eva02_tiny_patch14_224"
+CLIP, EVA, AIMV2 = "vit_base_patch16_clip_224", "eva02_tiny_patch14_224", "aimv2_large_patch14_224"
 
 TOWERS = {  # (timm model, its arguments besides SMALL)
     "clip, head": (CLIP, {"num_classes": 5}),
@@ -35,6 +35,9 @@ TOWERS = {  # (timm model, its arguments besides SMALL)
     "eva: rope only, registers, gelu mlp with its norm, no qkv bias": (EVA, {"use_abs_pos_emb": False, "num_reg_tokens": 2,
                                                                             "swiglu_mlp": False, "scale_mlp": True, "qkv_bias": False}),
     "eva, pre-norm, no rope": (EVA, {"use_pre_transformer_norm": True, "use_rot_pos_emb": False, "num_classes": 3}),
+    "aimv2: RmsNorm in the patch embedding and blocks, SwiGLU, no biases": (AIMV2, {"embed_dim": 30, "num_classes": 4}),
+    "aimv2 with biases, token pool, layer scale": (AIMV2, {"class_token": True, "global_pool": "token", "qkv_bias": True,
+                                                           "proj_bias": True, "init_values": 0.1, "embed_dim": 30}),
 }
 
 
@@ -108,6 +111,18 @@ def test_tiny_presets_are_the_timm_models_they_name(preset):
     theirs.load_state_dict(ours.state_dict())  # strict: the same tensors, names and shapes
     with torch.no_grad():
         assert max_diff(theirs(images()), model(images())) < ATOL
+
+
+def test_aimv2_preset_is_timms_aimv2_large():
+    with torch.device("meta"):
+        ref = timm.create_model(AIMV2)
+    assert timm_spec(ref) == zoo.load_spec("aimv2-large-14").model_copy(update={"name": None})
+    model = zoo.build("aimv2-large-14", device="meta")
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    with pytest.raises(ConversionError, match="block.norm.kind='rmsnorm' is not supported"):
+        zoo.interop.files.timm_model_args(model.spec)
+    with pytest.raises(ConversionError, match="global_pool"):
+        from_timm(timm.create_model(AIMV2, pretrained=False, **SMALL, global_pool="map"))
 
 
 def test_bad_specs_and_refusals_name_the_field():

@@ -59,7 +59,8 @@ class VisionTransformer(Family):
         d = spec.d_model
         stem = list(zip(spec.stem.channels, spec.stem.layer_strides)) if spec.stem else []
         self.patch_embed = PatchEmbedding(in_channels=spec.in_channels, dim=d, patch_size=spec.patch_size, stem=stem,
-                                          bias=spec.patch_bias)
+                                          bias=spec.patch_bias,
+                                          norm=build_part("norm", spec.block.norm, dim=d) if spec.patch_norm else None)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if spec.class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, spec.reg_tokens, d)) if spec.reg_tokens else None
         self.position = build_position(spec, max_len=spec.n_positions, grid=spec.grid)
@@ -211,6 +212,7 @@ class VisionTransformer(Family):
         n, patches = s.n_tokens, s.grid[0] * s.grid[1]
         elements, masks = self.stack.saved(n, rotates=self.position.rotates)
         elements += s.in_channels * s.image_size**2 + self.patch_embed.image_saved(s.image_size) + s.pre_norm * n * s.d_model
+        elements += s.patch_norm * patches * s.d_model  # the patch norm's input
         elements += s.d_model + parts.saved_per_token(self.head) + patches * parts.saved_per_token(self.pool)
         return elements, masks + (n * s.d_model if s.dropout.embedding else 0)
 
