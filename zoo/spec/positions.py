@@ -169,7 +169,11 @@ class Rope2dSpec(PositionSpec):
     pairs (dimensions 2i and 2i + 1), at the frequencies base^(-i/(K/4)) for i < K/4. The class token
     and the registers are not turned. ``ref_grid`` stretches the coordinates of an h x w grid to
     ``ref_grid`` cells a side (row * ref_grid / h): a model fine-tuned at another size keeps the turns
-    it was pretrained with (timm's ``ref_feat_shape``)."""
+    it was pretrained with (timm's ``ref_feat_shape``).
+
+    DINOv3 (timm's ``RotaryEmbeddingDinoV3``) is ``coords: centered, pairs: half``: each side's patch
+    centres mapped to [-1, 1] ((row + 0.5) / h * 2 - 1), turned by 2 pi times that over the periods
+    base^(i/(K/4)), and dimension i paired with i + K/2 (row bands, then column bands, in each half)."""
 
     kind: Literal["rope2d"] = "rope2d"
     layouts: ClassVar[frozenset[str]] = frozenset({"grid"})
@@ -180,11 +184,22 @@ class Rope2dSpec(PositionSpec):
         None, description="patches a side the coordinates are stretched to (timm's ref_feat_shape; EVA-02: 16); "
         "null: the grid's own row and column indices"
     )
+    coords: Literal["index", "centered"] = Field(
+        "index", description="index: row and column indices (EVA-02); centered: patch centres mapped to [-1, 1] on "
+        "each side and the angles times 2 pi (DINOv3)"
+    )
+    pairs: Literal["interleaved", "half"] = Field(
+        "interleaved", description="which dimensions turn together: interleaved, 2i with 2i + 1 (EVA-02); half, i with "
+        "i + K/2 (DINOv3; timm's rope_rotate_half)"
+    )
 
     def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
         if head_dim % 4:
             return [f"{field}.kind: rope2d turns pairs of dimensions by row and by column, so the query/key head size "
                     f"must be divisible by 4, got {head_dim}; change n_heads or set block.attention.head_dim"]
+        if self.coords == "centered" and self.ref_grid is not None:
+            return [f"{field}.ref_grid: centered coordinates are already relative to the grid's sides; set ref_grid: "
+                    f"null or coords: index"]
         return []
 
 
