@@ -58,8 +58,8 @@ class GridRelativeBias(Position):
             return None
         if n_heads != self.weight.shape[1]:
             raise ValueError(f"relative_bias2d: a table of {self.weight.shape[1]} heads cannot bias {n_heads} heads")
-        on = k_positions[k_positions[:, 0] >= 0]
-        if not on.numel() or tuple((on.amax(dim=0) + 1).tolist()) != self.grid:
+        grid = None if torch.compiler.is_compiling() else tuple((k_positions.amax(dim=0) + 1).tolist())  # a host read
+        if grid is not None and grid != self.grid:
             raise ValueError(f"relative_bias2d: the table is sized for the {self.grid[0]} x {self.grid[1]} patch grid; "
                              f"give images of image_size")
         index = grid_relative_index(q_positions, k_positions, self.grid)
