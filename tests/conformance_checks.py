@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 from conftest import assert_greedy_equals_hf, max_diff, positions
-from conformance_table import TIMM_CONFIGS, V
+from conformance_table import TIMM_CONFIGS, V, timm_class
 
 import zoo
 from zoo.interop import from_hf, from_timm, hf_config, hf_spec, to_hf, to_timm
@@ -31,7 +31,7 @@ def to_reference(model: torch.nn.Module, name: str, ref: torch.nn.Module) -> tor
     """``model`` converted to class ``name``, with ``ref``'s token ids (which the spec does not decide)
     and attention implementation."""
     if is_timm(name):
-        return to_timm(model, name).eval()
+        return to_timm(model, timm_class(name)).eval()
     ids = {k: getattr(ref.config, k) for k in TOKEN_IDS if getattr(ref.config, k, None) is not None}
     back = to_hf(model, name, **ids).eval()
     back.config._attn_implementation = ref.config._attn_implementation  # Gemma 2 soft-caps only in eager

@@ -178,8 +178,29 @@ TIMM_CONFIGS = {  # timm class -> its arguments
     # timm's Eva: rope2d, SwiGLU, no key bias
     "Eva": dict(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, mlp_ratio=2.0, num_classes=5,
                 use_rot_pos_emb=True, use_abs_pos_emb=False, swiglu_mlp=True, ref_feat_shape=(8, 8)),
+    # timm's Beit: a 2-D relative bias of each layer's own, layer scale, q and v biases, mean pooling with fc_norm
+    "Beit": dict(img_size=24, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5,
+                 use_abs_pos_emb=False, use_rel_pos_bias=True, init_values=0.1),
 }
+# variants of a class ("class:variant"): models of a registered class that set other parts apart
+# AIMv2: RmsNorm in the patch embedding and the blocks, timm's SwiGLU without biases, mean pooling without a class token
+TIMM_CONFIGS["VisionTransformer:aimv2"] = dict(
+    img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.75, num_classes=5, class_token=False,
+    global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False, act_layer="silu", norm_layer="rmsnorm",
+    embed_norm_layer="rmsnorm", mlp_layer="SwiGLU")  # a timm.layers class, named (timm is imported when used)
+# DINOv3: its centred rope2d turning halves, a class token and 4 registers, layer scale, no q/k/v biases, any image size
+TIMM_CONFIGS["Eva:dinov3"] = dict(
+    img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5, qkv_bias=False,
+    init_values=1e-5, rope_type="dinov3", rope_temperature=100, rope_rotate_half=True, use_rot_pos_emb=True,
+    use_abs_pos_emb=False, num_reg_tokens=4, use_fc_norm=False, dynamic_img_size=True)
+# the variants whose timm directory timm's saved-model config cannot record (a class, a norm layer): the field refused
+NO_TIMM_DIRECTORY = {"VisionTransformer:aimv2": "block.norm.kind='rmsnorm'"}
 CLASSES = [*HF_CONFIGS, *TIMM_CONFIGS]
+
+
+def timm_class(name: str) -> str:
+    """The timm class of a table entry (a variant "class:variant" is of its class)."""
+    return name.split(":")[0]
 
 
 def timm_classes() -> list[str]:
@@ -202,7 +223,12 @@ def build_reference(name: str, seed: int = 0, **kw) -> torch.nn.Module:
     if name in TIMM_CONFIGS:
         from zoo.interop.timm import ARCHS
 
-        return randomize(ARCHS[name].reference()(**{**TIMM_CONFIGS[name], **kw}), seed)
+        import timm.layers
+
+        args = {**TIMM_CONFIGS[name], **kw}
+        if isinstance(args.get("mlp_layer"), str):
+            args["mlp_layer"] = getattr(timm.layers, args["mlp_layer"])
+        return randomize(ARCHS[timm_class(name)].reference()(**args), seed)
     import transformers
 
     model = getattr(transformers, name)(hf_config(name, **kw))

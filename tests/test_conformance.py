@@ -25,13 +25,16 @@ are marked slow (``-m "not slow"`` leaves them out).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conformance_checks import (
     ATOL, NEW, PROMPT, check_config, check_greedy, check_outputs, check_round_trip, forward, hf_generate, inputs,
     is_timm, mask, rows, same_state, to_zoo, tokens, zoo_generate,
 )
-from conformance_table import BACKBONE_OF, CLASSES, HF_CONFIGS, generation_reference, reference, timm_classes
+from conformance_table import (BACKBONE_OF, CLASSES, HF_CONFIGS, NO_TIMM_DIRECTORY, generation_reference, reference, timm_class,
+                               timm_classes)
 from conformance_table import hf_config as table_config
 from conftest import max_diff
 
@@ -58,7 +61,7 @@ def test_every_registered_class_has_an_entry_in_the_table():
     assert "VisionTransformer" in registered and "LlamaModel" in registered  # both registries were read
     missing = [n for n in registered if n not in CLASSES]
     assert not missing, f"registered classes without a config in tests/conformance_table.py: {missing}"
-    assert not [n for n in CLASSES if n not in registered], "the table has classes no converter registers"
+    assert not [n for n in CLASSES if timm_class(n) not in registered], "the table has classes no converter registers"
 
 
 @pytest.mark.parametrize("name", CLASSES)
@@ -111,7 +114,11 @@ def test_sharded_folder_streams_to_zoo_and_back(name, tmp_path):
     if is_timm(name):  # a zoo file in shards -> a timm directory -> a zoo file
         zoo.save(expected, tmp_path / "m.safetensors", max_shard_size="20KB")
         assert len(list(tmp_path.glob("m-*-of-*.safetensors"))) >= 2
-        assert convert(tmp_path / "m.safetensors", tmp_path / "timm").reference == name
+        if name in NO_TIMM_DIRECTORY:  # refused by name, before anything is written
+            with pytest.raises(ConversionError, match=re.escape(NO_TIMM_DIRECTORY[name])):
+                convert(tmp_path / "m.safetensors", tmp_path / "timm")
+            return
+        assert convert(tmp_path / "m.safetensors", tmp_path / "timm").reference == timm_class(name)
         convert(tmp_path / "timm", tmp_path / "back.safetensors")
         model = zoo.load(tmp_path / "back.safetensors")
         from safetensors.torch import load_file
@@ -153,13 +160,13 @@ def _claimed(path: str, claims) -> bool:
 def _claims(name: str):
     from zoo.interop.timm import ARCHS as TIMM
 
-    return (TIMM if is_timm(name) else ARCHS)[name].claims
+    return TIMM[timm_class(name)].claims if is_timm(name) else ARCHS[name].claims
 
 
 def _refusal(name: str, spec) -> ConversionError | None:
     try:
         if is_timm(name):
-            to_timm(zoo.build(spec, device="meta"), name)
+            to_timm(zoo.build(spec, device="meta"), timm_class(name))
         else:
             hf_config(spec, name)
     except ConversionError as e:

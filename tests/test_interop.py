@@ -442,7 +442,7 @@ TO_REFUSED = {
     "mbart post-norm": ("bart-base", [], "MBartForConditionalGeneration", "block.kind='post'"),
     "vit sincos2d": ("vit-tiny-16", ["position.kind=sincos2d"], "timm", "position.kind='sincos2d'"),
     "vit post-norm": ("vit-tiny-16", ["block.kind=post"], "timm", "block.kind='post'"),
-    "vit swiglu": ("vit-tiny-16", ["block.ffn.kind=swiglu"], "timm", "block.ffn.kind='swiglu'"),
+    "vit geglu": ("vit-tiny-16", ["block.ffn.kind=geglu"], "timm", "block.ffn.kind='geglu'"),
     "vit conv stem": ("vit-tiny-16", ["stem.channels=[8]"], "timm", "stem=.* timm's VisionTransformer does not express it"),
 }
 

@@ -28,6 +28,9 @@ EXACT = {
     "vit-small-16-reg4": 22_051_816,  # timm vit_small_patch16_224 with reg_tokens=4, no_embed_class=True
     "vit-base-16-clip": 85_799_424,  # timm vit_base_patch16_clip_224 with num_classes=0
     "eva02-tiny-14": 5_502_144,  # timm eva02_tiny_patch14_224 (its default num_classes is 0)
+    "beit-base-16": 86_530_984,  # timm beit_base_patch16_224
+    "aimv2-large-14": 309_197_824,  # timm aimv2_large_patch14_224 (its default num_classes is 0)
+    "vit-small-16-dinov3": 21_586_944,  # timm vit_small_patch16_dinov3 (its default num_classes is 0)
     # HF {Llama,Qwen3,Gemma2,Gemma3,Phi3,Mixtral,Qwen3Moe,Olmoe,Qwen2Moe}ForCausalLM from the releases' configs
     # (tests/test_presets_hf.py)
     "llama-3.2-1b": 1_235_814_400,
@@ -146,6 +149,9 @@ def test_counts_equal_reference_classes():
             "vit-tiny-16": timm.create_model("vit_tiny_patch16_224"),
             "vit-base-16-clip": timm.create_model("vit_base_patch16_clip_224", num_classes=0),
             "eva02-tiny-14": timm.create_model("eva02_tiny_patch14_224"),
+            "beit-base-16": timm.create_model("beit_base_patch16_224"),
+            "aimv2-large-14": timm.create_model("aimv2_large_patch14_224"),
+            "vit-small-16-dinov3": timm.create_model("vit_small_patch16_dinov3"),
         }
     for name, ref in refs.items():
         assert n_params(name) == sum(p.numel() for p in ref.parameters()), name

@@ -23,7 +23,8 @@ timm = pytest.importorskip("timm")
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 ATOL = 1e-4
 SMALL = dict(embed_dim=48, depth=2, num_heads=3, img_size=32, patch_size=8)  # a 4 x 4 grid, heads of 16
-CLIP, EVA = "vit_base_patch16_clip_224", "eva02_tiny_patch14_224"
+CLIP, EVA, AIMV2 = "vit_base_patch16_clip_224", "eva02_tiny_patch14_224", "aimv2_large_patch14_224"
+DINOV3 = "vit_small_patch16_dinov3"
 
 TOWERS = {  # (timm model, its arguments besides SMALL)
     "clip, head": (CLIP, {"num_classes": 5}),
@@ -35,6 +36,13 @@ TOWERS = {  # (timm model, its arguments besides SMALL)
     "eva: rope only, registers, gelu mlp with its norm, no qkv bias": (EVA, {"use_abs_pos_emb": False, "num_reg_tokens": 2,
                                                                             "swiglu_mlp": False, "scale_mlp": True, "qkv_bias": False}),
     "eva, pre-norm, no rope": (EVA, {"use_pre_transformer_norm": True, "use_rot_pos_emb": False, "num_classes": 3}),
+    "aimv2: RmsNorm in the patch embedding and blocks, SwiGLU, no biases": (AIMV2, {"embed_dim": 30, "num_classes": 4}),
+    "aimv2 with biases, token pool, layer scale": (AIMV2, {"class_token": True, "global_pool": "token", "qkv_bias": True,
+                                                           "proj_bias": True, "init_values": 0.1, "embed_dim": 30}),
+    "dinov3: centered rope2d turning halves, registers, layer scale, dynamic size": (DINOV3, {"num_classes": 4}),
+    "dinov3 qkvb, token pool": ("vit_small_patch16_dinov3_qkvb", {"global_pool": "token"}),
+    "dinov3 s+: split SwiGLU": ("vit_small_plus_patch16_dinov3", {}),
+    "eva02 turning halves (rope_rotate_half)": (EVA, {"rope_rotate_half": True}),
 }
 
 
@@ -63,6 +71,10 @@ def test_tower_converts_both_ways_and_through_files(name, kw, tmp_path):
             q, k, v = (sa.pop(f"blocks.{i}.attn.{n}_proj.weight") for n in "qkv")
             sa[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q, k, v])
             sa[f"blocks.{i}.attn.q_bias"], sa[f"blocks.{i}.attn.v_bias"] = (sa.pop(f"blocks.{i}.attn.{n}_proj.bias") for n in "qv")
+    if type(ref.blocks[0].mlp) is not type(back.blocks[0].mlp):  # Eva's split SwiGLU, written packed: [gate | up]
+        for i in range(len(ref.blocks)):
+            for p in ("weight", "bias"):
+                sa[f"blocks.{i}.mlp.fc1.{p}"] = torch.cat([sa.pop(f"blocks.{i}.mlp.fc1_g.{p}"), sa.pop(f"blocks.{i}.mlp.fc1_x.{p}")])
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     zoo.save(model, tmp_path / "tower.safetensors")
     loaded = zoo.load(tmp_path / "tower.safetensors").eval()
@@ -77,7 +89,10 @@ def test_the_specs_say_what_timm_says():
     eva = timm_spec(timm_tower(EVA))
     att, (layer, *_) = eva.block.attention, eva.stack_layers()
     assert (att.bias, att.key_bias, eva.block.ffn.kind, eva.pool.kind, eva.fc_norm, eva.position.kind) == (True, False, "swiglu", "mean", True, "learned")
-    assert layer.position.model_dump() == {"kind": "rope2d", "base": 10000.0, "ref_grid": 16}
+    assert layer.position.model_dump() == {"kind": "rope2d", "base": 10000.0, "ref_grid": 16, "coords": "index", "pairs": "interleaved"}
+    dino = timm_spec(timm_tower(DINOV3))
+    assert dino.position.model_dump() == {"kind": "rope2d", "base": 100.0, "ref_grid": None, "coords": "centered", "pairs": "half"}
+    assert (dino.reg_tokens, dino.block.layer_scale, dino.block.attention.bias, dino.dynamic_size) == (4, 1e-5, False, True)
 
 
 FEATURES = {"clip": (CLIP, {}), "eva02 with registers": (EVA, {"num_reg_tokens": 1})}
@@ -110,6 +125,32 @@ def test_tiny_presets_are_the_timm_models_they_name(preset):
         assert max_diff(theirs(images()), model(images())) < ATOL
 
 
+def test_aimv2_preset_is_timms_aimv2_large():
+    with torch.device("meta"):
+        ref = timm.create_model(AIMV2)
+    assert timm_spec(ref) == zoo.load_spec("aimv2-large-14").model_copy(update={"name": None})
+    model = zoo.build("aimv2-large-14", device="meta")
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    with pytest.raises(ConversionError, match="block.norm.kind='rmsnorm' is not supported"):
+        zoo.interop.files.timm_model_args(model.spec)
+    with pytest.raises(ConversionError, match="global_pool"):
+        from_timm(timm.create_model(AIMV2, pretrained=False, **SMALL, global_pool="map"))
+
+
+def test_dinov3_preset_is_timms_vit_small_dinov3():
+    with torch.device("meta"):
+        ref = timm.create_model(DINOV3)
+    assert timm_spec(ref) == zoo.load_spec("vit-small-16-dinov3").model_copy(update={"name": None})
+    model = zoo.build("vit-small-16-dinov3", device="meta")
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    with pytest.raises(SpecError, match="ref_grid: centered coordinates"):
+        zoo.load_spec("vit-small-16-dinov3", ["position.ref_grid=16"])
+    with pytest.raises(ConversionError, match="rope_grid_offset"):
+        from_timm(timm.create_model(DINOV3, pretrained=False, **SMALL, rope_grid_offset=0.5))
+    with pytest.raises(ConversionError, match="rope_type"):
+        from_timm(timm.create_model(DINOV3, pretrained=False, **SMALL, rope_type="mixed", rope_rotate_half=False))
+
+
 def test_bad_specs_and_refusals_name_the_field():
     with pytest.raises(SpecError, match=r"position.kind: rope2d .* divisible by 4, got 10"):
         zoo.build("eva02-mini", ["d_model=40", "block.attention.n_heads=4", "position.kind=rope2d", "layers=[]"])
@@ -121,8 +162,8 @@ def test_bad_specs_and_refusals_name_the_field():
     clip = zoo.build("vit-clip-tiny", ["patch_bias=true"], seed=0)
     with pytest.raises(ConversionError, match=r"patch_bias=True .*\(pre_norm is True\)"):
         to_timm(clip)
-    with pytest.raises(ConversionError, match="rope_rotate_half"):
-        from_timm(timm.create_model(EVA, pretrained=False, **SMALL, rope_rotate_half=True))
+    with pytest.raises(ConversionError, match="rope_grid_indexing"):
+        from_timm(timm.create_model(EVA, pretrained=False, **SMALL, rope_grid_indexing="xy"))
 
 
 def test_the_registry_picks_the_first_class_and_lists_each_ones_reason():
@@ -139,9 +180,9 @@ def test_the_registry_picks_the_first_class_and_lists_each_ones_reason():
     assert reasons[0].startswith("to_timm: no timm class expresses this vit")
     assert [r.split(":")[0].strip() for r in reasons[1:]] == [f"zoo -> timm {name}" for name in ARCHS]
     assert all("position.kind='sincos2d'" in r for r in reasons[1:])
-    with pytest.raises(ConversionError, match="unknown architecture 'ConvNeXt'; choose from VisionTransformer, Eva"):
+    with pytest.raises(ConversionError, match="unknown architecture 'ConvNeXt'; choose from VisionTransformer, Eva, Beit"):
         to_timm(zoo.build("vit-tiny-16", device="meta"), "ConvNeXt")
     from timm.models.deit import VisionTransformerDistilled
 
-    with pytest.raises(ConversionError, match="VisionTransformerDistilled does not convert; supported: timm's VisionTransformer, Eva"):
+    with pytest.raises(ConversionError, match="VisionTransformerDistilled does not convert; supported: timm's VisionTransformer, Eva, Beit"):
         from_timm(VisionTransformerDistilled(**SMALL))

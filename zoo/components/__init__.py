@@ -13,6 +13,7 @@ from zoo.components import (  # noqa: F401
     norm,
     pool,
     position,
+    relbias2d,
     rope,
     rope2d,
     stack,
@@ -46,6 +47,7 @@ from zoo.components.position import (
     SinCos2dPosition,
     SinusoidalPosition,
 )
+from zoo.components.relbias2d import GridRelativeBias
 from zoo.components.rope import RotaryPosition
 from zoo.components.rope2d import GridRotaryPosition
 from zoo.components.stack import Stack, StackContext
@@ -54,6 +56,6 @@ __all__ = [
     "Attention", "attention_mask", "Block", "BlockContext", "build_norm", "build_sublayers", "LayerScale", "PreNormBlock", "PostNormBlock",
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
     "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
-    "RotaryPosition", "GridRotaryPosition", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
+    "RotaryPosition", "GridRotaryPosition", "GridRelativeBias", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
     "MLMHead", "ClassifierHead", "LatentAttention", "MoE", "load_balancing_loss", "router_z_loss",
 ]

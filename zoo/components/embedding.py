@@ -52,12 +52,13 @@ class PatchEmbedding(nn.Module, SummaryPart):
     each non-overlapping P x P patch), optionally after a convolutional stem.
 
     ``stem``: (channels, stride) per 3x3 conv + BatchNorm + ReLU layer (Xiao et al. 2021); the
-    projection then covers ``patch_size / prod(strides)`` stem pixels, so N is unchanged."""
+    projection then covers ``patch_size / prod(strides)`` stem pixels, so N is unchanged. ``norm``:
+    a norm on each patch vector after the projection (AIMv2), or None."""
 
     summary_part = "embeddings"
 
     def __init__(self, *, in_channels: int, dim: int, patch_size: int,
-                 stem: Sequence[tuple[int, int]] = (), bias: bool = True) -> None:
+                 stem: Sequence[tuple[int, int]] = (), bias: bool = True, norm: nn.Module | None = None) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         c = in_channels
@@ -68,10 +69,11 @@ class PatchEmbedding(nn.Module, SummaryPart):
         self.stem = nn.Sequential(*layers) if layers else None
         kernel = patch_size // math.prod(s for _, s in stem)
         self.proj = nn.Conv2d(c, dim, kernel_size=kernel, stride=kernel, bias=bias)
+        self.norm = norm if norm is not None else nn.Identity()
 
     def forward(self, images: Tensor) -> Tensor:
         x = self.stem(images) if self.stem is not None else images
-        return rearrange(self.proj(x), "b d h w -> b (h w) d")  # N = H/P * W/P patches, row by row
+        return self.norm(rearrange(self.proj(x), "b d h w -> b (h w) d"))  # N = H/P * W/P patches, row by row
 
     def image_flops(self, side: int) -> int:
         """Forward FLOPs for one image of ``side`` x ``side`` pixels: each convolution's

@@ -4,12 +4,16 @@ same float32 arithmetic as timm, so a converted model's rotations agree with tim
 A ViT hands the layers each token's place on the grid (:func:`grid_positions`): [T, 2] (row,
 column), the class token and the registers at (-1, -1), which are not turned. Each query/key head of
 K dimensions turns its first K/2 dimensions by the row and the rest by the column, in interleaved
-pairs (2i, 2i + 1), at the frequencies base^(-j/(K/4)) for j < K/4.
+pairs (2i, 2i + 1), at the frequencies base^(-j/(K/4)) for j < K/4. DINOv3's variant (timm's
+``RotaryEmbeddingDinoV3``: ``coords="centered"``, ``pairs="half"``) turns by the patch centres mapped
+to [-1, 1], 2 pi over the periods base^(j/(K/4)), dimension i with i + K/2.
 
 Shapes: B batch, H query heads, G key/value heads, T tokens, K head size.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -34,19 +38,28 @@ def _turn_pairs(x: Tensor) -> Tensor:
     return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)
 
 
+def _turn_halves(x: Tensor) -> Tensor:
+    """[a, b] -> [-b, a] for the two halves of the last dimension (dimension i paired with i + K/2)."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
 class GridRotaryPosition(Position, DerivedBuffers):
     """2-D RoPE over (row, column) grid positions (see the module docstring); ``ref_grid``: the side
     the coordinates of any grid are stretched to (timm's ``ref_feat_shape``), None: raw indices."""
 
-    def __init__(self, head_dim: int, *, base: float = 10000.0, ref_grid: int | None = None) -> None:
+    def __init__(self, head_dim: int, *, base: float = 10000.0, ref_grid: int | None = None, coords: str = "index",
+                 pairs: str = "interleaved") -> None:
         super().__init__()
         if head_dim % 4:
             raise ValueError(f"GridRotaryPosition: the head size must be divisible by 4, got {head_dim}")
-        self.head_dim, self.base, self.ref_grid = head_dim, base, ref_grid
+        self.head_dim, self.base, self.ref_grid, self.coords, self.pairs = head_dim, base, ref_grid, coords, pairs
         self.register_buffer("inv_freq", self._frequencies(), persistent=False)
 
     def _frequencies(self) -> Tensor:
         bands = self.head_dim // 4
+        if self.coords == "centered":  # DINOv3's periods base^(2i / (K/2)) (not inverted), as timm computes them
+            return float(self.base) ** (2.0 * torch.arange(bands, dtype=torch.float32) / (self.head_dim // 2))
         exponents = torch.arange(0, bands, 1, dtype=torch.int64).to(torch.float32) / bands
         return 1.0 / (float(self.base) ** exponents)  # (K/4,), timm's freq_bands
 
@@ -63,19 +76,25 @@ class GridRotaryPosition(Position, DerivedBuffers):
                              f"it applies to a ViT's patch grid")
         on_grid = positions[:, :1] >= 0  # (T, 1): the prefix tokens are not turned
         coords = positions.clamp(min=0).to(torch.float32)  # (T, 2)
-        if self.ref_grid is not None:
-            size = (positions.amax(dim=0) + 1).to(torch.float32)  # (2,) the grid's h, w
-            coords = coords / size * self.ref_grid
-        angles = (coords[..., None] * self.inv_freq).flatten(-2)  # (T, K/2): the row's bands, then the column's
-        sin = torch.where(on_grid, angles.sin(), 0.0).repeat_interleave(2, -1)  # (T, K), pairs interleaved
-        cos = torch.where(on_grid, angles.cos(), 1.0).repeat_interleave(2, -1)
+        size = (positions.amax(dim=0) + 1).to(torch.float32)  # (2,) the grid's h, w
+        if self.coords == "centered":  # DINOv3: centres in [-1, 1], turned by 2 pi coord / base^exponent
+            coords = 2.0 * ((coords + 0.5) / size) - 1.0
+            angles = (2 * math.pi * coords[..., None] / self.inv_freq).flatten(-2)  # inv_freq holds the periods
+        else:
+            if self.ref_grid is not None:
+                coords = coords / size * self.ref_grid
+            angles = (coords[..., None] * self.inv_freq).flatten(-2)  # (T, K/2): the row's bands, then the column's
+        sin, cos = torch.where(on_grid, angles.sin(), 0.0), torch.where(on_grid, angles.cos(), 1.0)
+        half = self.pairs == "half"
+        sin, cos = ((torch.cat([t, t], -1) if half else t.repeat_interleave(2, -1)) for t in (sin, cos))  # (T, K)
+        turned = _turn_halves if half else _turn_pairs
 
         def turn(x: Tensor) -> Tensor:  # (B, H or G, T, K)
-            return (x * cos + _turn_pairs(x) * sin).to(x.dtype)
+            return (x * cos + turned(x) * sin).to(x.dtype)
 
         return turn(q), turn(k)
 
 
 @register("position", "rope2d")
 def _rope2d(spec, *, head_dim: int, **_) -> Position:
-    return GridRotaryPosition(head_dim, base=spec.base, ref_grid=spec.ref_grid)
+    return GridRotaryPosition(head_dim, base=spec.base, ref_grid=spec.ref_grid, coords=spec.coords, pairs=spec.pairs)

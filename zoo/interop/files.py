@@ -113,6 +113,9 @@ def timm_model_args(spec, architecture: str | None = None) -> tuple[str, dict]:
     (default: the first that expresses ``spec``)."""
     arch = timm_arch_for_spec(spec, architecture)
     kwargs = arch.express(spec)
+    if spec.block.norm.kind != "layernorm":
+        raise ConversionError(f"zoo -> timm directory: block.norm.kind={spec.block.norm.kind!r} is not supported: timm's "
+                              f"saved-model config records no norm layer (convert in Python with zoo.interop.to_timm instead)")
     eps = spec.block.norm.eps
     if eps != TIMM_LAYERNORM_EPS:
         raise ConversionError(
@@ -121,7 +124,12 @@ def timm_model_args(spec, architecture: str | None = None) -> tuple[str, dict]:
             f"(convert in Python with zoo.interop.to_timm instead)"
         )
     del kwargs["norm_layer"]
-    return arch.base_model, {**kwargs, "class_token": bool(kwargs["class_token"])}
+    for key in [k for k, v in kwargs.items() if callable(v)]:  # a class (mlp_layer=SwiGLU) is no JSON
+        raise ConversionError(f"zoo -> timm directory: timm's {key} cannot be recorded in its saved-model config "
+                              f"(convert in Python with zoo.interop.to_timm instead)")
+    if "class_token" in kwargs:  # Beit always has one and takes no such argument
+        kwargs["class_token"] = bool(kwargs["class_token"])
+    return arch.base_model, kwargs
 
 
 def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None, architecture: str | None) -> Converted:

@@ -49,8 +49,9 @@ def build_position(spec: FamilySpec, position=None, *, block=None, max_len: int,
                    grid: tuple[int, int] | None = None, causal: bool = False) -> Position:
     """The position module of ``position`` (default: the model's) for layers of ``block`` (default:
     the model's) in a ``causal`` stack or not. The model's own position, where its kind is one per
-    stack (``per_stack``: T5's relative bias), adds nothing: :func:`build_stack` gives each stack one."""
-    if position is None and type(spec.position).per_stack:
+    stack (``per_stack``: T5's relative bias) or per layer (``per_layer``: BEiT's 2-D relative bias), adds
+    nothing: :func:`build_stack` gives each stack or layer one."""
+    if position is None and (type(spec.position).per_stack or type(spec.position).per_layer):
         return NoPosition()
     att = (block or spec.block).attention
     dim = spec.d_model if position is not None else getattr(spec, "embedding_dim", spec.d_model)  # added to the embeddings
@@ -66,8 +67,9 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
     """The blocks of ``stack`` (a name of ``spec.stacks()``) from its resolved layers: each layer's
     block kind and parts, its window and its own position (one module per distinct position and
     head shape, shared by the layers that have it; a position kind that is one per stack, such as
-    T5's relative bias, is every other layer's own); then the final norm where the block kind
-    declares one (``final_norm`` overrides) and the final dropout. With ``shared_layers`` each layer
+    T5's relative bias, is every other layer's own; one per layer, such as BEiT's 2-D relative bias,
+    each layer's own); then the final norm where the block kind declares one (``final_norm``
+    overrides) and the final dropout. With ``shared_layers`` each layer
     runs its group's first block (one module at several indices: tied names). ``causal``: the stack's
     self-attention is causal (a decoder's), which a position may depend on."""
     _, cross = spec.stacks()[stack]
@@ -79,14 +81,18 @@ def build_stack(spec: FamilySpec, stack: str = "stack", *, max_len: int, final_n
         blocks.append(build_part("block", b, dim=spec.d_model, dropout=spec.dropout, cross=cross))
         windows.append(b.attention.window)  # every attention spec is an AttentionSpec
         chunks.append(getattr(b.attention, "chunk", None))
-        position = layer.position or (spec.position if type(spec.position).per_stack else None)
+        own_kind = type(spec.position).per_stack or type(spec.position).per_layer
+        position = layer.position or (spec.position if own_kind else None)
         if position is None:
             positions.append(None)
-        else:  # one module per distinct position (and query/key heads it turns)
+        else:  # one module per distinct position (and query/key heads it turns); per layer: one each
             att = b.attention
-            key = json.dumps([position.model_dump(mode="json"), att.n_heads, att.rope_size(spec.d_model)], sort_keys=True)
+            layer_key = len(positions) if type(position).per_layer else None
+            key = json.dumps([position.model_dump(mode="json"), att.n_heads, att.rope_size(spec.d_model), layer_key],
+                             sort_keys=True)
             if key not in own:
-                own[key] = build_position(spec, position, block=b, max_len=max_len, causal=causal)
+                own[key] = build_position(spec, position, block=b, max_len=max_len, causal=causal,
+                                          grid=getattr(spec, "grid", None))
             positions.append(own[key])
     if getattr(spec, "shared_layers", None) is not None:  # each layer runs its group's first block
         blocks = [blocks[first] for first in spec.weight_layers(stack)]

@@ -7,7 +7,7 @@ Positions are added to every token, or, with ``prefix_positions: false``, to the
 class token and registers are put in front (timm's ``no_embed_class``). With ``dynamic_size`` the
 position table is fitted to each input's patch grid. Inside attention, the layers get each token's
 place on the grid, (row, column) and (-1, -1) for the prefix (:func:`grid_positions`), which a 2-D
-RoPE turns queries and keys by (EVA-02).
+RoPE turns queries and keys by (EVA-02) and a 2-D relative bias reads its scores' bias from (BEiT).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from zoo.components.dropout import Dropout
 from zoo.components.embedding import PatchEmbedding
 from zoo.components.rope2d import grid_positions
 from zoo.components.stack import Stack, StackContext
+from zoo.kernels import Mask
 from zoo.models.common import build_part, build_position, build_stack, init_weights
 from zoo.models.family import Family
 from zoo.registry import register
@@ -58,7 +59,8 @@ class VisionTransformer(Family):
         d = spec.d_model
         stem = list(zip(spec.stem.channels, spec.stem.layer_strides)) if spec.stem else []
         self.patch_embed = PatchEmbedding(in_channels=spec.in_channels, dim=d, patch_size=spec.patch_size, stem=stem,
-                                          bias=spec.patch_bias)
+                                          bias=spec.patch_bias,
+                                          norm=build_part("norm", spec.block.norm, dim=d) if spec.patch_norm else None)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if spec.class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, spec.reg_tokens, d)) if spec.reg_tokens else None
         self.position = build_position(spec, max_len=spec.n_positions, grid=spec.grid)
@@ -120,11 +122,18 @@ class VisionTransformer(Family):
         return self.norm_pre(self.drop(x)), grid
 
     def _context(self, x: Tensor, grid: tuple[int, int]) -> StackContext:
-        """The stack's context, each layer's attention given the tokens' grid positions [T, 2]."""
+        """The stack's context, each layer's attention given the tokens' grid positions [T, 2] (and a
+        score bias read from them, where its position has one)."""
         ctx = self.stack.context(self.position, x, None, causal=False, check_length=False)  # added by embed()
         places = grid_positions(grid, self.spec.n_prefix, x.device)
-        made = {id(c): replace(c, positions=places, rotation=c.pos.rotation(places) if c.rotation is not None else None)
-                for c in ctx.layers}  # one rotation a layer variant, as the stack makes them
+        made = {}
+        for i, c in enumerate(ctx.layers):  # one rotation and bias a layer variant, as the stack makes them
+            if id(c) not in made:
+                heads = self.stack.variants[self.stack.variant_of[i]][2]
+                bias = c.pos.bias(heads, places, places)
+                mask = c.mask if bias is None else Mask(len(places), len(places), bias=bias, device=x.device)
+                made[id(c)] = replace(c, positions=places, mask=mask,
+                                      rotation=c.pos.rotation(places) if c.rotation is not None else None)
         return replace(ctx, layers=tuple(made[id(c)] for c in ctx.layers))
 
     # ------------------------------------------------------------------------------- outputs
@@ -203,6 +212,7 @@ class VisionTransformer(Family):
         n, patches = s.n_tokens, s.grid[0] * s.grid[1]
         elements, masks = self.stack.saved(n, rotates=self.position.rotates)
         elements += s.in_channels * s.image_size**2 + self.patch_embed.image_saved(s.image_size) + s.pre_norm * n * s.d_model
+        elements += s.patch_norm * patches * s.d_model  # the patch norm's input
         elements += s.d_model + parts.saved_per_token(self.head) + patches * parts.saved_per_token(self.pool)
         return elements, masks + (n * s.d_model if s.dropout.embedding else 0)
 

@@ -9,7 +9,8 @@ RoPE head size, image_size % patch_size, ...) are checked with messages that nam
 fix; nothing is rewritten behind the user's back (derived sizes are properties).
 
     zoo.spec.base       Spec, ComponentSpec, and the dispatch of a part's spec by its registered kind
-    zoo.spec.parts      the specs of attention, positions, FFNs, norms, heads and ViT pools
+    zoo.spec.attention  attention (mha, gqa, mqa), its qk-norm and temperature
+    zoo.spec.parts      the specs of FFNs, norms, heads and ViT pools, attention's and positions' re-exported
     zoo.spec.pooling    a text sequence's pools (eos, last) and the pooled vector's projection
     zoo.spec.mla        multi-head latent attention (attention.kind: mla): q/kv latents, a decoupled rotary key
     zoo.spec.moe        the mixture-of-experts FFN (ffn.kind: moe): experts, router, shared expert
@@ -92,6 +93,7 @@ from zoo.spec.parts import (
     PositionSpec,
     QKNormSpec,
     QuickGeluFFNSpec,
+    RelativeBias2dSpec,
     RelativeBiasSpec,
     Relu2FFNSpec,
     ReluFFNSpec,
@@ -122,7 +124,7 @@ __all__ = [
     "LMHeadSpec", "Layer", "LayerNormSpec", "LayerPattern", "LearnedSpec", "LinearHeadSpec", "LinearScalingSpec",
     "Llama3ScalingSpec", "LongRopeScalingSpec", "MLASpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
     "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
-    "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "Rate", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
+    "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "Rate", "RelativeBias2dSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
     "Rope2dSpec", "RopeScalingSpec", "RopeSpec", "SandwichBlockSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",
     "TextSpec", "VitSpec", "YarnScalingSpec", "apply_overrides", "json_schema", "load_spec", "parse_spec",
     "preset_names", "preset_path", "read_yaml", "select_layers", "to_yaml",

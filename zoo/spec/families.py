@@ -416,6 +416,10 @@ class VitSpec(FamilySpec):
         "(CLIP's ln_pre; timm's pre_norm, norm_pre)"
     )
     patch_bias: bool = Field(True, description="a bias on the patch projection (CLIP has none: timm drops it with pre_norm)")
+    patch_norm: bool = Field(
+        False, description="a norm of the block's kind on each patch vector right after the projection, before the "
+        "prefix tokens and positions (AIMv2; timm's embed_norm_layer)"
+    )
     dynamic_size: bool = Field(
         False, description="accept images of other sizes (multiples of patch_size): learned positions are resampled "
         "bicubically to the grid (timm's dynamic_img_size), sincos2d recomputed"

@@ -1,4 +1,4 @@
-"""The specs of positions: none, sinusoidal, learned, rope, rope2d, alibi, relative_bias, sincos2d
+"""The specs of positions: none, sinusoidal, learned, rope, rope2d, alibi, relative_bias, relative_bias2d, sincos2d
 (each a kind of the ``position`` registry; a model spec's ``position`` field takes any of them).
 
 A position declares what the models and checks need to know of it as class variables (its
@@ -14,8 +14,8 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 from zoo.spec.base import ComponentSpec, Dispatch, register_specs
 from zoo.spec.rope import AnyRopeScaling
 
-__all__ = ["AlibiSpec", "AnyPosition", "LearnedSpec", "NoPositionSpec", "PositionSpec", "RelativeBiasSpec", "Rope2dSpec",
-           "RopeSpec", "SinCos2dSpec", "SinusoidalSpec"]
+__all__ = ["AlibiSpec", "AnyPosition", "LearnedSpec", "NoPositionSpec", "PositionSpec", "RelativeBias2dSpec", "RelativeBiasSpec",
+           "Rope2dSpec", "RopeSpec", "SinCos2dSpec", "SinusoidalSpec"]
 
 
 class PositionSpec(ComponentSpec):
@@ -31,6 +31,8 @@ class PositionSpec(ComponentSpec):
     * ``resizable``: a ViT can fit it to another patch grid (``dynamic_size``).
     * ``per_stack``: each stack of the model has a module of its own (T5's relative bias: learned,
       and bidirectional or causal as the stack is); the model itself then adds nothing.
+    * ``per_layer``: each layer has a module of its own (BEiT's 2-D relative bias: a learned table
+      per layer); the model itself then adds nothing.
     """
 
     layouts: ClassVar[frozenset[str]] = frozenset({"sequence"})
@@ -38,6 +40,7 @@ class PositionSpec(ComponentSpec):
     adds: ClassVar[bool] = False
     resizable: ClassVar[bool] = False
     per_stack: ClassVar[bool] = False
+    per_layer: ClassVar[bool] = False
 
     def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
         """What does not fit a model of width ``d_model`` whose query/key heads are ``head_dim``
@@ -166,7 +169,11 @@ class Rope2dSpec(PositionSpec):
     pairs (dimensions 2i and 2i + 1), at the frequencies base^(-i/(K/4)) for i < K/4. The class token
     and the registers are not turned. ``ref_grid`` stretches the coordinates of an h x w grid to
     ``ref_grid`` cells a side (row * ref_grid / h): a model fine-tuned at another size keeps the turns
-    it was pretrained with (timm's ``ref_feat_shape``)."""
+    it was pretrained with (timm's ``ref_feat_shape``).
+
+    DINOv3 (timm's ``RotaryEmbeddingDinoV3``) is ``coords: centered, pairs: half``: each side's patch
+    centres mapped to [-1, 1] ((row + 0.5) / h * 2 - 1), turned by 2 pi times that over the periods
+    base^(i/(K/4)), and dimension i paired with i + K/2 (row bands, then column bands, in each half)."""
 
     kind: Literal["rope2d"] = "rope2d"
     layouts: ClassVar[frozenset[str]] = frozenset({"grid"})
@@ -177,11 +184,22 @@ class Rope2dSpec(PositionSpec):
         None, description="patches a side the coordinates are stretched to (timm's ref_feat_shape; EVA-02: 16); "
         "null: the grid's own row and column indices"
     )
+    coords: Literal["index", "centered"] = Field(
+        "index", description="index: row and column indices (EVA-02); centered: patch centres mapped to [-1, 1] on "
+        "each side and the angles times 2 pi (DINOv3)"
+    )
+    pairs: Literal["interleaved", "half"] = Field(
+        "interleaved", description="which dimensions turn together: interleaved, 2i with 2i + 1 (EVA-02); half, i with "
+        "i + K/2 (DINOv3; timm's rope_rotate_half)"
+    )
 
     def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
         if head_dim % 4:
             return [f"{field}.kind: rope2d turns pairs of dimensions by row and by column, so the query/key head size "
                     f"must be divisible by 4, got {head_dim}; change n_heads or set block.attention.head_dim"]
+        if self.coords == "centered" and self.ref_grid is not None:
+            return [f"{field}.ref_grid: centered coordinates are already relative to the grid's sides; set ref_grid: "
+                    f"null or coords: index"]
         return []
 
 
@@ -216,6 +234,20 @@ class RelativeBiasSpec(PositionSpec):
         return []
 
 
+class RelativeBias2dSpec(PositionSpec):
+    """BEiT's 2-D relative position bias (Bao et al. 2022; timm's ``Beit`` with ``use_rel_pos_bias``):
+    a learned scalar per head for each (row, column) offset between two patches of the h x w grid,
+    (2h - 1)(2w - 1) rows, and three more: a prefix token (the class token) as query to a patch, a
+    patch to a prefix token, and prefix to prefix, added to the scores. Each layer has a table of its
+    own (``per_layer``), laid out as timm's ``relative_position_bias_table`` [rows, heads]. The table
+    is sized by the model's grid, so the image size is fixed (no ``dynamic_size``)."""
+
+    kind: Literal["relative_bias2d"] = "relative_bias2d"
+    layouts: ClassVar[frozenset[str]] = frozenset({"grid"})
+    in_layers: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = True
+
+
 class SinCos2dSpec(PositionSpec):
     """Fixed 2-D sin-cos table over the patch grid (ViT; MAE layout, zero row for the class token)."""
 
@@ -236,4 +268,5 @@ AnyPosition = Annotated[ComponentSpec, Dispatch("position")]
 
 register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
                                           "rope": RopeSpec, "alibi": AlibiSpec, "relative_bias": RelativeBiasSpec,
+                                          "relative_bias2d": RelativeBias2dSpec,
                                           "sincos2d": SinCos2dSpec, "rope2d": Rope2dSpec})

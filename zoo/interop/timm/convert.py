@@ -8,14 +8,15 @@ from zoo.build import build
 from zoo.interop.claims import claims_family
 from zoo.interop.common import ConversionError, check_covered, first_expressing, check_used, device_dtype, load_exact, reference_state, unsupported, zoo_state
 from zoo.interop.timm.base import Architecture
+from zoo.interop.timm.beit import Beit
 from zoo.interop.timm.eva import Eva
 from zoo.interop.timm.vit import ViT
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["ARCHITECTURES", "ARCHS", "arch_for_spec", "from_timm", "timm_architecture", "timm_kwargs", "timm_spec", "to_timm"]
 
-# A spec converts by default to the first of these that expresses it: timm's plain ViT, then Eva
-_ALL = (ViT, Eva)
+# A spec converts by default to the first of these that expresses it: timm's plain ViT, then Eva, then Beit
+_ALL = (ViT, Eva, Beit)
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 ARCHITECTURES = tuple(ARCHS)
 if len(ARCHS) != len(_ALL):  # a converter bug: each entry names its own timm class

@@ -34,7 +34,7 @@ CLAIMS: Claims = {
     "head.kind": one_of("linear", "none"), "head.num_classes": ANY, "class_token": ANY, "reg_tokens": ANY,
     "prefix_positions": ANY, "pool.kind": one_of("cls", "mean"), "fc_norm": ANY, "pre_norm": ANY, "patch_bias": ANY,
     "dynamic_size": ANY, "position.kind": one_of("learned", "none", "rope2d"), "position.base": ANY,
-    "position.ref_grid": ANY, "layers": ANY, "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"),
+    "position.ref_grid": ANY, "position.coords": ANY, "position.pairs": ANY, "layers": ANY, "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"),
     "block.attention.n_heads": ANY, "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY,
     "block.attention.v_head_dim": ANY, "block.attention.bias": ANY, "block.attention.out_bias": ANY,
     "block.attention.key_bias": ANY, "block.ffn.kind": one_of("gelu", "swiglu"), "block.ffn.hidden": ANY,
@@ -64,8 +64,9 @@ def _check_model(m: nn.Module) -> None:
          "zoo's Pre-Norm ViT has one final norm, before pooling or after it (fc_norm)"),
         ("head", type(m.head).__name__, isinstance(m.head, (nn.Linear, nn.Identity)), "zoo's ViT ends in a linear classifier or none"),
         ("drop_rate", m.head_drop.p, m.head_drop.p == 0, "zoo has no dropout before the classifier"),
-        ("rope_type", type(m.rope).__name__, m.rope is None or type(m.rope).__name__ == "RotaryEmbeddingCat",
-         "zoo's rope2d is timm's RotaryEmbeddingCat ('cat')"),
+        ("rope_type", type(m.rope).__name__,
+         m.rope is None or type(m.rope).__name__ in ("RotaryEmbeddingCat", "RotaryEmbeddingDinoV3"),
+         "zoo's rope2d is timm's RotaryEmbeddingCat ('cat') or RotaryEmbeddingDinoV3 ('dinov3')"),
         ("embed_layer", type(pe).__name__, type(pe) is PatchEmbed and isinstance(pe.norm, nn.Identity),
          "zoo embeds patches with one strided convolution"),
         ("dynamic_img_pad", pe.dynamic_img_pad, not pe.dynamic_img_pad, "zoo takes images whose sides are multiples of the patch size"),
@@ -74,23 +75,42 @@ def _check_model(m: nn.Module) -> None:
     ], FROM)
 
 
+def _rope_dinov3(m: nn.Module) -> dict:
+    """timm's RotaryEmbeddingDinoV3 as a zoo Rope2dSpec mapping (``coords: centered``)."""
+    r, head = m.rope, m.embed_dim // m.blocks[0].attn.num_heads
+    _refuse([
+        ("rope min_period/max_period", (r.min_period, r.max_period), r.min_period is None or r.max_period is None,
+         "zoo's centered rope2d has the periods base^(i/(K/4)) (rope_temperature)"),
+        ("rope normalize_coords", r.normalize_coords, r.normalize_coords == "separate",
+         "zoo's centered rope2d maps each side to [-1, 1] by its own length"),
+        ("rope_grid_offset", r.grid_offset, r.grid_offset == 0, "zoo's centered rope2d puts each patch at its centre"),
+        ("rope_grid_indexing", r.grid_indexing, r.grid_indexing == "ij", "zoo's rope2d turns the first bands by the row"),
+        ("rope_shift/jitter/rescale_coords", True, not r.aug_active, "zoo's rope2d has no coordinate augmentation"),
+        ("rope dim", r.dim, r.dim == head == m.blocks[0].attn.head_dim, "zoo's rope2d turns whole heads of embed_dim / num_heads"),
+    ], FROM)
+    return {"kind": "rope2d", "base": float(r.temperature), "coords": "centered",
+            "pairs": "half" if r.rotate_half else "interleaved"}
+
+
 def _rope(m: nn.Module) -> dict | None:
-    """timm's RotaryEmbeddingCat as a zoo Rope2dSpec mapping (None without RoPE)."""
+    """timm's RotaryEmbeddingCat (or RotaryEmbeddingDinoV3) as a zoo Rope2dSpec mapping (None without RoPE)."""
     r = m.rope
     if r is None:
         return None
+    if type(r).__name__ == "RotaryEmbeddingDinoV3":
+        return _rope_dinov3(m)
     ref = r.ref_feat_shape
     head = m.embed_dim // m.blocks[0].attn.num_heads
     _refuse([
         ("rope in_pixels", r.in_pixels, not r.in_pixels and r.grid_type == "index", "zoo's rope2d turns by grid indices"),
         ("rope_grid_offset", r.grid_offset, r.grid_offset == 0, "zoo's rope2d counts rows and columns from 0"),
         ("rope_grid_indexing", r.grid_indexing, r.grid_indexing == "ij", "zoo's rope2d turns the first half by the row"),
-        ("rope_rotate_half", r.rotate_half, not r.rotate_half, "zoo's rope2d turns interleaved pairs"),
         ("rope_shift/jitter/rescale_coords", True, not r.aug_active, "zoo's rope2d has no coordinate augmentation"),
         ("rope dim", r.dim, r.dim == head == m.blocks[0].attn.head_dim, "zoo's rope2d turns whole heads of embed_dim / num_heads"),
         ("ref_feat_shape", ref, ref is None or (len(ref) == 2 and ref[0] == ref[1]), "zoo's rope2d stretches to a square reference grid"),
     ], FROM)
-    return {"kind": "rope2d", "base": float(r.temperature), "ref_grid": None if ref is None else int(ref[0])}
+    return {"kind": "rope2d", "base": float(r.temperature), "ref_grid": None if ref is None else int(ref[0]),
+            "pairs": "half" if r.rotate_half else "interleaved"}
 
 
 def _block(blk: nn.Module, i: int) -> tuple:
@@ -244,6 +264,8 @@ def _kwargs(s: FamilySpec) -> dict:
         class_token=s.class_token, num_reg_tokens=s.reg_tokens, no_embed_class=not s.prefix_positions,
         use_abs_pos_emb=pos == "learned", use_rot_pos_emb=rope is not None,
         rope_temperature=rope.base if rope is not None else 10000.0,
+        rope_type="dinov3" if rope is not None and rope.coords == "centered" else "cat",
+        rope_rotate_half=rope is not None and rope.pairs == "half",
         ref_feat_shape=None if rope is None or rope.ref_grid is None else (rope.ref_grid, rope.ref_grid),
         use_pre_transformer_norm=s.pre_norm, use_post_transformer_norm=not s.fc_norm, use_fc_norm=s.fc_norm,
         dynamic_img_size=s.dynamic_size,

@@ -1,12 +1,14 @@
 """timm's VisionTransformer (:class:`ViT`), exact in both directions.
 
 Covers ``vit_tiny/small/base_patch16_224``, DeiT III, register and MAP-pooled ViTs, CLIP towers
-(``vit_base_patch16_clip_224``: a norm before the blocks, no patch bias, GELU or quick GELU), and every
+(``vit_base_patch16_clip_224``: a norm before the blocks, no patch bias, GELU or quick GELU), AIMv2
+(``aimv2_*``: RmsNorm, a norm in the patch embedding, SwiGLU without biases), and every
 VisionTransformer built from options zoo has: class-token, mean ('avg') or attention ('map')
 pooling, fc_norm, a linear head or none (``num_classes=0``: a backbone), register tokens, positions on every token or on the patches only
 (``no_embed_class``), learned or no positions, ``dynamic_img_size``, Pre-Norm LayerNorm blocks with
-layer scale (``init_values``) and qk-norm, a two-layer GELU / ReLU / SiLU MLP, biases on qkv and on
-the projections together. timm keeps few options as attributes, so the spec is read from the
+layer scale (``init_values``) and qk-norm, LayerNorm or RmsNorm (and ``embed_norm_layer``: a norm of
+that kind in the patch embedding), a two-layer GELU / ReLU / SiLU MLP or timm's SwiGLU
+(``mlp_layer``), biases on qkv and on the projections together. timm keeps few options as attributes, so the spec is read from the
 modules themselves; any module zoo has no counterpart for is refused by name.
 """
 
@@ -19,7 +21,7 @@ from torch import nn
 from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.timm.base import Architecture
-from zoo.interop.timm.parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
+from zoo.interop.timm.parts import activation_of, embedding_rules, mlp_ratio, norm_of, norm_params, output_rules
 from zoo.spec import FamilySpec
 
 __all__ = ["CLAIMS", "ViT"]
@@ -32,13 +34,13 @@ CLAIMS: Claims = {
     "family": one_of("vit"), "image_size": ANY, "patch_size": ANY, "in_channels": ANY, "d_model": ANY, "n_layers": ANY,
     "head.kind": one_of("linear", "none"), "head.num_classes": ANY, "class_token": ANY, "reg_tokens": ANY,
     "prefix_positions": ANY, "pool.kind": one_of("cls", "mean", "map"), "pool.n_heads": ANY, "pool.hidden": ANY,
-    "pool.bias": one_of(True), "fc_norm": ANY, "pre_norm": ANY, "patch_bias": ANY, "dynamic_size": ANY,
+    "pool.bias": one_of(True), "fc_norm": ANY, "pre_norm": ANY, "patch_bias": ANY, "patch_norm": ANY, "dynamic_size": ANY,
     "position.kind": one_of("learned", "none"),
     "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
     "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY,
     "block.attention.bias": ANY, "block.attention.out_bias": ANY, "block.attention.qk_norm": ANY,
-    "block.ffn.kind": one_of("gelu", "relu", "silu", "quick_gelu"), "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
-    "block.ffn.approximate": ANY, "block.norm.kind": one_of("layernorm"), "block.norm.eps": ANY,
+    "block.ffn.kind": one_of("gelu", "relu", "silu", "quick_gelu", "swiglu"), "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
+    "block.ffn.approximate": ANY, "block.norm.kind": one_of("layernorm", "rmsnorm"), "block.norm.eps": ANY,
     "block.norm.bias": one_of(True), "block.layer_scale": ANY,
     "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY, "dropout.ffn": ANY,
 }
@@ -60,9 +62,9 @@ def _check_model(m: nn.Module) -> None:
         ("head", type(m.head).__name__, isinstance(m.head, (nn.Linear, nn.Identity)),
          "zoo's ViT ends in a linear classifier or none (num_classes=0)"),
         ("drop_rate", m.head_drop.p, m.head_drop.p == 0, "zoo has no dropout before the classifier"),
-        ("embed_layer", type(pe).__name__, type(pe) is PatchEmbed and isinstance(pe.norm, nn.Identity)
+        ("embed_layer", type(pe).__name__, type(pe) is PatchEmbed
          and (pe.flatten or m.dynamic_img_size) and pe.strict_img_size != m.dynamic_img_size,
-         "zoo embeds patches with one strided convolution"),
+         "zoo embeds patches with one strided convolution (and a norm of the blocks' kind)"),
         ("dynamic_img_pad", getattr(pe, "dynamic_img_pad", False), not getattr(pe, "dynamic_img_pad", False),
          "zoo takes images whose sides are multiples of the patch size, unpadded"),
     ]
@@ -95,13 +97,13 @@ def _qk_norm(attn: nn.Module) -> dict | None:
 
 
 def _check_block(blk: nn.Module, i: int) -> None:
-    from timm.layers import Attention, Mlp
+    from timm.layers import Attention, Mlp, SwiGLU
     from timm.models.vision_transformer import Block
 
     checks = [
         ("block_fn", type(blk).__name__, type(blk) is Block, "zoo's blocks are timm's Pre-Norm Block"),
         ("attn_layer", type(blk.attn).__name__, type(blk.attn) is Attention, "zoo's attention is timm's Attention"),
-        ("mlp_layer", type(blk.mlp).__name__, type(blk.mlp) is Mlp, "zoo's two-layer FFN is timm's Mlp"),
+        ("mlp_layer", type(blk.mlp).__name__, type(blk.mlp) in (Mlp, SwiGLU), "zoo's FFNs here are timm's Mlp and SwiGLU"),
         ("drop_path_rate", "> 0", isinstance(blk.drop_path1, nn.Identity) and isinstance(blk.drop_path2, nn.Identity),
          "zoo has no stochastic depth"),
     ]
@@ -110,8 +112,10 @@ def _check_block(blk: nn.Module, i: int) -> None:
             ("scale_attn_norm", True, isinstance(blk.attn.norm, nn.Identity), "zoo has no norm inside attention"),
             ("gated", True, getattr(blk.attn, "gate", None) is None, "zoo's attention has no output gate"),
         ]
-    if type(blk.mlp) is Mlp:
+    if type(blk.mlp) in (Mlp, SwiGLU):
         checks.append(("scale_mlp_norm", True, isinstance(blk.mlp.norm, nn.Identity), "zoo has no norm inside the MLP"))
+    if type(blk.mlp) is SwiGLU:
+        checks.append(("act_layer", type(blk.mlp.act).__name__, type(blk.mlp.act) is nn.SiLU, "zoo's SwiGLU gates with SiLU"))
     for option, value, ok, why in checks:
         if not ok:
             raise unsupported(FROM, f"blocks.{i}: {option}", value, why)
@@ -158,13 +162,13 @@ def _spec(m: nn.Module) -> dict:
     (ih, iw), (ph, pw) = pe.img_size, pe.patch_size
     if ih != iw or ph != pw:
         raise unsupported(FROM, "img_size/patch_size", (pe.img_size, pe.patch_size), "zoo's ViT takes square images and patches")
-    per_block = {(blk.attn.num_heads, blk.mlp.fc1.out_features, type(blk.mlp.act), blk.attn.attn_drop.p, blk.attn.proj_drop.p,
+    per_block = {(blk.attn.num_heads, blk.mlp.fc2.in_features, type(blk.mlp.act), blk.attn.attn_drop.p, blk.attn.proj_drop.p,
                   blk.mlp.drop1.p, blk.mlp.drop2.p, blk.attn.qkv.bias is not None, blk.attn.proj.bias is not None,
-                  blk.mlp.fc1.bias is not None, blk.mlp.fc2.bias is not None, _layer_scale(blk),
-                  repr(_qk_norm(blk.attn))) for blk in m.blocks}
+                  _fc1(blk.mlp).bias is not None, blk.mlp.fc2.bias is not None, _layer_scale(blk),
+                  repr(_qk_norm(blk.attn)), type(blk.mlp).__name__) for blk in m.blocks}
     if len(per_block) > 1:
         raise unsupported(FROM, "blocks", "differ", "zoo's ViT repeats one block spec")
-    heads, hidden, act, attn_drop, proj_drop, drop1, drop2, qkv_bias, proj_bias, fc1_bias, fc2_bias, scale, _ = per_block.pop()
+    heads, hidden, act, attn_drop, proj_drop, drop1, drop2, qkv_bias, proj_bias, fc1_bias, fc2_bias, scale, _, mlp = per_block.pop()
     if not qkv_bias == proj_bias == fc1_bias == fc2_bias:
         raise unsupported(FROM, "qkv_bias", qkv_bias, f"zoo's biases come on qkv and every projection together (proj_bias is {proj_bias})")
     if not proj_drop == drop1 == drop2:
@@ -173,8 +177,11 @@ def _spec(m: nn.Module) -> dict:
         raise unsupported(FROM, "attn_head_dim", b0.attn.head_dim, "zoo's ViT head size is embed_dim / num_heads")
     norms = [m.norm if not isinstance(m.norm, nn.Identity) else m.fc_norm] + [n for blk in m.blocks for n in (blk.norm1, blk.norm2)]
     norms += [] if isinstance(m.norm_pre, nn.Identity) else [m.norm_pre]
+    norms += [] if isinstance(pe.norm, nn.Identity) else [pe.norm]
     pool = {"token": {"kind": "cls"}, "avg": {"kind": "mean"}}.get(m.global_pool)
     if m.global_pool == "map":
+        if mlp == "SwiGLU" or not isinstance(m.attn_pool.norm, nn.LayerNorm):
+            raise unsupported(FROM, "global_pool", "map", "zoo's attention pooling with SwiGLU or RmsNorm blocks is not timm's")
         pool = _map_pool(m, heads, hidden, act)
         norms.append(m.attn_pool.norm)
     return {
@@ -185,11 +192,13 @@ def _spec(m: nn.Module) -> dict:
         "prefix_positions": not m.no_embed_class or m.pos_embed is None,  # without positions the flag means nothing
         "pool": pool, "fc_norm": not isinstance(m.fc_norm, nn.Identity), "dynamic_size": m.dynamic_img_size,
         "pre_norm": not isinstance(m.norm_pre, nn.Identity), "patch_bias": pe.proj.bias is not None,
+        "patch_norm": not isinstance(pe.norm, nn.Identity),
         "position": {"kind": "none" if m.pos_embed is None else "learned"},
         "block": {
             "attention": {"kind": "mha", "n_heads": heads, "bias": qkv_bias, "qk_norm": _qk_norm(b0.attn)},
-            "ffn": {**activation_of(b0.mlp.act, FROM), "hidden": hidden, "bias": fc1_bias},
-            "norm": {"kind": "layernorm", "eps": layernorm_eps(norms, FROM)},
+            "ffn": {**({"kind": "swiglu"} if mlp == "SwiGLU" else activation_of(b0.mlp.act, FROM)), "hidden": hidden,
+                    "bias": fc1_bias},
+            "norm": norm_of(norms, FROM),
             "kind": "pre",
             "layer_scale": scale,
         },
@@ -198,11 +207,17 @@ def _spec(m: nn.Module) -> dict:
     }
 
 
+def _fc1(mlp: nn.Module) -> nn.Module:
+    """An MLP's first linear (timm's SwiGLU: the gate's, ``fc1_g``; its ``fc1_x`` has the same bias)."""
+    return getattr(mlp, "fc1", None) or mlp.fc1_g
+
+
 def _rules(s: FamilySpec, m: nn.Module | None = None) -> list[Rule]:
     rules = embedding_rules(s)
-    bias = s.block.attention.bias
-    names = [("attn_norm", "norm1", True), ("attn.qkv", "attn.qkv", bias), ("attn.out", "attn.proj", bias),
-             ("ffn_norm", "norm2", True), ("ffn.fc1", "mlp.fc1", bias), ("ffn.fc2", "mlp.fc2", bias)]
+    bias, norm_bias = s.block.attention.bias, len(norm_params(s)) > 1
+    glu = s.block.ffn.kind == "swiglu"  # timm's SwiGLU: fc1_g (the gate) and fc1_x; zoo's fc1 is [gate | up]
+    names = [("attn_norm", "norm1", norm_bias), ("attn.qkv", "attn.qkv", bias), ("attn.out", "attn.proj", bias),
+             ("ffn_norm", "norm2", norm_bias), ("ffn.fc2", "mlp.fc2", bias)] + ([] if glu else [("ffn.fc1", "mlp.fc1", bias)])
     if s.block.attention.qk_norm is not None:
         names += [("attn.q_norm", "attn.q_norm", True), ("attn.k_norm", "attn.k_norm", True)]
     for i in range(s.n_layers):
@@ -210,6 +225,9 @@ def _rules(s: FamilySpec, m: nn.Module | None = None) -> list[Rule]:
             rules.append(rule(f"stack.blocks.{i}.{z}.weight", f"blocks.{i}.{t}.weight"))
             if has_bias:
                 rules.append(rule(f"stack.blocks.{i}.{z}.bias", f"blocks.{i}.{t}.bias"))
+        if glu:
+            rules += [rule(f"stack.blocks.{i}.ffn.fc1.{p}", f"blocks.{i}.mlp.fc1_g.{p}", f"blocks.{i}.mlp.fc1_x.{p}")
+                      for p in ("weight", "bias")[: 1 + bias]]
         if s.block.layer_scale is not None:
             rules += [rule(f"stack.blocks.{i}.ls_attn.gamma", f"blocks.{i}.ls1.gamma"),
                       rule(f"stack.blocks.{i}.ls_ffn.gamma", f"blocks.{i}.ls2.gamma")]
@@ -225,6 +243,8 @@ def _rules(s: FamilySpec, m: nn.Module | None = None) -> list[Rule]:
 def _kwargs(s: FamilySpec) -> dict:
     """VisionTransformer arguments for ``s`` (its claims checked), refusing what they let through
     and timm's ViT still cannot express."""
+    from timm.layers import RmsNorm, SwiGLU
+
     att, ffn, norm, d = s.block.attention, s.block.ffn, s.block.norm, s.d_model
     qk, pool = att.qk_norm, s.pool
     problems = [
@@ -234,8 +254,13 @@ def _kwargs(s: FamilySpec) -> dict:
         ("block.ffn.bias", ffn.bias, ffn.bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
         ("block.attention.out_bias", att.out_bias, att.has_out_bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
         ("dropout.ffn", s.dropout.ffn, s.dropout.ffn == s.dropout.residual, "timm's proj_drop_rate covers the MLP and the residuals"),
-        ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and qk.scope == "head" and qk.eps == norm.eps),
-         f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps})"),
+        ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and norm.kind == "layernorm" and qk.scope == "head"
+                                                       and qk.eps == norm.eps),
+         f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps}), beside LayerNorm blocks"),
+        ("block.norm.unit_offset", getattr(norm, "unit_offset", False), not getattr(norm, "unit_offset", False),
+         "timm's norms scale by their weight"),
+        ("pool.kind", pool.kind, pool.kind != "map" or (ffn.kind != "swiglu" and norm.kind == "layernorm"),
+         "timm's attention pooling has a two-layer Mlp and a LayerNorm (the blocks here have SwiGLU or RMSNorm)"),
         ("patch_bias", s.patch_bias, s.patch_bias != s.pre_norm, f"timm's ViT has a patch bias without pre_norm and none with it "
          f"(pre_norm is {s.pre_norm})"),
     ]
@@ -247,17 +272,19 @@ def _kwargs(s: FamilySpec) -> dict:
     for option, value, ok, why in problems:
         if not ok:
             raise unsupported(TO, option, value, why)
-    act = {"relu": "relu", "silu": "silu", "quick_gelu": "quick_gelu"}.get(ffn.kind) or (
+    act = {"relu": "relu", "silu": "silu", "quick_gelu": "quick_gelu", "swiglu": "silu"}.get(ffn.kind) or (
         "gelu_tanh" if ffn.approximate == "tanh" else "gelu")
+    norm_layer = functools.partial(RmsNorm if norm.kind == "rmsnorm" else nn.LayerNorm, eps=norm.eps)
     return dict(
         img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes or 0,
         global_pool=_POOLS[pool.kind], embed_dim=d, depth=s.n_layers, num_heads=att.n_heads,
         mlp_ratio=mlp_ratio(d, ffn.hidden_size(d)), qkv_bias=att.bias, proj_bias=att.bias, class_token=s.class_token,
         pos_embed="learn" if s.position.kind == "learned" else "none", fc_norm=s.fc_norm,
-        norm_layer=functools.partial(nn.LayerNorm, eps=norm.eps), act_layer=act,
+        norm_layer=norm_layer, act_layer=act,
         pos_drop_rate=s.dropout.embedding, proj_drop_rate=s.dropout.residual, attn_drop_rate=s.dropout.attention,
         reg_tokens=s.reg_tokens, no_embed_class=not s.prefix_positions, dynamic_img_size=s.dynamic_size,
         init_values=s.block.layer_scale, qk_norm=qk is not None, pre_norm=s.pre_norm,
+        **({"embed_norm_layer": norm_layer} if s.patch_norm else {}), **({"mlp_layer": SwiGLU} if ffn.kind == "swiglu" else {}),
     )
 
 
