@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from zoo import kernels
 from zoo.components.cache import LayerCache
+from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
 from zoo.components.parts import linear_flops
 from zoo.components.position import Position
@@ -58,17 +59,20 @@ class RelativeEmbedding(Position, InitNormal):
 
     init_normal = ("weight",)
 
-    def __init__(self, dim: int, *, buckets: int | None, max_distance: int, norm: bool = True, eps: float = 1e-7) -> None:
+    def __init__(self, dim: int, *, buckets: int | None, max_distance: int, norm: bool = True, eps: float = 1e-7,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.buckets_, self.max_distance = buckets, max_distance
         self.span = buckets or max_distance
         self.weight = nn.Parameter(torch.empty(2 * self.span, dim))
         nn.init.normal_(self.weight, std=0.02)
         self.norm = nn.LayerNorm(dim, eps=eps) if norm else None
+        self.drop = Dropout(dropout)
 
     def table(self) -> Tensor:
-        """The embeddings the layers read [2P, D]: the table, normalised where it has a norm."""
-        return self.weight if self.norm is None else self.norm(self.weight)
+        """The embeddings a layer reads [2P, D]: the table, normalised where it has a norm, with
+        dropout in training (a draw per layer, as HF's)."""
+        return self.drop(self.weight if self.norm is None else self.norm(self.weight))
 
     def buckets(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """Buckets of q - k for positions [T] or [B, T] and [S] or [B, S] -> [B or 1, T, S]."""
@@ -158,7 +162,8 @@ class DisentangledAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops,
 
 @register("position", "relative_embedding")
 def _relative_embedding(spec, *, dim: int, **_) -> Position:
-    return RelativeEmbedding(dim, buckets=spec.buckets, max_distance=spec.max_distance, norm=spec.norm, eps=spec.eps)
+    return RelativeEmbedding(dim, buckets=spec.buckets, max_distance=spec.max_distance, norm=spec.norm, eps=spec.eps,
+                            dropout=spec.dropout)
 
 
 @register("attention", "disentangled")

@@ -89,6 +89,8 @@ class RelativeEmbeddingSpec(PositionSpec):
                                       "else max_position_embeddings)")
     norm: bool = Field(True, description="a LayerNorm over the table (HF norm_rel_ebd: layer_norm)")
     eps: PositiveFloat = Field(1e-7, description="the table's LayerNorm eps (HF layer_norm_eps)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the (normalised) table in training (HF's "
+                           "pos_dropout, at hidden_dropout_prob)")
 
     @property
     def span(self) -> int:
