@@ -78,3 +78,52 @@ def test_needs_its_position():
     ours = DisentangledAttention(8, n_heads=2, head_dim=4)
     with pytest.raises(ValueError, match="relative_embedding"):
         ours(torch.randn(1, 3, 8))
+
+
+# ------------------------------------------------------------------------------ DebertaV2 both ways
+NAME = "DebertaV2ForMaskedLM"
+# v2's options beside the table's v3 config: own position projections, c2p only, no buckets, no table norm, segments
+VARIANT = dict(share_att_key=False, pos_att_type=["c2p"], position_buckets=-1, max_relative_positions=-1,
+               norm_rel_ebd="none", type_vocab_size=2, hidden_dropout_prob=0.0)
+
+
+def test_a_v2_variant_converts_both_ways_with_the_same_logits():
+    from conformance_checks import check_outputs, check_round_trip
+    from conformance_table import build_reference
+
+    ref = build_reference(NAME, seed=3, **VARIANT)
+    check_round_trip(ref)
+    model = check_outputs(ref)
+    att, pos = model.spec.block.attention, model.spec.position
+    assert (att.share_key, att.c2p, att.p2c, pos.buckets, pos.max_distance, pos.norm) == (False, True, False, None, 32, False)
+
+
+@pytest.mark.parametrize("fields,option", [
+    ({"relative_attention": False}, "relative_attention"), ({"position_biased_input": True}, "position_biased_input"),
+    ({"conv_kernel_size": 3}, "conv_kernel_size"), ({"embedding_size": 16}, "embedding_size"),
+    ({"legacy": False}, "legacy"), ({"norm_rel_ebd": "layer_norm|bias"}, "norm_rel_ebd"),
+    ({"pos_att_type": ["c2p", "p2p"]}, "pos_att_type"), ({"hidden_act": "relu"}, "hidden_act"),
+    ({"attention_head_size": 6}, "attention_head_size"),
+])
+def test_configs_zoo_cannot_express_are_refused_by_name(fields, option):
+    from conformance_table import hf_config
+
+    from zoo.interop import ConversionError, hf_spec
+
+    with pytest.raises(ConversionError, match=option):
+        hf_spec(hf_config(NAME, **fields))
+
+
+def test_specs_the_class_cannot_express_are_refused_by_name():
+    from conformance_table import hf_config
+
+    import zoo
+    from zoo.interop import ConversionError, hf_spec
+    from zoo.spec import apply_overrides, parse_spec
+
+    spec = hf_spec(hf_config(NAME))
+    for override, field in (("position.eps=1e-5", "position.eps"), ("position.dropout=0.3", "position.dropout"),
+                            ("block.attention.kind=mha", "block.attention.kind"),
+                            ("block.attention.head_dim=6", "head_dim"), ("position.kind=learned", "position.kind")):
+        with pytest.raises((ConversionError, ValueError), match=field):
+            zoo.interop.hf_config(parse_spec(apply_overrides(spec.model_dump(mode="json"), [override])), NAME)

@@ -76,20 +76,17 @@ def _attention(c: Any, where: str) -> dict:
     att = {"kind": "disentangled", "n_heads": c.num_attention_heads, "c2p": "c2p" in kinds, "p2c": "p2c" in kinds,
            "share_key": bool(getattr(c, "share_att_key", False))}
     size = getattr(c, "attention_head_size", None)
-    if size is not None and size != c.hidden_size // c.num_attention_heads:
-        att["head_dim"] = size
+    require(size in (None, c.hidden_size // c.num_attention_heads), where, "attention_head_size", size,
+            "HF's attention output maps hidden_size features, so its heads are hidden_size / heads wide")
     return {"block.attention": att}
 
 
 def _write_attention(s: FamilySpec, where: str) -> dict:
     att, d = s.block.attention, s.d_model
-    require(d % att.n_heads == 0, where, "block.attention.n_heads", att.n_heads,
-            f"{who(where)} needs hidden_size ({d}) divisible by the heads")
-    out = {"num_attention_heads": att.n_heads, "pos_att_type": [k for k in ("p2c", "c2p") if getattr(att, k)],
-           "share_att_key": att.share_key}
-    if att.qk_size(d) != d // att.n_heads:
-        out["attention_head_size"] = att.qk_size(d)
-    return out
+    require(d % att.n_heads == 0 and att.qk_size(d) == d // att.n_heads, where, "block.attention.head_dim",
+            att.qk_size(d), f"{who(where)}'s heads are hidden_size / heads wide ({d} / {att.n_heads})")
+    return {"num_attention_heads": att.n_heads, "pos_att_type": [k for k in ("p2c", "c2p") if getattr(att, k)],
+            "share_att_key": att.share_key}
 
 
 def _segments(c: Any, where: str) -> dict:
