@@ -65,7 +65,7 @@ def _write_positions(s: FamilySpec, where: str) -> dict:
     require(p.dropout == s.dropout.residual, where, "position.dropout", p.dropout,
             f"{who(where)} drops the relative table at hidden_dropout_prob, the residuals' rate ({s.dropout.residual})")
     return {"relative_attention": True, "position_biased_input": False, "position_buckets": p.buckets or -1,
-            "max_relative_positions": p.max_distance, "norm_rel_ebd": "layer_norm" if p.norm else "none"}
+            "max_relative_positions": -1 if p.max_distance == s.max_seq_len else p.max_distance, "norm_rel_ebd": "layer_norm" if p.norm else "none"}
 
 
 def _attention(c: Any, where: str) -> dict:
