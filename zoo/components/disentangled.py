@@ -145,19 +145,21 @@ class DisentangledAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops,
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
         """Forward FLOPs over ``tokens`` tokens: the projections, q·k and the weighted sum of values,
-        and each position term as one more T x T product of heads (the pairs it gathers; the table's
-        projection and the products against all 2P rows, which depend on the position's span, are
-        left out)."""
+        and each position term's product of the queries (or keys) with the 2P relative rows, counted
+        at 2P = T (the table's span is the position's); the table's projection, once a pass, is
+        left out."""
         H, K = self.n_heads, self.head_dim
         projections = sum(linear_flops(m, tokens) for m in (self.q, self.k, self.v, self.out))
         return projections + 2 * tokens * tokens * H * K * (2 + self.c2p + self.p2c)
 
     def saved(self, tokens: int, memory: int | None = None, *, rotates: bool = False) -> int:
-        """Elements kept for the backward pass besides the input: q, k, v and the attention output;
-        the H x T x T position terms and the bias the kernel reads (which takes SDPA's math path on
-        the CPU, keeping its weights too)."""
-        H, K = self.n_heads, self.head_dim
-        return tokens * 4 * H * K + (self.c2p + self.p2c + 2) * H * tokens * tokens
+        """Elements kept for the backward pass besides the input, as autograd keeps them: q, k, v,
+        their contiguous copies the kernel reads, its output and the out projection's input (6 x
+        H x K a token); per position term its H x T x 2P product and its gather index (T x T int64,
+        two elements each), counted at 2P = T (the table's span is the position's); and the H x T x T
+        bias the kernel reads. The table's own activations (2P rows, once a pass) are left out."""
+        H, K, T = self.n_heads, self.head_dim, tokens
+        return T * 6 * H * K + (self.c2p + self.p2c) * (H * T * T + 2 * T * T) + H * T * T
 
 
 @register("position", "relative_embedding")
