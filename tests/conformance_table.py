@@ -171,6 +171,12 @@ HF_CONFIGS["DeepseekV3ForCausalLM"] = ("DeepseekV3Config", dict(
     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
                      "mscale": 1.0, "mscale_all_dim": 0.8}))
 BACKBONE_OF |= {"DeepseekV3Model": "DeepseekV3ForCausalLM"}
+# DeBERTa-v3: disentangled attention (c2p, p2c, shared keys) over 8 log buckets reaching 12, the table normalised
+HF_CONFIGS["DebertaV2ForMaskedLM"] = ("DebertaV2Config", dict(
+    vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+    intermediate_size=40, relative_attention=True, position_buckets=8, max_relative_positions=12, norm_rel_ebd="layer_norm",
+    share_att_key=True, pos_att_type="p2c|c2p", position_biased_input=False, type_vocab_size=0))
+BACKBONE_OF["DebertaV2Model"] = "DebertaV2ForMaskedLM"
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments

@@ -144,6 +144,8 @@ ACTIVATIONS = [
                  "qk_rope_head_dim: 4, v_head_dim: 8}"]),
     ("decoder", ["position.kind=rope", "block.attention={kind: mla, n_heads: 4, kv_lora_rank: 10, qk_nope_head_dim: 6, "
                  "qk_rope_head_dim: 4, v_head_dim: 8}"]),
+    ("encoder", ["position={kind: relative_embedding, buckets: 16, max_distance: 40, dropout: 0.0}",  # DeBERTa's, 2P = T
+                 "block.attention={kind: disentangled, n_heads: 4}"]),
 ]
 
 

@@ -188,8 +188,15 @@ RELEASES |= {  # factorised embeddings; ALBERT's one shared block
         "max_position_embeddings": 514, "initializer_range": 0.02, "layer_norm_eps": 1e-5,
         "relative_attention_num_buckets": 32, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}),
 }
+RELEASES["deberta-v3-base"] = ("DebertaV2ForMaskedLM", "DebertaV2Config", 184_551_780, {  # microsoft/deberta-v3-base
+    "vocab_size": 128100, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512, "type_vocab_size": 0, "initializer_range": 0.02, "layer_norm_eps": 1e-7,
+    "relative_attention": True, "max_relative_positions": -1, "position_buckets": 256, "norm_rel_ebd": "layer_norm",
+    "share_att_key": True, "pos_att_type": "p2c|c2p", "position_biased_input": False, "pad_token_id": 0})
 TINY = {"roberta-tiny": "roberta-base", "distilbert-tiny": "distilbert-base", "modernbert-tiny": "modernbert-base",
-        "electra-tiny": "electra-base-generator", "albert-tiny": "albert-base-v2", "mpnet-tiny": "mpnet-base"}
+        "electra-tiny": "electra-base-generator", "albert-tiny": "albert-base-v2", "mpnet-tiny": "mpnet-base",
+        "deberta-tiny": "deberta-v3-base"}
 READ_ONLY = {"architectures", "transformers_version", "global_attn_every_n_layers"}  # HF keeps this one beside layer_types
 
 

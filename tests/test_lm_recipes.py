@@ -277,6 +277,21 @@ def test_mlm_pretrains_finetunes_exports_and_resumes_exactly(wordnet, tmp_path, 
 
 
 @pytest.mark.recipe
+def test_mlm_pretrains_deberta_tiny(wordnet, tmp_path, capsys):
+    """The mlm recipe trains deberta-tiny (disentangled attention over the shared relative table) on
+    packed rows and fine-tunes it; its loss falls."""
+    out = tmp_path / "deberta"
+    args = mlm_args(wordnet, out, "model=deberta-tiny", "data.packing=documents", "train.steps=12", "run.eval_every=6",
+                    "run.checkpoint_every=6")
+    assert mlm.main(args) == 0
+    encoder = zoo.load(out / "model" / "model.safetensors")
+    assert encoder.spec.block.attention.kind == "disentangled"
+    losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if r.get("split", "train") == "train" and "loss" in r and "phase" not in r]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.recipe
 def test_mlm_finetunes_on_a_labelled_tsv(tmp_path, capsys):
     rng = random.Random(1)
     lines = [" ".join(rng.choice(WORDS[p]) for _ in range(5)) + f"\t{p}" for p in WORDS for _ in range(30)]

@@ -58,6 +58,7 @@ EXACT = {
     # HF M2M100ForConditionalGeneration from the releases' configs (tests/test_m2m100.py)
     "nllb-200-distilled-600m": 615_073_792,
     "m2m100-418m": 483_905_536,
+    "deberta-v3-base": 184_551_780,  # HF DebertaV2ForMaskedLM from microsoft/deberta-v3-base's config (tests/test_hf_encoders.py)
 }
 
 

@@ -27,7 +27,7 @@ from zoo.spec import SpecError, apply_overrides, load_spec, to_yaml
         (["dropout.residual=1.0"], "dropout.residual: Input should be less than 1"),
         (["dropout.attention=-0.1"], "dropout.attention: Input should be greater than or equal to 0"),
         (["block.ffn.kind=swigluu"], r"block.ffn: unknown ffn kind 'swigluu'; did you mean 'swiglu'\? \(known: geglu, gelu, moe, quick_gelu, relu, relu2, silu, swiglu\)"),
-        (["position.kind=rotary"], "position: unknown position kind 'rotary'.*known: alibi, learned, none, relative_bias, relative_bias2d, rope"),
+        (["position.kind=rotary"], "position: unknown position kind 'rotary'.*known: alibi, learned, none, relative_bias, relative_bias2d, relative_embedding, rope"),
         (["block.norm.kind=rms_norm"], "did you mean 'rmsnorm'"),
         (["block.kind=middle"], r"block: unknown block kind 'middle' \(known: parallel, post, post_sublayer, pre"),
         (["block.shared_norm=true"], "block.shared_norm: unknown key"),

@@ -3,6 +3,7 @@
 from zoo.components import (  # noqa: F401
     attention,
     block,
+    disentangled,
     dropout,
     embedding,
     ffn,

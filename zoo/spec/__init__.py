@@ -13,6 +13,7 @@ fix; nothing is rewritten behind the user's back (derived sizes are properties).
     zoo.spec.parts      the specs of FFNs, norms, heads and ViT pools, attention's and positions' re-exported
     zoo.spec.pooling    a text sequence's pools (eos, last) and the pooled vector's projection
     zoo.spec.mla        multi-head latent attention (attention.kind: mla): q/kv latents, a decoupled rotary key
+    zoo.spec.disentangled  DeBERTa's disentangled attention (attention.kind: disentangled) and its relative table
     zoo.spec.moe        the mixture-of-experts FFN (ffn.kind: moe): experts, router, shared expert
     zoo.spec.rope       the scalings of RoPE's frequencies (linear, dynamic, llama3, yarn, longrope)
     zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel, sandwich) and per-layer patterns
@@ -48,6 +49,7 @@ from zoo.spec.families import (
     TextSpec,
     VitSpec,
 )
+from zoo.spec.disentangled import DisentangledSpec, RelativeEmbeddingSpec
 from zoo.spec.load import (
     PRESETS_DIR,
     SpecError,
@@ -122,7 +124,7 @@ __all__ = [
     "DecoderSpec", "Dispatch", "DropoutSpec", "DynamicScalingSpec", "EmbeddingSpec", "EncoderDecoderSpec",
     "EncoderSpec", "FFNBaseSpec", "FFNSpec", "FamilySpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "InitSpec", "Kinds",
     "LMHeadSpec", "Layer", "LayerNormSpec", "LayerPattern", "LearnedSpec", "LinearHeadSpec", "LinearScalingSpec",
-    "Llama3ScalingSpec", "LongRopeScalingSpec", "MLASpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
+    "Llama3ScalingSpec", "LongRopeScalingSpec", "DisentangledSpec", "MLASpec", "RelativeEmbeddingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
     "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
     "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "Rate", "RelativeBias2dSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
     "Rope2dSpec", "RopeScalingSpec", "RopeSpec", "SandwichBlockSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",
