@@ -2,7 +2,7 @@
 process, as a newcomer types it; the wall time, the tests' counts and the machine written to a JSON
 file that the README's testing section is generated from (docs/make_docs.py, ``suite-times``).
 
-    python -m bench.suite                         # both tiers: ~13 minutes on 2 cores
+    python -m bench.suite                         # both tiers, each on every core (pyproject's -n auto)
     python -m bench.suite --tiers fast -o /tmp/t.json
 
 Time it on an idle machine: other processes on the cores slow both tiers alike.

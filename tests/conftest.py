@@ -30,6 +30,11 @@ os.environ.setdefault("ZOO_CPU_ATTENTION", "rule")
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# pytest-xdist (pyproject's ``-n auto``) runs a worker process per core: each computes on its share of
+# the cores, so two workers' thread pools do not fight over the same two
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def pytest_collection_modifyitems(items):
     """A test launching processes or running a recipe end to end is slow: off the fast lane."""
