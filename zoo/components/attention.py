@@ -56,7 +56,9 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
     (:attr:`zoo.spec.AttentionSpec.kernel`): ``fused`` (:func:`zoo.kernels.attention`: SDPA or zoo's
     CPU kernel) or ``scores`` (:func:`zoo.kernels.scores_attention`), which a cap needs, and
     ``sinks`` (gpt-oss): a learned logit per head, the parameter ``sinks`` [H], that joins each
-    query's softmax denominator and is dropped after it.
+    query's softmax denominator and is dropped after it. ``gate`` (Qwen3-Next's gated attention):
+    ``qkv`` also projects a gate per head (each head's V gate rows after its K query rows, HF's
+    q_proj layout) whose sigmoid multiplies the head's output before ``out``.
     """
 
     residual_out = ("out",)  # writes into the residual stream (zoo.components.parts)
@@ -84,6 +86,7 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         softcap: float | None = None,
         kernel: str = "fused",
         sinks: bool = False,
+        gate: bool = False,
     ) -> None:
         super().__init__()
         if kernel not in ("fused", "scores"):
@@ -103,13 +106,18 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         self.head_dim, self.v_head_dim = head_dim, v_head_dim
         self.dropout, self.cross = dropout, cross
         q_size, k_size, v_size = n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * v_head_dim
-        self.splits = (q_size, k_size, v_size)
+        if gate and (cross or (bias and not key_bias)):
+            raise ValueError("gate: the output gate shares the fused self-attention projection; build it without "
+                             "cross and key_bias=False")
+        # Qwen3-Next's gated attention: each head's query rows followed by its gate's rows in the projection
+        self.gated = gate
+        self.splits = (q_size + (n_heads * v_head_dim if gate else 0), k_size, v_size)
         own = bias and key_bias  # the projections' own biases; else q_bias and v_bias with a zero key share
         if cross:
             self.q = Linear(dim, q_size, bias=bias)
             self.kv = Linear(kv_dim or dim, k_size + v_size, bias=own)
         else:
-            self.qkv = Linear(dim, q_size + k_size + v_size, bias=own)
+            self.qkv = Linear(dim, sum(self.splits), bias=own)
         self.q_bias = nn.Parameter(torch.zeros(q_size)) if bias and not key_bias and not cross else None
         self.v_bias = nn.Parameter(torch.zeros(v_size)) if bias and not key_bias else None
         self.out = Linear(n_heads * v_head_dim, dim, bias=bias if out_bias is None else out_bias)
@@ -150,6 +158,9 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
                     cache.memory_kv = (k, v)
         else:
             q, kv = self._project(self.qkv, x, self.q_bias).split([self.splits[0], self.splits[1] + self.splits[2]], dim=-1)
+            if self.gated:
+                q, gate = rearrange(q, "b t (h e) -> b t h e", h=self.n_heads).split([self.head_dim, self.v_head_dim], -1)
+                q, gate = q.flatten(2), gate.flatten(2)
             q = self._heads(q, self.q_norm, self.n_heads)
             k, v = self._split_kv(kv)
             if pos is not None:
@@ -163,7 +174,8 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         else:
             y = kernels.attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
                                   enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)  # (B, H, T, V)
-        return self.out(rearrange(y, "b h t v -> b t (h v)"))
+        y = rearrange(y, "b h t v -> b t (h v)")
+        return self.out(y * torch.sigmoid(gate) if self.gated and not self.cross else y)
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
         """Forward FLOPs over ``tokens`` queries (cross-attention: against ``memory`` keys): the
@@ -187,9 +199,10 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         qk = 2 if self.q_norm is not None else 0
         keys = memory if self.cross and memory is not None else tokens
         weights = 3 * H * tokens * keys if self.kernel == "scores" else 0
+        gated = 2 * H * V if self.gated else 0  # the gate's sigmoid and the gated output
         if self.cross:
-            return tokens * (H * K * (1 + qk) + H * V) + keys * G * (K * (1 + qk) + V) + weights
-        return tokens * (H * K + G * (K + V) + H * V + (H + G) * K * (int(rotates) + qk)) + weights
+            return tokens * (H * K * (1 + qk) + H * V + gated) + keys * G * (K * (1 + qk) + V) + weights
+        return tokens * (H * K + G * (K + V) + H * V + gated + (H + G) * K * (int(rotates) + qk)) + weights
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention's keys and values of ``memory`` [B, S, Dm]: k (B, G, S, K), v (B, G, S, V)."""
@@ -274,4 +287,5 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         softcap=spec.softcap,
         kernel=spec.kernel,
         sinks=spec.sinks,
+        gate=spec.gate,
     )

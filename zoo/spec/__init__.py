@@ -12,6 +12,7 @@ fix; nothing is rewritten behind the user's back (derived sizes are properties).
     zoo.spec.parts      the specs of attention, positions, FFNs, norms, heads and ViT pools
     zoo.spec.pooling    a text sequence's pools (eos, last) and the pooled vector's projection
     zoo.spec.mla        multi-head latent attention (attention.kind: mla): q/kv latents, a decoupled rotary key
+    zoo.spec.deltanet   gated DeltaNet linear attention (attention.kind: gated_deltanet): a recurrent state
     zoo.spec.moe        the mixture-of-experts FFN (ffn.kind: moe): experts, router, shared expert
     zoo.spec.rope       the scalings of RoPE's frequencies (linear, dynamic, llama3, yarn, longrope)
     zoo.spec.blocks     the block kinds (pre, post, post_sublayer, parallel, sandwich) and per-layer patterns
@@ -61,6 +62,7 @@ from zoo.spec.load import (
 )
 from zoo.spec.migrate import SpecNote
 from zoo.spec.mla import MLASpec
+from zoo.spec.deltanet import GatedDeltaNetSpec
 from zoo.spec.moe import MoERouterSpec, MoESpec
 from zoo.spec.parts import (
     AlibiSpec,
@@ -128,3 +130,4 @@ __all__ = [
     "preset_names", "preset_path", "read_yaml", "select_layers", "to_yaml",
 ]
 __all__ += ["EosPoolSpec", "LastPoolSpec", "ProjectionSpec"]
+__all__ += ["GatedDeltaNetSpec"]

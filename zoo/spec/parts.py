@@ -125,6 +125,8 @@ class AttentionSpec(ComponentSpec):
     )
     sinks: bool = Field(False, description="a learned logit per head (parameter sinks [n_heads]) joins each query's "
                         "softmax denominator and is dropped (gpt-oss's attention sinks); computed on explicit scores")
+    gate: bool = Field(False, description="an output gate: each head's output times the sigmoid of a projection of x "
+                       "(rows beside each head's query rows, biased as they are; Qwen3-Next's gated attention)")
 
     @field_validator("scale")
     @classmethod
