@@ -159,6 +159,15 @@ HF_CONFIGS["DeepseekV3ForCausalLM"] = ("DeepseekV3Config", dict(
     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
                      "mscale": 1.0, "mscale_all_dim": 0.8}))
 BACKBONE_OF |= {"DeepseekV3Model": "DeepseekV3ForCausalLM"}
+# Qwen3-Next: gated DeltaNet layers (3 value heads per key head, odd head sizes, a 3-tap convolution) around a gated
+# full-attention layer with partial rotary, a dense layer among MoE ones with a gated shared expert
+HF_CONFIGS["Qwen3NextForCausalLM"] = ("Qwen3NextConfig", dict(
+    _ROTARY, num_hidden_layers=3, head_dim=8, layer_types=["linear_attention", "full_attention", "linear_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=5, linear_value_head_dim=7,
+    linear_conv_kernel_dim=3, partial_rotary_factor=0.5, moe_intermediate_size=12, shared_expert_intermediate_size=16,
+    num_experts=3, num_experts_per_tok=2, mlp_only_layers=[1], rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                                 "partial_rotary_factor": 0.5}))
+BACKBONE_OF |= {"Qwen3NextModel": "Qwen3NextForCausalLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments
