@@ -119,3 +119,27 @@ def test_spec_refuses_what_the_mixer_lacks():
     assert "n_kv_heads" not in spec.model_dump()
     mixer = GatedDeltaNet(24, n_heads=6, key_heads=2, head_dim=5, v_head_dim=7, conv_kernel=3)
     assert spec.state_size(24) == mixer.state_elements() == 6 * 5 * 7 + 2 * (2 * 2 * 5 + 6 * 7)
+
+
+def test_summary_counts_the_linear_state_per_layer_not_per_token():
+    from zoo.spec import parse_spec
+    from zoo.summary import summarize
+
+    spec = parse_spec({
+        "family": "decoder", "d_model": 24, "n_layers": 3, "vocab_size": 50, "max_seq_len": 64,
+        "block": {"attention": {"kind": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "v_head_dim": 8, "gate": True,
+                                "bias": False},
+                  "ffn": {"kind": "swiglu", "hidden": 40, "bias": False}, "norm": {"kind": "rmsnorm"}},
+        "position": {"kind": "rope"},
+        "layers": [{"at": "0::2", "block": {"attention": {"kind": "gated_deltanet", "n_heads": 6, "key_heads": 2,
+                                                         "head_dim": 5, "v_head_dim": 7, "conv_kernel": 3,
+                                                         "n_kv_heads": None, "gate": False}},
+                    "position": {"kind": "none"}}]})
+    state = GatedDeltaNetSpec(n_heads=6, key_heads=2, head_dim=5, v_head_dim=7, conv_kernel=3).state_size(24)
+    for seq in (16, 64):
+        s = summarize(spec, seq=seq)
+        assert s.linear_state_bytes == 2 * state * 4  # two linear layers, float32, whatever the length
+        assert s.kv_cache_bytes_per_token == 2 * 8 * 2 * 4  # the full-attention layer's keys and values
+        rows = s.layers
+        assert [r.get("state_bytes") for r in rows] == [state * 4, None, state * 4]
+        assert s.kv_cache_bytes == 2 * 8 * 2 * 4 * seq

@@ -115,6 +115,9 @@ def summary_table(s, spec) -> Table:
                       f"{human_bytes(s.kv_cache_bytes)} for batch {s.batch} x {s.seq} tokens{note}")
     else:
         table.add_row("KV cache per token", "-", "not autoregressive")
+    if s.linear_state_bytes is not None:
+        table.add_row("  linear-attention state", f"{s.linear_state_bytes:,} B",
+                      f"{human_bytes(s.linear_state_bytes * s.batch)} for batch {s.batch}, fixed however long")
     if s.cross_kv_bytes_per_source_token is not None:
         table.add_row("  cross-attention, per source token", f"{s.cross_kv_bytes_per_source_token:,} B", "computed once per source")
     if spec.layers:
@@ -124,6 +127,7 @@ def summary_table(s, spec) -> Table:
             kv = f", KV cache {human_bytes(row['kv_cache_bytes'] * s.batch)} ({row['kv_tokens']} tokens)" if "kv_cache_bytes" in row else ""
             window = f", window {row['window']}" if row["window"] is not None else ""
             window += f", {row['sinks']} sink logits" if "sinks" in row else ""
+            kv = f", state {human_bytes(row['state_bytes'] * s.batch)}" if "state_bytes" in row else kv
             table.add_row(f"  {stack}{row['layer']}", f"{row['parameters']:,}",
                           f"{human_flops(row['flops'] // (s.seq if s.unit == 'token' else 1))} per {s.unit}{window}{kv}")
     return table

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from zoo.components.linear import Linear
 from zoo.components.parts import linear_flops
 from zoo.kernels import Mask
-from zoo.protocols import CountsFlops, ResidualWriter, SavesActivations, SummaryPart
+from zoo.protocols import CachesPerToken, CountsFlops, HoldsState, ResidualWriter, SavesActivations, SummaryPart
 from zoo.registry import register
 
 __all__ = ["GatedDeltaNet", "GatedRMSNorm", "chunked_delta_rule", "delta_rule_step"]
@@ -107,7 +107,7 @@ def delta_rule_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     return torch.stack(out, dim=2), S
 
 
-class GatedDeltaNet(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActivations):
+class GatedDeltaNet(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActivations, CachesPerToken, HoldsState):
     """Gated DeltaNet of ``n_heads`` value heads of ``v_head_dim`` and ``key_heads`` query/key heads
     of ``head_dim``, a causal depthwise convolution of ``conv_kernel`` taps and a gated output norm
     (``eps``); see the module docstring."""

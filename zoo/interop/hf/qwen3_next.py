@@ -6,7 +6,8 @@ attention with gated DeltaNet linear attention (``layer_types``; by default ever
     block: {attention: {kind: gqa, gate: true, qk_norm: {kind: rmsnorm, unit_offset: true}, ...},
             norm: {kind: rmsnorm, unit_offset: true}, ffn: {kind: moe, shared_hidden: 512, ...}}
     position: {kind: rope, fraction: 0.25, base: 1.0e7}
-    layers: [{at: [0, 1, 2, 4, ...], block: {attention: {kind: gated_deltanet, n_heads: 32, key_heads: 16, ...}}}]
+    layers: [{at: [0, 1, 2, 4, ...], block: {attention: {kind: gated_deltanet, n_heads: 32, key_heads: 16, ...}},
+              position: {kind: none}}]                    # the mixer reads no positions
 
 Full attention: ``q_proj`` holds each head's query rows then its gate's (zoo's ``attn.qkv`` is
 [q_proj | k_proj | v_proj] as it stands, ``attention.gate``), an RMSNorm by (1 + weight) on each
@@ -56,7 +57,7 @@ def _read_linear(c: Any, where: str) -> dict:
                  "conv_kernel": c.linear_conv_kernel_dim, "norm_eps": c.rms_norm_eps,
                  # what the model's gated attention has and the mixer has not
                  "n_kv_heads": None, "qk_norm": None, "gate": False, "bias": False, "out_bias": None}
-    return {"layers": [{"at": at_of(linear, n), "block": {"attention": attention}}]}
+    return {"layers": [{"at": at_of(linear, n), "block": {"attention": attention}, "position": {"kind": "none"}}]}
 
 
 def _write_linear(s: FamilySpec, where: str) -> dict:
