@@ -55,6 +55,7 @@ EXACT = {
     "nllb-200-distilled-600m": 615_073_792,
     "m2m100-418m": 483_905_536,
 }
+EXACT["qwen3-next-80b-a3b"] = 79_674_391_296  # HF Qwen3NextForCausalLM from Qwen/Qwen3-Next-80B-A3B-Instruct's config
 
 
 def n_params(name: str, overrides=()) -> int:

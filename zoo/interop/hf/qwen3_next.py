@@ -6,8 +6,8 @@ attention with gated DeltaNet linear attention (``layer_types``; by default ever
     block: {attention: {kind: gqa, gate: true, qk_norm: {kind: rmsnorm, unit_offset: true}, ...},
             norm: {kind: rmsnorm, unit_offset: true}, ffn: {kind: moe, shared_hidden: 512, ...}}
     position: {kind: rope, fraction: 0.25, base: 1.0e7}
-    layers: [{at: [0, 1, 2, 4, ...], block: {attention: {kind: gated_deltanet, n_heads: 32, key_heads: 16, ...}},
-              position: {kind: none}}]                    # the mixer reads no positions
+    layers: [{at: "0::4", block: {attention: {kind: gated_deltanet, n_heads: 32, key_heads: 16, ...}},
+              position: {kind: none}}, ...]               # and "1::4", "2::4"; the mixer reads no positions
 
 Full attention: ``q_proj`` holds each head's query rows then its gate's (zoo's ``attn.qkv`` is
 [q_proj | k_proj | v_proj] as it stands, ``attention.gate``), an RMSNorm by (1 + weight) on each
@@ -56,8 +56,20 @@ def _read_linear(c: Any, where: str) -> dict:
                  "head_dim": c.linear_key_head_dim, "v_head_dim": c.linear_value_head_dim,
                  "conv_kernel": c.linear_conv_kernel_dim, "norm_eps": c.rms_norm_eps,
                  # what the model's gated attention has and the mixer has not
-                 "n_kv_heads": None, "qk_norm": None, "gate": False, "bias": False, "out_bias": None}
-    return {"layers": [{"at": at_of(linear, n), "block": {"attention": attention}, "position": {"kind": "none"}}]}
+                 "n_kv_heads": None, "qk_norm": None, "gate": False, "bias": False}
+    return {"layers": [{"at": at, "block": {"attention": attention}, "position": {"kind": "none"}} for at in _linear_at(types)]}
+
+
+def _linear_at(types: list[str]) -> list:
+    """The ``at`` of the linear-attention layers: with a full-attention layer every k-th (HF's
+    ``full_attention_interval``), one slice "r::k" per other residue, so a model of any depth reads
+    alike; else one list."""
+    n, full = len(types), [i for i, t in enumerate(types) if t == FULL]
+    linear = [i for i, t in enumerate(types) if t == LINEAR]
+    k = full[0] + 1 if full else 0
+    if k > 1 and full == list(range(k - 1, n, k)):
+        return [f"{r}::{k}" for r in range(k - 1)]
+    return [at_of(linear, n)]
 
 
 def _write_linear(s: FamilySpec, where: str) -> dict:
