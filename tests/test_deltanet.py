@@ -143,3 +143,23 @@ def test_summary_counts_the_linear_state_per_layer_not_per_token():
         rows = s.layers
         assert [r.get("state_bytes") for r in rows] == [state * 4, None, state * 4]
         assert s.kv_cache_bytes == 2 * 8 * 2 * 4 * seq
+
+
+@pytest.mark.slow
+def test_qwen3_next_tiny_trains():
+    import zoo
+
+    model = zoo.build(zoo.load_spec("qwen3-next-tiny", ["vocab_size=61", "max_seq_len=32"]), seed=0).train()
+    x = torch.randint(0, 61, (4, 17), generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        logits = model(x[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    mixer = model.stack.blocks[0].attn
+    assert isinstance(mixer, GatedDeltaNet) and mixer.A_log.grad is None  # zeroed after the step
