@@ -163,3 +163,11 @@ def test_qwen3_next_tiny_trains():
     assert losses[-1] < 0.8 * losses[0]
     mixer = model.stack.blocks[0].attn
     assert isinstance(mixer, GatedDeltaNet) and mixer.A_log.grad is None  # zeroed after the step
+
+
+def test_static_cache_is_refused_by_name():
+    import zoo
+
+    model = zoo.build(zoo.load_spec("qwen3-next-tiny", ["vocab_size=61", "max_seq_len=32"]), seed=0).eval()
+    with pytest.raises(ValueError, match="static cache"):
+        zoo.generate(model, torch.randint(0, 61, (1, 5)), max_new_tokens=2, cache="static")

@@ -141,15 +141,18 @@ class GatedDeltaNet(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesAc
         if memory is not None:
             raise ValueError("GatedDeltaNet is self-attention; it takes no memory")
         B, T, _ = x.shape
+        if cache is not None and not hasattr(cache, "state"):
+            raise ValueError("gated_deltanet keeps a recurrent state, which the static cache does not hold; decode "
+                             "with the dynamic cache")
         if isinstance(mask, Mask):
+            if mask.documents is not None:
+                raise ValueError("gated_deltanet: its state would carry from one packed document into the next; give "
+                                 "it one document per row (no documents)")
             if mask.padding is not None:
                 x = x * mask.padding[:, -T:, None].to(x.dtype)
         elif mask is not None:
             raise ValueError("GatedDeltaNet reads padding from a zoo.kernels.Mask; a dense mask does not say which "
                              "tokens are padding")
-        if cache is not None and not hasattr(cache, "state"):
-            raise ValueError("gated_deltanet keeps a recurrent state, which the static cache does not hold; decode "
-                             "with the dynamic cache")
         state = cache.state if cache is not None else None
         G, H, K, V, r = self.key_heads, self.n_heads, self.head_dim, self.v_head_dim, self.n_heads // self.key_heads
         q, k, v, z = self.qkvz(x).view(B, T, G, 2 * K + 2 * r * V).split([K, K, r * V, r * V], dim=-1)
