@@ -109,8 +109,10 @@ def summary_table(s, spec) -> Table:
         table.add_row("activation memory", f"{s.activation_bytes:,} B",
                       f"{human_bytes(s.activation_bytes)}: a training step, batch {shape}, {s.dtype}, fused attention")
     if s.kv_cache_bytes_per_token is not None:
-        windowed = [row for row in s.layers if row.get("kv_tokens", s.seq) < s.seq]
+        windowed = [row for row in s.layers if row.get("kv_tokens", s.seq) < s.seq and "state_bytes" not in row]
         note = f" ({len(windowed)} of {len(s.layers)} layers slide a window and keep fewer)" if windowed else ""
+        stateful = sum("state_bytes" in row for row in s.layers)
+        note += f" ({stateful} of {len(s.layers)} layers hold a fixed-size state instead)" if stateful else ""
         table.add_row("KV cache per token", f"{s.kv_cache_bytes_per_token:,} B",
                       f"{human_bytes(s.kv_cache_bytes)} for batch {s.batch} x {s.seq} tokens{note}")
     else:
