@@ -171,3 +171,15 @@ def test_static_cache_is_refused_by_name():
     model = zoo.build(zoo.load_spec("qwen3-next-tiny", ["vocab_size=61", "max_seq_len=32"]), seed=0).eval()
     with pytest.raises(ValueError, match="static cache"):
         zoo.generate(model, torch.randint(0, 61, (1, 5)), max_new_tokens=2, cache="static")
+
+
+def test_flops_are_torchs_count_plus_the_triangular_solves():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mixer = GatedDeltaNet(24, n_heads=6, key_heads=2, head_dim=5, v_head_dim=7, conv_kernel=3)
+    for T in (50, 130):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            mixer(torch.randn(1, T, 24))
+        chunks = -(-T // 64)
+        solves = chunks * 6 * 64 * 64 * (5 + 7)  # torch's counter leaves linalg's triangular solves out
+        assert abs(counter.get_total_flops() + solves - mixer.flops(T)) < 0.01 * mixer.flops(T)

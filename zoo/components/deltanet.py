@@ -186,10 +186,14 @@ class GatedDeltaNet(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesAc
         return 0
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
-        """Forward FLOPs over ``tokens`` tokens: the projections, the convolution and, per token and
-        value head, the state's decay, read, correction and output (about 8 K V)."""
+        """Forward FLOPs over ``tokens`` tokens: the projections, the convolution and the chunked
+        delta rule per value head and chunk of C = 64 tokens (a sequence padded to whole chunks):
+        its C x C products k_beta k^T, q k^T and the intra-chunk read (4 C^2 K + 2 C^2 V), the two
+        triangular solves (C^2 (K + V)) and the state's three C x K x V products (6 C K V)."""
         conv = 2 * self.conv.in_channels * self.conv_kernel * tokens
-        rule = 8 * tokens * self.n_heads * self.head_dim * self.v_head_dim
+        C, K, V = CHUNK, self.head_dim, self.v_head_dim
+        per_chunk = 4 * C * C * K + 2 * C * C * V + C * C * (K + V) + 6 * C * K * V
+        rule = -(-tokens // C) * self.n_heads * per_chunk
         return linear_flops(self.qkvz, tokens) + linear_flops(self.ba, tokens) + linear_flops(self.out, tokens) + conv + rule
 
     def saved(self, tokens: int, memory: int | None = None, *, rotates: bool = False) -> int:
