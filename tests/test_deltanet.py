@@ -183,3 +183,20 @@ def test_flops_are_torchs_count_plus_the_triangular_solves():
         chunks = -(-T // 64)
         solves = chunks * 6 * 64 * 64 * (5 + 7)  # torch's counter leaves linalg's triangular solves out
         assert abs(counter.get_total_flops() + solves - mixer.flops(T)) < 0.01 * mixer.flops(T)
+
+
+def test_saved_estimate_is_near_what_autograd_keeps():
+    mixer = GatedDeltaNet(24, n_heads=6, key_heads=2, head_dim=5, v_head_dim=7, conv_kernel=3)
+    for T in (64, 130):
+        x = torch.randn(1, T, 24, requires_grad=True)
+        seen, kept = {x.data_ptr()} | {p.data_ptr() for p in mixer.parameters()}, []
+
+        def pack(t):
+            if t.data_ptr() not in seen:  # each storage offset once (chunk views count apart: an upper bound)
+                seen.add(t.data_ptr())
+                kept.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            mixer(x)
+        assert 0.6 * sum(kept) < mixer.saved(T) <= sum(kept)

@@ -197,14 +197,15 @@ class GatedDeltaNet(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesAc
         return linear_flops(self.qkvz, tokens) + linear_flops(self.ba, tokens) + linear_flops(self.out, tokens) + conv + rule
 
     def saved(self, tokens: int, memory: int | None = None, *, rotates: bool = False) -> int:
-        """Elements kept for the backward pass besides the input, roughly: the projections' outputs,
-        the convolution's input and output, the float32 queries, keys and values (the query/key
-        heads repeated to the value heads), the chunk's state per 64 tokens and the gated norm's
-        input and output."""
-        H, K, V = self.n_heads, self.head_dim, self.v_head_dim
-        per_token = self.qkvz.out_features + self.ba.out_features + 2 * self.conv.in_channels + H * (2 * K + V) + 3 * H * V
-        states = -(-tokens // CHUNK) * H * K * V
-        return tokens * per_token + states
+        """Elements kept for the backward pass besides the input, approximately (within about a
+        quarter of autograd's count): per token the projections' outputs, the convolution's input
+        and output, the float32 queries and keys (repeated to the value heads), the values, gates
+        and the gated norm's tensors; per chunk of C = 64 tokens and value head its four C x C
+        matrices, the chunk's keys and values and the state it starts from."""
+        H, K, V, C = self.n_heads, self.head_dim, self.v_head_dim, CHUNK
+        per_token = self.qkvz.out_features + self.ba.out_features + 2 * self.conv.in_channels + H * (5 * V + 2 * K + 5)
+        per_chunk = H * (4 * C * C + C * (3 * K + 2 * V + 2) + 3 * K * V)
+        return tokens * per_token + -(-tokens // C) * per_chunk
 
 
 @register("attention", "gated_deltanet")
