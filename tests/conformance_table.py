@@ -177,6 +177,15 @@ HF_CONFIGS["DebertaV2ForMaskedLM"] = ("DebertaV2Config", dict(
     intermediate_size=40, relative_attention=True, position_buckets=8, max_relative_positions=12, norm_rel_ebd="layer_norm",
     share_att_key=True, pos_att_type="p2c|c2p", position_biased_input=False, type_vocab_size=0))
 BACKBONE_OF["DebertaV2Model"] = "DebertaV2ForMaskedLM"
+# Qwen3-Next: gated DeltaNet layers (3 value heads per key head, odd head sizes, a 3-tap convolution) around a gated
+# full-attention layer with partial rotary, a dense layer among MoE ones with a gated shared expert
+HF_CONFIGS["Qwen3NextForCausalLM"] = ("Qwen3NextConfig", dict(
+    _ROTARY, num_hidden_layers=3, head_dim=8, layer_types=["linear_attention", "full_attention", "linear_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=5, linear_value_head_dim=7,
+    linear_conv_kernel_dim=3, partial_rotary_factor=0.5, moe_intermediate_size=12, shared_expert_intermediate_size=16,
+    num_experts=3, num_experts_per_tok=2, mlp_only_layers=[1], rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                                 "partial_rotary_factor": 0.5}))
+BACKBONE_OF |= {"Qwen3NextModel": "Qwen3NextForCausalLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments

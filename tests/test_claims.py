@@ -301,11 +301,16 @@ def test_generation_reaches_every_field_of_every_builtin_spec():
     free.add((ParallelBlockSpec, "cross_attention"))  # no valid spec has one: decoders have no cross-attention
     from zoo.spec import MLASpec
 
-    free |= {(MLASpec, "key_bias"), (MLASpec, "qk_norm")}  # no valid mla spec changes them: its own validator refuses
+    free |= {(MLASpec, f) for f in ("key_bias", "qk_norm", "sinks", "gate", "temperature")}  # no valid mla spec changes them: its own validator refuses
     from zoo.spec import DisentangledSpec
 
-    free |= {(DisentangledSpec, f) for f in ("key_bias", "qk_norm", "scale", "scale_dim", "sinks", "softcap",
-                                             "window")}  # no valid disentangled spec changes them: its validator refuses
+    free |= {(DisentangledSpec, f) for f in ("chunk", "gate", "key_bias", "qk_norm", "scale", "scale_dim", "sinks",
+                                             "softcap", "temperature", "window")}  # no valid disentangled spec changes them: its validator refuses
+
+    from zoo.spec import GatedDeltaNetSpec
+
+    free |= {(GatedDeltaNetSpec, f) for f in ("bias", "chunk", "gate", "key_bias", "out_bias", "qk_norm", "scale",
+                                              "scale_dim", "sinks", "softcap", "temperature", "window")}  # the mixer has none of them: its validator refuses
 
     def container(cls: type, field: str) -> bool:  # a section always present: its own fields are what changes
         tp = cls.model_fields[field].annotation

@@ -44,6 +44,12 @@ CONFIGS = {  # class -> (config class, fields)
                                                    norm_topk_prob=True, attention_bias=True, router_aux_loss_coef=0.05)),
     "OlmoeForCausalLM": ("OlmoeConfig", dict(SIZES, num_hidden_layers=2, intermediate_size=20, num_experts=5)),
 }
+# Qwen3-Next: its MoE blocks (a gated shared expert, a dense layer) beside gated DeltaNet and gated attention layers
+CONFIGS["Qwen3NextForCausalLM"] = ("Qwen3NextConfig", dict(
+    SIZES, num_hidden_layers=3, head_dim=8, intermediate_size=30, moe_intermediate_size=20, shared_expert_intermediate_size=24,
+    num_experts=5, mlp_only_layers=[2], layer_types=["linear_attention", "full_attention", "linear_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=6, linear_value_head_dim=5,
+    linear_conv_kernel_dim=3, router_aux_loss_coef=0.05))
 BACKBONES = {"MixtralModel": "MixtralForCausalLM", "Qwen2MoeModel": "Qwen2MoeForCausalLM",
              "Qwen3MoeModel": "Qwen3MoeForCausalLM", "OlmoeModel": "OlmoeForCausalLM"}
 

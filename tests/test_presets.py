@@ -60,6 +60,7 @@ EXACT = {
     "m2m100-418m": 483_905_536,
     "deberta-v3-base": 184_551_780,  # HF DebertaV2ForMaskedLM from microsoft/deberta-v3-base's config (tests/test_hf_encoders.py)
 }
+EXACT["qwen3-next-80b-a3b"] = 79_674_391_296  # HF Qwen3NextForCausalLM from Qwen/Qwen3-Next-80B-A3B-Instruct's config
 
 
 def n_params(name: str, overrides=()) -> int:

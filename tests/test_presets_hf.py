@@ -10,7 +10,8 @@ the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``),
 (``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
 ``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``,
 ``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``, ``olmo-tiny``, ``nemotron-tiny``, ``gpt-oss-tiny``,
-``deepseek-tiny``, ``llama4-tiny``): at random init each converts to its HF class with the same logits
+``deepseek-tiny``, ``llama4-tiny``,
+``qwen3-next-tiny``; real size ``qwen3-next-80b-a3b``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
 
@@ -145,6 +146,14 @@ RELEASES = {
                             "original_max_position_embeddings": 4096},  # beta_fast 32, beta_slow 1: HF's defaults
         "attention_bias": False, "rope_interleave": True, "tie_word_embeddings": False}),
 }
+RELEASES["qwen3-next-80b-a3b"] = ("Qwen3NextForCausalLM", "Qwen3NextConfig", 79_674_391_296, {  # Qwen/Qwen3-Next-80B-A3B-Instruct
+    "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 512,
+    "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "decoder_sparse_step": 1, "norm_topk_prob": True, "full_attention_interval": 4, "max_position_embeddings": 262144,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False})
 NOT_SPEC = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}  # token ids are no part of a spec
 
 
@@ -195,8 +204,13 @@ TINY = {
     "gpt-oss-tiny": ("gpt-oss-20b", "GptOssForCausalLM", "GptOssForCausalLM"),
     "deepseek-tiny": ("deepseek-v3", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM"),
     "llama4-tiny": ("llama-4-scout-text", "Llama4ForCausalLM", "Llama4ForCausalLM"),
+    "qwen3-next-tiny": ("qwen3-next-80b-a3b", "Qwen3NextForCausalLM", "Qwen3NextForCausalLM"),
 }
 WINDOW = 64
+# Qwen3-Next's gated DeltaNet layers amplify (about 5x a layer at scrambled weights) the fp32 rounding that the MoE
+# layers before them leave (4e-6 on layer 0's FFN output); each mixer alone matches HF's to 1e-6 on the same input
+# (tests/test_deltanet.py), so its logits are held to a 3x looser bound
+LOOSER = {"qwen3-next-tiny": 3.0}
 
 
 def scramble(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -266,6 +280,7 @@ def test_tiny_presets_convert_to_hf_and_decode_the_same(name):
         unit = (head.scale or 1.0) / (head.divisor or 1.0)
         assert logits.abs().max() > unit  # O(1) logits: the tolerance below is a real test
         tol = max(ATOL * unit, 2e-5 * logits.abs().max().item())  # fp32 rounding grows with the logits (Gemma's reach ~10)
+        tol *= LOOSER.get(name, 1.0)
         assert max_diff(logits, hf(x).logits) < tol
         ref = hf(x, attention_mask=mask, position_ids=positions(mask)).logits
         assert max_diff(model(x, mask), ref, mask) < tol

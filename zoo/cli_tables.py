@@ -109,12 +109,17 @@ def summary_table(s, spec) -> Table:
         table.add_row("activation memory", f"{s.activation_bytes:,} B",
                       f"{human_bytes(s.activation_bytes)}: a training step, batch {shape}, {s.dtype}, fused attention")
     if s.kv_cache_bytes_per_token is not None:
-        windowed = [row for row in s.layers if row.get("kv_tokens", s.seq) < s.seq]
+        windowed = [row for row in s.layers if row.get("kv_tokens", s.seq) < s.seq and "state_bytes" not in row]
         note = f" ({len(windowed)} of {len(s.layers)} layers slide a window and keep fewer)" if windowed else ""
+        stateful = sum("state_bytes" in row for row in s.layers)
+        note += f" ({stateful} of {len(s.layers)} layers hold a fixed-size state instead)" if stateful else ""
         table.add_row("KV cache per token", f"{s.kv_cache_bytes_per_token:,} B",
                       f"{human_bytes(s.kv_cache_bytes)} for batch {s.batch} x {s.seq} tokens{note}")
     else:
         table.add_row("KV cache per token", "-", "not autoregressive")
+    if s.linear_state_bytes is not None:
+        table.add_row("  linear-attention state", f"{s.linear_state_bytes:,} B",
+                      f"{human_bytes(s.linear_state_bytes * s.batch)} for batch {s.batch}, fixed however long")
     if s.cross_kv_bytes_per_source_token is not None:
         table.add_row("  cross-attention, per source token", f"{s.cross_kv_bytes_per_source_token:,} B", "computed once per source")
     if spec.layers:
@@ -124,6 +129,7 @@ def summary_table(s, spec) -> Table:
             kv = f", KV cache {human_bytes(row['kv_cache_bytes'] * s.batch)} ({row['kv_tokens']} tokens)" if "kv_cache_bytes" in row else ""
             window = f", window {row['window']}" if row["window"] is not None else ""
             window += f", {row['sinks']} sink logits" if "sinks" in row else ""
+            kv = f", state {human_bytes(row['state_bytes'] * s.batch)}" if "state_bytes" in row else kv
             table.add_row(f"  {stack}{row['layer']}", f"{row['parameters']:,}",
                           f"{human_flops(row['flops'] // (s.seq if s.unit == 'token' else 1))} per {s.unit}{window}{kv}")
     return table

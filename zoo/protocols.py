@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
 __all__ = [
-    "CachesPerToken", "CountsFlops", "DerivedBuffers", "Experts", "Generates", "HasSublayers", "HeadSizes", "InitNormal", "InitResidual", "KeepsMasks",
+    "CachesPerToken", "CountsFlops", "DerivedBuffers", "Experts", "Generates", "HasSublayers", "HeadSizes", "HoldsState", "InitNormal", "InitResidual", "KeepsMasks",
     "LayerCosts", "ModelCosts", "PROTOCOLS", "ResidualWriter", "SavesActivations", "SavesPerToken", "SummaryPart", "SummaryParts",
     "VocabularyLoss", "members",
 ]
@@ -85,6 +85,16 @@ class HeadSizes(Protocol):
     n_kv_heads: int  # key and value heads (fewer with GQA, one with MQA)
     head_dim: int  # the width of a query and key head
     v_head_dim: int  # the width of a value head
+
+
+@runtime_checkable
+class HoldsState(Protocol):
+    """A mixer whose decoding cache is a fixed-size state per sequence, not per token (gated
+    DeltaNet's recurrent and convolution state)."""
+
+    def state_elements(self) -> int:
+        """Elements of its state per sequence, however long."""
+        ...
 
 
 @runtime_checkable
@@ -219,7 +229,7 @@ class Generates(Protocol):
 PROTOCOLS: tuple[type, ...] = (
     ResidualWriter, CountsFlops, SavesActivations, SavesPerToken, KeepsMasks, HeadSizes, CachesPerToken, SummaryPart, SummaryParts,
     InitNormal, InitResidual, DerivedBuffers, Experts, VocabularyLoss, HasSublayers, LayerCosts, ModelCosts,
-    Generates,
+    Generates, HoldsState,
 )
 
 

@@ -80,6 +80,7 @@ class Summary:
     layers: tuple[dict, ...] = ()  # per layer of each stack: parameters, FLOPs per unit, window, KV cache, sinks
     active_parameters: int | None = None  # what one token's forward pass uses (mixtures of experts: top_k experts)
     expert_parameters: int = 0  # the routed experts' parameters, all of them (0: no mixture of experts)
+    linear_state_bytes: int | None = None  # linear-attention layers' fixed-size state of one sequence (gated DeltaNet)
 
     @property
     def weight_bytes(self) -> int:
@@ -212,6 +213,9 @@ def _layers(model: nn.Module, seq: int, bytes_per_element: int) -> tuple[dict, .
                 kept = getattr(stack, "kept", stack.windows)[i]  # a chunk's keys too
                 held = tokens if kept is None else min(tokens, kept - 1)
                 row.update(kv_tokens=held, kv_cache_bytes=parts.cache_elements(block.attn) * held * bytes_per_element)
+                state = parts.state_elements(getattr(block, "attn", None))
+                if state:  # a linear-attention layer: a fixed-size state, not per token
+                    row.update(kv_tokens=0, state_bytes=state * bytes_per_element)
             rows.append(row)
     return tuple(rows)
 
@@ -259,6 +263,7 @@ def _summarize(spec: FamilySpec, model: nn.Module, *, batch: int, seq: int | Non
     tied = _tied(model)
     layers = _layers(model, seq, p)
     held = [row["kv_tokens"] for row in layers if "kv_tokens" in row]
+    states = [row["state_bytes"] for row in layers if "state_bytes" in row]
     return Summary(
         name=spec.name or spec.family,
         family=spec.family,
@@ -280,6 +285,7 @@ def _summarize(spec: FamilySpec, model: nn.Module, *, batch: int, seq: int | Non
         layers=layers,
         active_parameters=active_parameters(model),
         expert_parameters=sum(e * per for e, per in expert_parameters(model)),
+        linear_state_bytes=sum(states) if states else None,
     )
 
 

@@ -3,6 +3,7 @@
 from zoo.components import (  # noqa: F401
     attention,
     block,
+    deltanet,
     disentangled,
     dropout,
     embedding,
@@ -31,6 +32,7 @@ from zoo.components.block import (
     build_norm,
     build_sublayers,
 )
+from zoo.components.deltanet import GatedDeltaNet
 from zoo.components.dropout import Dropout
 from zoo.components.embedding import PatchEmbedding, TokenEmbedding
 from zoo.components.ffn import MLP, GatedMLP
@@ -58,5 +60,5 @@ __all__ = [
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
     "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
     "RotaryPosition", "GridRotaryPosition", "GridRelativeBias", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
-    "MLMHead", "ClassifierHead", "LatentAttention", "MoE", "load_balancing_loss", "router_z_loss",
+    "MLMHead", "ClassifierHead", "LatentAttention", "MoE", "load_balancing_loss", "router_z_loss", "GatedDeltaNet",
 ]

@@ -71,7 +71,9 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
     (:attr:`zoo.spec.AttentionSpec.kernel`): ``fused`` (:func:`zoo.kernels.attention`: SDPA or zoo's
     CPU kernel) or ``scores`` (:func:`zoo.kernels.scores_attention`), which a cap needs, and
     ``sinks`` (gpt-oss): a learned logit per head, the parameter ``sinks`` [H], that joins each
-    query's softmax denominator and is dropped after it.
+    query's softmax denominator and is dropped after it. ``gate`` (Qwen3-Next's gated attention):
+    ``qkv`` also projects a gate per head (each head's V gate rows after its K query rows, HF's
+    q_proj layout) whose sigmoid multiplies the head's output before ``out``.
 
     ``temperature`` ((floor, scale), Llama 4's NoPE layers) multiplies each query, after the qk-norm
     and the rotation, by ``1 + scale * log(1 + floor((slot + 1) / floor))`` in float32, its slot the
@@ -105,6 +107,7 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         kernel: str = "fused",
         temperature: tuple[int, float] | None = None,
         sinks: bool = False,
+        gate: bool = False,
     ) -> None:
         super().__init__()
         if kernel not in ("fused", "scores"):
@@ -125,13 +128,18 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         self.head_dim, self.v_head_dim = head_dim, v_head_dim
         self.dropout, self.cross = dropout, cross
         q_size, k_size, v_size = n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * v_head_dim
-        self.splits = (q_size, k_size, v_size)
+        if gate and (cross or (bias and not key_bias)):
+            raise ValueError("gate: the output gate shares the fused self-attention projection; build it without "
+                             "cross and key_bias=False")
+        # Qwen3-Next's gated attention: each head's query rows followed by its gate's rows in the projection
+        self.gated = gate
+        self.splits = (q_size + (n_heads * v_head_dim if gate else 0), k_size, v_size)
         own = bias and key_bias  # the projections' own biases; else q_bias and v_bias with a zero key share
         if cross:
             self.q = Linear(dim, q_size, bias=bias)
             self.kv = Linear(kv_dim or dim, k_size + v_size, bias=own)
         else:
-            self.qkv = Linear(dim, q_size + k_size + v_size, bias=own)
+            self.qkv = Linear(dim, sum(self.splits), bias=own)
         self.q_bias = nn.Parameter(torch.zeros(q_size)) if bias and not key_bias and not cross else None
         self.v_bias = nn.Parameter(torch.zeros(v_size)) if bias and not key_bias else None
         self.out = Linear(n_heads * v_head_dim, dim, bias=bias if out_bias is None else out_bias)
@@ -172,6 +180,9 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
                     cache.memory_kv = (k, v)
         else:
             q, kv = self._project(self.qkv, x, self.q_bias).split([self.splits[0], self.splits[1] + self.splits[2]], dim=-1)
+            if self.gated:
+                q, gate = rearrange(q, "b t (h e) -> b t h e", h=self.n_heads).split([self.head_dim, self.v_head_dim], -1)
+                q, gate = q.flatten(2), gate.flatten(2)
             q = self._heads(q, self.q_norm, self.n_heads)
             k, v = self._split_kv(kv)
             if pos is not None:
@@ -187,7 +198,8 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         else:
             y = kernels.attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
                                   enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale)  # (B, H, T, V)
-        return self.out(rearrange(y, "b h t v -> b t (h v)"))
+        y = rearrange(y, "b h t v -> b t (h v)")
+        return self.out(y * torch.sigmoid(gate) if self.gated and not self.cross else y)
 
     def tuned(self, q: Tensor, cache: LayerCache | None) -> Tensor:
         """Queries (B, H, T, K) times their temperature (see the class docstring)."""
@@ -219,9 +231,10 @@ class Attention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActiva
         qk = 2 if self.q_norm is not None else 0
         keys = memory if self.cross and memory is not None else tokens
         weights = 3 * H * tokens * keys if self.kernel == "scores" else 0
+        gated = 2 * H * V if self.gated else 0  # the gate's sigmoid and the gated output
         if self.cross:
-            return tokens * (H * K * (1 + qk) + H * V) + keys * G * (K * (1 + qk) + V) + weights
-        return tokens * (H * K + G * (K + V) + H * V + (H + G) * K * (int(rotates) + qk)) + weights
+            return tokens * (H * K * (1 + qk) + H * V + gated) + keys * G * (K * (1 + qk) + V) + weights
+        return tokens * (H * K + G * (K + V) + H * V + gated + (H + G) * K * (int(rotates) + qk)) + weights
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention's keys and values of ``memory`` [B, S, Dm]: k (B, G, S, K), v (B, G, S, V)."""
@@ -308,4 +321,5 @@ def _attention(spec, *, dim: int, d_model: int, dropout: float, cross: bool = Fa
         kernel=spec.kernel,
         temperature=None if spec.temperature is None else (spec.temperature.floor, spec.temperature.scale),
         sinks=spec.sinks,
+        gate=spec.gate,
     )

@@ -27,6 +27,7 @@ class LayerCache:
         self.k: Tensor | None = None  # (B, G, C, K)
         self.v: Tensor | None = None  # (B, G, C, V)
         self.memory_kv: tuple[Tensor, Tensor] | None = None  # cross-attention (B, G, S, K), (B, G, S, V)
+        self.state: dict[str, Tensor] | None = None  # a linear-attention layer's fixed-size state, per row
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys/values [B, G, T, *] at the current step; return all the new tokens may
@@ -54,6 +55,8 @@ class LayerCache:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+        if self.state is not None:
+            self.state = {name: t.index_select(0, index) for name, t in self.state.items()}
 
 
 class KVCache:

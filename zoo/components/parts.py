@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from zoo.protocols import CachesPerToken, CountsFlops, HeadSizes, KeepsMasks, ResidualWriter, SavesActivations, SavesPerToken
+from zoo.protocols import CachesPerToken, CountsFlops, HeadSizes, HoldsState, KeepsMasks, ResidualWriter, SavesActivations, SavesPerToken
 
-__all__ = ["cache_elements", "flops", "has_parameters", "head_sizes", "linear_flops", "mask_per_token", "norm_saved", "residual_linears",
+__all__ = ["state_elements", "cache_elements", "flops", "has_parameters", "head_sizes", "linear_flops", "mask_per_token", "norm_saved", "residual_linears",
            "residual_out", "saved", "saved_per_token"]
 
 
@@ -115,3 +115,8 @@ def cache_elements(part: nn.Module | None) -> int:
         return part.cache_elements()
     _, G, K, V = head_sizes(part, 0)
     return G * (K + V)
+
+
+def state_elements(part: nn.Module | None) -> int:
+    """Elements a mixer holds per sequence however long (gated DeltaNet's state), else 0."""
+    return part.state_elements() if isinstance(part, HoldsState) else 0

@@ -13,6 +13,7 @@ fix; nothing is rewritten behind the user's back (derived sizes are properties).
     zoo.spec.parts      the specs of FFNs, norms, heads and ViT pools, attention's and positions' re-exported
     zoo.spec.pooling    a text sequence's pools (eos, last) and the pooled vector's projection
     zoo.spec.mla        multi-head latent attention (attention.kind: mla): q/kv latents, a decoupled rotary key
+    zoo.spec.deltanet   gated DeltaNet linear attention (attention.kind: gated_deltanet): a recurrent state
     zoo.spec.disentangled  DeBERTa's disentangled attention (attention.kind: disentangled) and its relative table
     zoo.spec.moe        the mixture-of-experts FFN (ffn.kind: moe): experts, router, shared expert
     zoo.spec.rope       the scalings of RoPE's frequencies (linear, dynamic, llama3, yarn, longrope)
@@ -64,6 +65,7 @@ from zoo.spec.load import (
 )
 from zoo.spec.migrate import SpecNote
 from zoo.spec.mla import MLASpec
+from zoo.spec.deltanet import GatedDeltaNetSpec
 from zoo.spec.moe import MoERouterSpec, MoESpec
 from zoo.spec.parts import (
     AlibiSpec,
@@ -132,3 +134,4 @@ __all__ = [
     "preset_names", "preset_path", "read_yaml", "select_layers", "to_yaml",
 ]
 __all__ += ["EosPoolSpec", "LastPoolSpec", "ProjectionSpec"]
+__all__ += ["GatedDeltaNetSpec"]

@@ -123,6 +123,8 @@ class AttentionSpec(ComponentSpec):
         "floor)) (Llama 4's attn_temperature_tuning on its NoPE layers); null: none")
     sinks: bool = Field(False, description="a learned logit per head (parameter sinks [n_heads]) joins each query's "
                         "softmax denominator and is dropped (gpt-oss's attention sinks); computed on explicit scores")
+    gate: bool = Field(False, description="an output gate: each head's output times the sigmoid of a projection of x "
+                       "(rows beside each head's query rows, biased as they are; Qwen3-Next's gated attention)")
 
     @field_validator("scale")
     @classmethod
@@ -200,6 +202,9 @@ class AttentionSpec(ComponentSpec):
         if not self.key_bias and not self.bias:
             raise ValueError("key_bias: false drops the key's share of bias: true, but bias is false (no projection "
                              "has one); remove key_bias or set bias: true")
+        if self.gate and not self.key_bias:
+            raise ValueError("gate: the output gate's rows join the fused q, k, v projection, which key_bias: false "
+                             "splits into q_bias and v_bias; remove gate or key_bias")
         return self
 
     @property

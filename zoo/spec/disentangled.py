@@ -48,8 +48,10 @@ class DisentangledSpec(AttentionSpec):
             if value is not None:
                 raise ValueError(f"{name}: disentangled attention scales its three terms by 1/sqrt(head size * terms) "
                                  f"and has no {name}; {fix}")
-        if self.sinks:
-            raise ValueError("sinks: disentangled attention has no attention sinks; set sinks: false")
+        for name, bad in (("sinks", self.sinks), ("gate", self.gate), ("chunk", self.chunk is not None),
+                          ("temperature", self.temperature is not None)):
+            if bad:
+                raise ValueError(f"{name}: disentangled attention has no {name}; remove {name}")
         if not self.key_bias:
             raise ValueError("key_bias: disentangled attention's key projection also maps the relative embeddings; "
                              "remove key_bias")

@@ -221,6 +221,9 @@ class FamilySpec(Spec):
                     f"{blk}.{field}.window: sliding-window attention is self-attention of a decoder or an encoder, "
                     f"which family {self.family} does not have here; remove it"
                 )
+            if cross and getattr(b.cross, "gate", False) and (field == "cross_attention" or b.cross_attention is None):
+                problems.append(f"{blk}.{field}.gate: the output gate is self-attention's (its rows join the fused q, k, "
+                                f"v projection); give {blk}.cross_attention without gate")
             if getattr(spec, "chunk", None) is not None and (field == "cross_attention" or not self.windows):
                 problems.append(
                     f"{blk}.{field}.chunk: chunked attention is self-attention of a decoder or an encoder, "

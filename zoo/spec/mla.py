@@ -73,6 +73,9 @@ class MLASpec(AttentionSpec):
             raise ValueError("qk_norm: mla normalises its latents (latent_eps), not the queries and keys; remove qk_norm")
         if not self.key_bias:
             raise ValueError("key_bias: mla's key projection is its key/value latent's; remove key_bias")
+        for name, bad in (("sinks", self.sinks), ("gate", self.gate), ("temperature", self.temperature is not None)):
+            if bad:
+                raise ValueError(f"{name}: mla has no {name} (attention.kind: gqa has); remove {name}")
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim: rope rotates pairs of dimensions, so it must be even, got "
                              f"{self.qk_rope_head_dim}")
