@@ -25,7 +25,7 @@ from zoo.interop.hf import ARCHS
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 ATOL = 1e-4
-DECODER_BACKBONES = [b for b in BACKBONE_OF if hf_spec(table_config(b)).family == "decoder"]
+DECODER_BACKBONES = [b for b in ARCHS if b in BACKBONE_OF and hf_spec(table_config(b)).family == "decoder"]  # in to_hf's order
 
 
 def tokens(batch: int = 3, length: int = 11, seed: int = 1) -> torch.Tensor:
