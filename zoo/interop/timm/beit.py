@@ -17,7 +17,7 @@ from torch import nn
 from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.timm.base import Architecture
-from zoo.interop.timm.parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
+from zoo.interop.timm.parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules, refuse_unless
 from zoo.spec import FamilySpec
 
 __all__ = ["Beit"]
@@ -41,17 +41,11 @@ CLAIMS: Claims = {
 }
 
 
-def _refuse(checks: list, where: str) -> None:
-    for option, value, ok, why in checks:
-        if not ok:
-            raise unsupported(where, option, value, why)
-
-
 def _check_model(m: nn.Module) -> None:
     from timm.layers import PatchEmbed
 
     pe = m.patch_embed
-    _refuse([
+    refuse_unless([
         ("global_pool", m.global_pool, m.global_pool in ("token", "avg"),
          "zoo reads timm's Beit pooled by the class token ('token') or the patch mean ('avg')"),
         ("use_shared_rel_pos_bias", True, m.rel_pos_bias is None,
@@ -72,7 +66,7 @@ def _block(blk: nn.Module, i: int) -> tuple:
 
     a, mlp = blk.attn, blk.mlp
     where = f"{FROM}: blocks.{i}"
-    _refuse([
+    refuse_unless([
         ("block_fn", type(blk).__name__, type(blk) is Block, "zoo's blocks are timm's Beit Block"),
         ("attn", type(a).__name__, type(a) is Attention, "zoo's attention is timm's Beit Attention"),
         ("mlp", type(mlp).__name__, type(mlp) in (Mlp, SwiGLU), "zoo's FFNs are timm's Mlp and SwiGLU"),
@@ -84,7 +78,7 @@ def _block(blk: nn.Module, i: int) -> tuple:
          "zoo's ViT head size is embed_dim / num_heads"),
     ], where)
     if type(mlp) is SwiGLU:
-        _refuse([("SwiGLU act_layer", type(mlp.act).__name__, type(mlp.act) is nn.SiLU, "zoo's SwiGLU gates with SiLU")], where)
+        refuse_unless([("SwiGLU act_layer", type(mlp.act).__name__, type(mlp.act) is nn.SiLU, "zoo's SwiGLU gates with SiLU")], where)
         ffn = {"kind": "swiglu", "hidden": mlp.fc2.in_features}
     else:
         ffn = {**activation_of(mlp.act, FROM), "hidden": mlp.fc1.out_features}
@@ -176,7 +170,7 @@ def _kwargs(s: FamilySpec) -> dict:
     still cannot express."""
     att, ffn, d = s.block.attention, s.block.ffn, s.d_model
     rel_bias = _rel_bias_of(s)
-    _refuse([
+    refuse_unless([
         ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads, "timm's Beit has multi-head attention only"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's Beit head size is d_model / n_heads"),

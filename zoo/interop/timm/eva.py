@@ -20,7 +20,7 @@ from torch import nn
 from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.timm.base import Architecture
-from zoo.interop.timm.parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules
+from zoo.interop.timm.parts import activation_of, embedding_rules, layernorm_eps, mlp_ratio, output_rules, refuse_unless
 from zoo.spec import FamilySpec
 
 __all__ = ["CLAIMS", "Eva"]
@@ -45,17 +45,11 @@ CLAIMS: Claims = {
 }
 
 
-def _refuse(checks: list, where: str) -> None:
-    for option, value, ok, why in checks:
-        if not ok:
-            raise unsupported(where, option, value, why)
-
-
 def _check_model(m: nn.Module) -> None:
     from timm.layers import PatchEmbed
 
     pe = m.patch_embed
-    _refuse([
+    refuse_unless([
         ("global_pool", m.global_pool, m.global_pool in ("token", "avg") and m.attn_pool is None,
          "zoo reads timm's Eva pooled by the class token ('token') or the patch mean ('avg')"),
         ("patch_drop_rate", "> 0", m.patch_drop is None, "zoo has no patch dropout"),
@@ -78,7 +72,7 @@ def _check_model(m: nn.Module) -> None:
 def _rope_dinov3(m: nn.Module) -> dict:
     """timm's RotaryEmbeddingDinoV3 as a zoo Rope2dSpec mapping (``coords: centered``)."""
     r, head = m.rope, m.embed_dim // m.blocks[0].attn.num_heads
-    _refuse([
+    refuse_unless([
         ("rope min_period/max_period", (r.min_period, r.max_period), r.min_period is None or r.max_period is None,
          "zoo's centered rope2d has the periods base^(i/(K/4)) (rope_temperature)"),
         ("rope normalize_coords", r.normalize_coords, r.normalize_coords == "separate",
@@ -101,7 +95,7 @@ def _rope(m: nn.Module) -> dict | None:
         return _rope_dinov3(m)
     ref = r.ref_feat_shape
     head = m.embed_dim // m.blocks[0].attn.num_heads
-    _refuse([
+    refuse_unless([
         ("rope in_pixels", r.in_pixels, not r.in_pixels and r.grid_type == "index", "zoo's rope2d turns by grid indices"),
         ("rope_grid_offset", r.grid_offset, r.grid_offset == 0, "zoo's rope2d counts rows and columns from 0"),
         ("rope_grid_indexing", r.grid_indexing, r.grid_indexing == "ij", "zoo's rope2d turns the first half by the row"),
@@ -120,7 +114,7 @@ def _block(blk: nn.Module, i: int) -> tuple:
 
     a, mlp = blk.attn, blk.mlp
     where = f"{FROM}: blocks.{i}"
-    _refuse([
+    refuse_unless([
         ("block_fn", type(blk).__name__, type(blk) is EvaBlock, "zoo's blocks are timm's Pre-Norm EvaBlock"),
         ("attn_type", type(a).__name__, type(a) is EvaAttention, "zoo's attention is timm's EvaAttention"),
         ("mlp", type(mlp).__name__, type(mlp) in (Mlp, GluMlp, SwiGLU), "zoo's FFNs are timm's Mlp, GluMlp and SwiGLU"),
@@ -128,7 +122,7 @@ def _block(blk: nn.Module, i: int) -> tuple:
          "zoo has no stochastic depth"),
         ("layer scale", "on one branch", (blk.gamma_1 is None) == (blk.gamma_2 is None), "zoo's layer scale is on both branches"),
     ], where)
-    _refuse([
+    refuse_unless([
         ("scale_attn_inner", True, isinstance(a.norm, nn.Identity), "zoo has no norm inside attention"),
         ("gated_attn", True, a.gate is None, "zoo's attention has no output gate"),
         ("qk_norm", True, isinstance(a.q_norm, nn.Identity) and isinstance(a.k_norm, nn.Identity),
@@ -136,11 +130,11 @@ def _block(blk: nn.Module, i: int) -> tuple:
         ("mlp bias", False, all(lin.bias is not None for lin in _mlp_linears(mlp)), "zoo's Eva MLP has biases"),
     ], where)
     if type(mlp) is GluMlp:
-        _refuse([("GluMlp", (type(mlp.act).__name__, mlp.gate_last), type(mlp.act) is nn.SiLU and not mlp.gate_last
+        refuse_unless([("GluMlp", (type(mlp.act).__name__, mlp.gate_last), type(mlp.act) is nn.SiLU and not mlp.gate_last
                   and mlp.chunk_dim == -1, "zoo's packed SwiGLU is [gate | up] with SiLU")], where)
         ffn = {"kind": "swiglu", "hidden": mlp.fc2.in_features}
     elif type(mlp) is SwiGLU:
-        _refuse([("SwiGLU act_layer", type(mlp.act).__name__, type(mlp.act) is nn.SiLU, "zoo's SwiGLU gates with SiLU")], where)
+        refuse_unless([("SwiGLU act_layer", type(mlp.act).__name__, type(mlp.act) is nn.SiLU, "zoo's SwiGLU gates with SiLU")], where)
         ffn = {"kind": "swiglu", "hidden": mlp.fc2.in_features}
     else:
         ffn = {**activation_of(mlp.act, FROM), "hidden": mlp.fc1.out_features}
@@ -244,7 +238,7 @@ def _kwargs(s: FamilySpec) -> dict:
     still cannot express."""
     att, ffn, d = s.block.attention, s.block.ffn, s.d_model
     rope = _rope_of(s)
-    _refuse([
+    refuse_unless([
         ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads, "timm's Eva has multi-head attention only"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's Eva head size is d_model / n_heads"),

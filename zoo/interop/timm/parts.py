@@ -93,3 +93,11 @@ def output_rules(s: FamilySpec) -> list:
     final = ("fc_norm", "fc_norm") if s.fc_norm else ("stack.norm", "norm")
     rules = [rule(f"{final[0]}.{p}", f"{final[1]}.{p}") for p in norm_params(s)]
     return rules + [rule(f"head.{p}", f"head.{p}") for p in ("weight", "bias") if s.num_classes is not None]
+
+
+def refuse_unless(checks: list, where: str) -> None:
+    """Raise, naming the timm option, for the first ``(option, value, ok, why)`` of ``checks`` that is
+    not ok."""
+    for option, value, ok, why in checks:
+        if not ok:
+            raise unsupported(where, option, value, why)
