@@ -216,19 +216,13 @@ class FamilySpec(Spec):
                     f"{blk}.{field}.n_heads: d_model ({d}) must be divisible by n_heads ({spec.n_heads}); "
                     f"choose n_heads from {divisors} or set head_dim and v_head_dim"
                 )
-            if spec.window is not None and (field == "cross_attention" or not self.windows):
-                problems.append(
-                    f"{blk}.{field}.window: sliding-window attention is self-attention of a decoder or an encoder, "
-                    f"which family {self.family} does not have here; remove it"
-                )
+            for name, what in (("window", "sliding-window attention"), ("chunk", "chunked attention")):
+                if getattr(spec, name, None) is not None and (field == "cross_attention" or not self.windows):
+                    problems.append(f"{blk}.{field}.{name}: {what} is self-attention of a decoder or an encoder, "
+                                    f"which family {self.family} does not have here; remove it")
             if cross and getattr(b.cross, "gate", False) and (field == "cross_attention" or b.cross_attention is None):
                 problems.append(f"{blk}.{field}.gate: the output gate is self-attention's (its rows join the fused q, k, "
                                 f"v projection); give {blk}.cross_attention without gate")
-            if getattr(spec, "chunk", None) is not None and (field == "cross_attention" or not self.windows):
-                problems.append(
-                    f"{blk}.{field}.chunk: chunked attention is self-attention of a decoder or an encoder, "
-                    f"which family {self.family} does not have here; remove it"
-                )
         if layer.position is not None and not problems:
             problems += layer.position.problems(d_model=d, head_dim=self._head_dim(b), field=f"{where}.position")
         elif where != "block" and not problems and self._head_dim(b) != self._head_dim(self.block):
