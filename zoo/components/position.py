@@ -80,14 +80,19 @@ class NoPosition(Position):
 
 
 class TablePosition(Position):
-    """Adds row ``positions`` of a [max_len, D] table: learned (a parameter) or fixed (a buffer)."""
+    """Adds row ``positions + offset`` of a [max_len + offset, D] table: learned (a parameter) or
+    fixed (a buffer). The first ``offset`` rows are read by no position (BART's start at 2; fairseq's
+    padding row)."""
+
+    offset: int = 0
 
     @property
     def max_len(self) -> int:
-        return self.weight.shape[0]
+        return self.weight.shape[0] - self.offset
 
     def add(self, x: Tensor, positions: Tensor) -> Tensor:
-        return x + nn.functional.embedding(positions, self.weight).to(x.dtype)
+        rows = positions + self.offset if self.offset else positions
+        return x + nn.functional.embedding(rows, self.weight).to(x.dtype)
 
     def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
         """The table's grid rows resampled bicubically to ``grid`` (timm's dynamic_img_size)."""
@@ -110,13 +115,6 @@ class LearnedPosition(TablePosition, InitNormal):
         self.offset = offset if padding_idx is None else padding_idx + 1
         self.weight = nn.Parameter(torch.empty(max_len + self.offset, dim))
         nn.init.normal_(self.weight, std=0.02)
-
-    @property
-    def max_len(self) -> int:
-        return self.weight.shape[0] - self.offset
-
-    def add(self, x: Tensor, positions: Tensor) -> Tensor:
-        return super().add(x, positions + self.offset if self.offset else positions)
 
     def added_positions(self, positions: Tensor, padding_mask: Tensor | None, tokens: Tensor | None = None) -> Tensor:
         """HF's ``create_position_ids_from_input_ids`` before :meth:`add`'s offset: with
@@ -187,13 +185,6 @@ class SinusoidalPosition(TablePosition, DerivedBuffers):
         if self.padding_idx is not None:
             table[self.padding_idx] = 0
         return table
-
-    @property
-    def max_len(self) -> int:
-        return self.weight.shape[0] - self.offset
-
-    def add(self, x: Tensor, positions: Tensor) -> Tensor:
-        return super().add(x, positions + self.offset if self.offset else positions)
 
     def added_positions(self, positions: Tensor, padding_mask: Tensor | None, tokens: Tensor | None = None) -> Tensor:
         """With ``padding_idx``: padding -1 (so it reads the zero row padding_idx), the padding mask's
