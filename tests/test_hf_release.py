@@ -122,7 +122,7 @@ def test_mxfp4_in_bfloat16_reads_the_weights_exactly(gpt_oss, tmp_path):
     x = tokens(2, 9, seed=1)
     with torch.no_grad():
         ours, theirs = model(x).float(), hf(input_ids=x).logits.float()
-    assert max_diff(ours, theirs) < 0.05 * theirs.abs().max().item()
+    assert max_diff(ours, theirs) < 0.03 * theirs.abs().max().item()  # bf16 rounding (eps 2 ** -8) through the layers
 
 
 def test_other_quantizations_are_refused_by_name(gpt_oss, tmp_path):
@@ -195,3 +195,10 @@ def test_llama4_multimodal_folder_converts_its_text_model_when_asked(llama4, tmp
     assert written["architectures"] == ["Llama4ForCausalLM"] and written["model_type"] == "llama4_text"
     loaded = transformers.Llama4ForCausalLM.from_pretrained(tmp_path / "back", local_files_only=True).eval()
     assert same_state(llama4.language_model, loaded) == []
+
+
+def test_a_model_quantized_in_memory_is_refused():
+    hf = build_reference("GptOssForCausalLM")
+    hf.is_quantized, hf.config.quantization_config = True, transformers.Mxfp4Config()  # as from_pretrained leaves it
+    with pytest.raises(ConversionError, match=r"quantized in memory \(mxfp4\).*Mxfp4Config\(dequantize=True\)"):
+        from_hf(hf)
