@@ -23,7 +23,9 @@ from conftest import max_diff, randomize
 import zoo
 from zoo.interop import ConversionError, from_hf, to_hf
 from zoo.interop.files import convert
-from zoo.interop.hf.mxfp4 import BLOCK, FP4_VALUES, dequantize
+from zoo.interop.hf import ARCHS
+from zoo.interop.hf.stream import hf_dir_to_zoo
+from zoo.interop.hf.mxfp4 import BLOCK, FP4_VALUES, dequantize, packed_shapes
 
 transformers = pytest.importorskip("transformers")
 mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
@@ -98,7 +100,7 @@ def test_mxfp4_release_folder_converts_and_writes_back_dequantized(gpt_oss, tmp_
     for name in (n for n in hf.state_dict() if n.endswith(EXPERTS)):  # HF read the layout as written
         assert torch.equal(hf.state_dict()[name], mxfp4.convert_moe_packed_tensors(
             state[f"{name}_blocks"], state[f"{name}_scales"], dtype=torch.float32))
-    done = convert(tmp_path / "release", tmp_path / "m.safetensors")
+    done = hf_dir_to_zoo(tmp_path / "release", tmp_path / "m.safetensors", ARCHS["GptOssForCausalLM"])  # streamed
     assert done.reference == "GptOssForCausalLM" and done.ignored == ()
     model = zoo.load(done.path).eval()
     assert same_state(from_hf(hf), model) == []
@@ -117,7 +119,7 @@ def test_mxfp4_in_bfloat16_reads_the_weights_exactly(gpt_oss, tmp_path):
     as HF weighs the experts in bf16 (its router's softmax and the weighted sum) and zoo in fp32."""
     _release_folder(gpt_oss, tmp_path / "release", torch.bfloat16)
     hf = _hf_reads(tmp_path / "release", torch.bfloat16)
-    model = zoo.load(convert(tmp_path / "release", tmp_path / "m.safetensors").path).eval()
+    model = zoo.load(hf_dir_to_zoo(tmp_path / "release", tmp_path / "m.safetensors", ARCHS["GptOssForCausalLM"]).path).eval()
     assert same_state(from_hf(hf), model) == [] and {t.dtype for t in model.state_dict().values()} == {torch.bfloat16}
     x = tokens(2, 9, seed=1)
     with torch.no_grad():
@@ -202,3 +204,35 @@ def test_a_model_quantized_in_memory_is_refused():
     hf.is_quantized, hf.config.quantization_config = True, transformers.Mxfp4Config()  # as from_pretrained leaves it
     with pytest.raises(ConversionError, match=r"quantized in memory \(mxfp4\).*Mxfp4Config\(dequantize=True\)"):
         from_hf(hf)
+
+
+def test_mxfp4_weights_only_in_pytorch_model_bin_read_whole_dequantized(gpt_oss, tmp_path):
+    state = _release_folder(gpt_oss, tmp_path / "release", torch.float32)
+    for file in (tmp_path / "release").glob("model*.safetensors*"):
+        file.unlink()
+    torch.save(state, tmp_path / "release" / "pytorch_model.bin")
+    model = zoo.load(convert(tmp_path / "release", tmp_path / "m.safetensors").path)
+    assert same_state(from_hf(_hf_reads(tmp_path / "release", torch.float32)), model) == []
+
+
+def test_mxfp4_needs_32_value_groups():
+    with pytest.raises(ConversionError, match=r"input size 48 is not a multiple of 32"):
+        packed_shapes((3, 48, 64), "model.layers.0.mlp.experts.gate_up_proj", "here")
+
+
+def test_llama4_multimodal_from_the_command_line_and_its_config(llama4, tmp_path, capsys):
+    from zoo.cli import main
+    from zoo.interop import hf_spec
+
+    llama4.save_pretrained(tmp_path / "scout")
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "scout"), "-o", str(tmp_path / "m.safetensors")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("zoo: error: ") and "--architecture Llama4ForCausalLM" in err
+    assert main(["convert", str(tmp_path / "scout"), "-o", str(tmp_path / "m.safetensors"),
+                 "--architecture", "Llama4ForCausalLM"]) == 0
+    out, _ = capsys.readouterr()
+    assert "Llama4ForCausalLM" in out and "left out" in out and "vision_model." in out
+    with pytest.raises(ConversionError, match=r"hf_spec\(config.text_config\)"):
+        hf_spec(llama4.config)
+    assert zoo.load(tmp_path / "m.safetensors").spec == hf_spec(llama4.config.text_config)

@@ -134,6 +134,10 @@ def hf_spec(config: Any) -> FamilySpec:
     :func:`by_model_type`; a backbone such as ``LlamaModel`` reads as ``head: none``). Tying follows
     the config; :func:`from_hf` reads it from the model instead."""
     arch = by_model_type(getattr(config, "model_type", None), getattr(config, "architectures", None))
+    multimodal = [name for name, (model_type, _, _) in TEXT_MODELS.items() if model_type == getattr(config, "model_type", None)]
+    if multimodal:
+        raise ConversionError(f"hf_spec: a {multimodal[0]} config holds a vision tower's too, which zoo does not convert; "
+                              f"hf_spec(config.text_config) gives its text model's spec")
     if arch is None:
         types = ", ".join(dict.fromkeys(a.model_type for a in ARCHS.values()))
         raise ConversionError(f"hf_spec: model_type {getattr(config, 'model_type', None)!r} does not convert; supported: {types}")

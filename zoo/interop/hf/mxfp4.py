@@ -59,13 +59,13 @@ def dequantize(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
         raise ConversionError(f"MXFP4 blocks {list(blocks.shape)} and scales {list(scales.shape)} do not pair: "
                               f"blocks are [experts, rows, groups, {BLOCK // 2}] and scales [experts, rows, groups]")
     e, r, g, b = blocks.shape
-    codes = blocks.to(torch.uint8).reshape(-1, b)
-    exponents = (scales.to(torch.int32) - 127).reshape(-1, 1)
     table = torch.tensor(FP4_VALUES, dtype=dtype, device=blocks.device)
-    out = torch.empty(codes.shape[0], 2 * b, dtype=dtype, device=blocks.device)
-    out[:, 0::2] = table[(codes & 0x0F).to(torch.int)]  # the low nibble is the first of the two values
-    out[:, 1::2] = table[(codes >> 4).to(torch.int)]
-    torch.ldexp(out, exponents, out=out)
+    out = torch.empty(e, r * g, 2 * b, dtype=dtype, device=blocks.device)
+    for i in range(e):  # an expert at a time: the codes' indices take 4 bytes a value
+        codes, rows = blocks[i].to(torch.uint8).reshape(-1, b), out[i]
+        rows[:, 0::2] = table[(codes & 0x0F).to(torch.int)]  # the low nibble is the first of the two values
+        rows[:, 1::2] = table[(codes >> 4).to(torch.int)]
+        torch.ldexp(rows, (scales[i].to(torch.int32) - 127).reshape(-1, 1), out=rows)
     return out.reshape(e, r, g * 2 * b).transpose(1, 2).contiguous()
 
 
