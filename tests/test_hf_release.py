@@ -236,3 +236,12 @@ def test_llama4_multimodal_from_the_command_line_and_its_config(llama4, tmp_path
     with pytest.raises(ConversionError, match=r"hf_spec\(config.text_config\)"):
         hf_spec(llama4.config)
     assert zoo.load(tmp_path / "m.safetensors").spec == hf_spec(llama4.config.text_config)
+
+
+def test_llama4_multimodal_quantized_is_refused_though_its_text_config_says_nothing(llama4, tmp_path):
+    llama4.save_pretrained(tmp_path / "maverick-fp8")
+    config = json.loads((tmp_path / "maverick-fp8" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fbgemm_fp8", "modules_to_not_convert": ["vision_model"]}
+    (tmp_path / "maverick-fp8" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConversionError, match=r"quant_method='fbgemm_fp8' is not supported"):
+        convert(tmp_path / "maverick-fp8", tmp_path / "m.safetensors", architecture="Llama4ForCausalLM")

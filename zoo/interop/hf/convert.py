@@ -103,13 +103,17 @@ def _text_model(hf_model: nn.Module, architecture: str | None) -> nn.Module:
     return hf_model
 
 
+def _refuse_quantized(hf_model: nn.Module) -> None:
+    """Refuse a model whose weights transformers holds quantized (packed, with scales) in memory."""
+    if getattr(hf_model, "is_quantized", False) or getattr(hf_model.config, "_is_quantized", False):
+        method = getattr(getattr(hf_model.config, "quantization_config", None), "quant_method", "quantized")
+        raise ConversionError(f"from_hf: this {type(hf_model).__name__}'s weights are quantized in memory "
+                              f"({getattr(method, 'value', method)}); load it dequantized (gpt-oss: "
+                              f"quantization_config=Mxfp4Config(dequantize=True)), or convert its folder with zoo.interop.convert")
+
+
 def _arch_of_model(hf_model: nn.Module) -> type[Architecture]:
     name = type(hf_model).__name__
-    if getattr(hf_model, "is_quantized", False):
-        method = getattr(getattr(hf_model.config, "quantization_config", None), "quant_method", None)
-        raise ConversionError(f"from_hf: this {name}'s weights are quantized in memory ({getattr(method, 'value', method)}); "
-                              f"load it dequantized (gpt-oss: quantization_config=Mxfp4Config(dequantize=True)), or convert "
-                              f"its folder with zoo.interop.convert")
     if name not in ARCHS:
         raise ConversionError(f"from_hf: {name} does not convert; supported: {', '.join(ARCHS)}")
     return ARCHS[name]
@@ -163,6 +167,7 @@ def from_hf(hf_model: nn.Module, architecture: str | None = None) -> nn.Module:
     A multimodal model (:data:`TEXT_MODELS`: Llama4ForConditionalGeneration) is refused unless
     ``architecture`` names its text model's class (Llama4ForCausalLM): then that alone converts, as
     ``from_hf(hf_model.language_model)`` does, and its vision tower and projector are left out."""
+    _refuse_quantized(hf_model)
     hf_model = _text_model(hf_model, architecture)
     arch = _arch_of_model(hf_model)
     where = f"{arch.name} -> zoo"

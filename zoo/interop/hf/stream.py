@@ -30,6 +30,7 @@ with ``from_pretrained`` instead. Written back, a model's tensors are plain (deq
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -210,7 +211,8 @@ def _parts_of(files: Files, parts: dict[str, tuple[str, ...]], prefix: str) -> d
     return found
 
 
-def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, files: Files) -> tuple[dict[str, Stored], list[str]]:
+def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, files: Files,
+           mxfp4: bool = False) -> tuple[dict[str, Stored], list[str]]:
     """({model name: checkpoint name, or its parts' names} for every model name the checkpoint fills,
     checkpoint names the class does not read), refusing a checkpoint that lacks a tensor, or whose
     tensors do not fit."""
@@ -220,7 +222,7 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     found = _parts_of(files, parts, getattr(hf, "base_model_prefix", ""))
     in_parts = {key for keys in found.values() for key in keys if key is not None}
     mapped: dict[str, Stored] = {}
-    if quantization(config, arch.model_type, str(src)):  # gpt-oss's release: the experts' matrices in MXFP4
+    if mxfp4:  # gpt-oss's release: the experts' matrices in MXFP4
         mapped.update(packed(files.tensors, meta, getattr(hf, "base_model_prefix", "")))
         in_parts |= {key for p in mapped.values() for key in (p.blocks, p.scales)}
     ignored, unconvertible = [], {}
@@ -298,12 +300,14 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
     files = _checkpoint(src)
     try:
         config = getattr(transformers, arch.config_name).from_pretrained(str(src), local_files_only=True)
+        raw = json.loads((src / "config.json").read_text(encoding="utf-8"))  # a multimodal one's text_config aside
     except (OSError, ValueError) as e:
         raise ConversionError(f"{src}: cannot read config.json: {str(e).splitlines()[0]}") from None
+    mxfp4 = quantization(raw, raw.get("model_type") if isinstance(raw, dict) else None, str(src)) is not None
     hf = _meta_model(arch, config, arch.saved_init_kwargs(files.tensors))  # as saved (BertModel's pooler or none)
     if arch.made.__func__ is not Architecture.made.__func__:  # as the config reads (T5: a v1.1 config's head untied)
         arch.made(hf, parse_spec(arch.spec(config, None), source=f"from {arch.name} config"))
-    file_of, ignored = _match(src, arch, config, hf, files)
+    file_of, ignored = _match(src, arch, config, hf, files, mxfp4)
     target = dtype or _load_dtype(config, files)
 
     def cast(t: Tensor) -> Tensor:
