@@ -293,9 +293,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
         done = zoo_to_hf_dir(src, dst, architecture=architecture, dtype=dtype, max_shard_size=max_shard_size)
         return Converted("hf", done.reference, done.path, done.parameters, notes=copy_sidecars(src.parent, dst, replace=True))
 
-    if to is not None:
-        raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files")
-    if architecture is not None and not src.is_dir():
+    if to is not None or (architecture is not None and not src.is_dir()):  # a directory's: _hf_arch
         raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files")
     if not dst.parent.is_dir():  # before reading: a big model takes a while
         raise ConversionError(f"cannot write {str(dst)!r}: no directory {str(dst.parent)!r}")
