@@ -180,7 +180,8 @@ def _convert_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--architecture", default=None, metavar="CLASS",
                    help=f"the reference class a zoo file converts to: {classes} (a timm class means --to timm; "
                         "default: the target's first class, in this order, whose options express the spec; "
-                        "docs/interop.md lists what each takes)")
+                        "docs/interop.md lists what each takes); of an HF directory holding a multimodal model "
+                        "(Llama4ForConditionalGeneration), its text model's class (Llama4ForCausalLM) reads that alone")
     p.add_argument("--timm-model", default=None, metavar="NAME",
                    help="the timm model a bare timm .safetensors checkpoint holds, e.g. vit_tiny_patch16_224")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="dtype of the written tensors (default: as read)")

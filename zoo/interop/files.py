@@ -25,6 +25,12 @@ local_files_only=True)``. A timm directory is what ``timm``'s ``save_for_hf`` wr
 ever downloaded. An HF checkpoint that lacks a tensor of the reference class (a ``BertModel``
 whose config names no class, read as ``BertForMaskedLM``) is refused rather than completed with random values; tensors the
 class does not read (BERT's pooler and next-sentence head) are left out and listed in ``ignored``.
+A multimodal directory (Llama 4's ``Llama4ForConditionalGeneration``: Scout, Maverick) is refused
+unless ``architecture`` names its text model's class (``Llama4ForCausalLM``): then the text model
+(``language_model.*``, its config ``text_config``) converts, its vision tower and projector are
+listed in ``ignored``, and the zoo file converts back to a ``Llama4ForCausalLM`` directory. gpt-oss's
+MXFP4 release weights are read dequantized (:mod:`zoo.interop.hf.mxfp4`); any other
+``quantization_config`` is refused by name.
 
 A sentence-transformers directory (``modules.json``: a transformer, its pooling, perhaps a
 normalisation) converts as its transformer, and the zoo file keeps how it embeds in its metadata
@@ -52,7 +58,8 @@ from zoo.build import count_parameters
 from zoo.embed import Settings
 from zoo.interop.claims import claims_family
 from zoo.interop.common import ConversionError, check_counted
-from zoo.interop.hf import ARCHS, by_model_type, from_hf
+from zoo.interop.hf import ARCHS, TEXT_MODELS, by_model_type, from_hf
+from zoo.interop.hf.mxfp4 import quantization
 from zoo.interop.hf.stream import NotStreamable, hf_dir_to_zoo, zoo_to_hf_dir
 from zoo.interop.sentence import read_sentence_transformers
 from zoo.interop.timm import ARCHS as TIMM_ARCHS
@@ -158,8 +165,18 @@ def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None, archite
 
 
 # ------------------------------------------------------------------------------------- reference -> zoo
-def _hf_arch(src: Path, config: dict):
+def _hf_arch(src: Path, config: dict, architecture: str | None = None):
     model_type = config.get("model_type")
+    multimodal = {t: (name, text) for name, (t, text, _) in TEXT_MODELS.items()}
+    if model_type in multimodal:  # the text model alone, asked for by name (its vision tower is not converted)
+        name, text = multimodal[model_type]
+        if architecture != text:
+            raise ConversionError(f"{src}: {name} holds a vision tower and a projector, which zoo does not convert; "
+                                  f"architecture={text!r} (--architecture {text}) converts its text model alone")
+        return ARCHS[text]
+    if architecture is not None:
+        raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files "
+                              f"(and --architecture to a multimodal HF directory's text model)")
     arch = by_model_type(model_type, config.get("architectures"))  # LlamaModel named: the backbone, else the LM
     if arch is None:
         named = ", ".join(config.get("architectures") or []) or "no architectures listed"
@@ -174,6 +191,7 @@ def _load_hf_dir(src: Path) -> nn.Module:
     config = _read_json(src / "config.json")
     arch = _hf_arch(src, config)
     cls = getattr(transformers, arch.name)
+    mxfp4 = quantization(config, config.get("model_type"), str(src))  # any other packed format refused
 
     def read(**kwargs):
         try:
@@ -192,7 +210,7 @@ def _load_hf_dir(src: Path) -> nn.Module:
         raise ConversionError(f"{src}: the checkpoint's tensors do not fit its config.json ({arch.name}): {shown or reason}; "
                               f"is config.json the one these weights were saved with?")
 
-    model, info = read()
+    model, info = read(**({"quantization_config": transformers.Mxfp4Config(dequantize=True)} if mxfp4 else {}))
     missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
     check_counted(set(model.state_dict()) - set(missing), unexpected, config, str(src))
     saved = arch.saved_init_kwargs((set(model.state_dict()) - set(missing)) | set(unexpected))
@@ -247,7 +265,8 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
     ``to`` ('hf' or 'timm') picks the target of a zoo file (default: timm for a family a timm class
     claims, a ViT, else HF), ``architecture`` the HF or timm class (default: the first that expresses
     the spec, as :func:`zoo.interop.to_hf` and :func:`zoo.interop.to_timm`; a timm class means a
-    timm target), ``dtype`` casts
+    timm target; of an HF directory holding a multimodal model, the class of its text model, which
+    alone converts: ``Llama4ForCausalLM`` for a ``Llama4ForConditionalGeneration``), ``dtype`` casts
     the written floating-point tensors, ``timm_model`` names the timm model a bare timm
     checkpoint holds (``vit_tiny_patch16_224``), and ``max_shard_size`` (bytes, or "5GB", "500MB";
     None: no limit) is the size above which a written zoo file or HF checkpoint is sharded.
@@ -274,7 +293,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
         done = zoo_to_hf_dir(src, dst, architecture=architecture, dtype=dtype, max_shard_size=max_shard_size)
         return Converted("hf", done.reference, done.path, done.parameters, notes=copy_sidecars(src.parent, dst, replace=True))
 
-    if to is not None or architecture is not None:
+    if to is not None or (architecture is not None and not src.is_dir()):  # a directory's: _hf_arch
         raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files")
     if not dst.parent.is_dir():  # before reading: a big model takes a while
         raise ConversionError(f"cannot write {str(dst)!r}: no directory {str(dst.parent)!r}")
@@ -288,7 +307,7 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
             raise ConversionError(f"{src}: not a model directory (no config.json)")
         config = _read_json(src / "config.json")
         if "model_type" in config:
-            arch = _hf_arch(src, config)
+            arch = _hf_arch(src, config, architecture)
             if metadata is None and getattr(arch, "pooled", False):  # a text tower: zoo embed gives its pooled output
                 metadata = Settings(pooling="pooler").metadata()
                 notes = ("embeds with its pooled output (pooler pooling; zoo embed reads it)",)
@@ -301,6 +320,8 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
                 ref, ignored = _load_hf_dir(src)
                 model, hf_read = from_hf(ref), True
         elif "architecture" in config:
+            if architecture is not None:
+                raise ConversionError(f"{src} is not a zoo file, so it converts to zoo; --to and --architecture apply to zoo files")
             ref = _load_timm_dir(src)
             model = from_timm(ref)
         else:

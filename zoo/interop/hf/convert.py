@@ -58,7 +58,7 @@ from zoo.interop.hf.deberta_v2 import DebertaV2
 from zoo.interop.hf.qwen3_next import Qwen3Next
 from zoo.spec import FamilySpec, parse_spec
 
-__all__ = ["ARCHS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
+__all__ = ["ARCHS", "TEXT_MODELS", "arch_for_spec", "by_model_type", "from_hf", "hf_config", "hf_spec", "to_hf"]
 
 # A spec converts by default to the first of these that expresses it: the classes with heads, then
 # the backbones of those that have one (GPT2Model, LlamaModel, ...), which take the specs with head: none
@@ -71,6 +71,9 @@ _ALL = (*_WITH_HEADS, *_TOWERS, *(a.headless() for a in _WITH_HEADS if a.base is
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name and base
     raise TypeError(f"two converters name one HF class among {[a.name for a in _ALL]}")
+# multimodal classes whose text model converts when asked for by name (architecture=): the class ->
+# (its model_type, the text model's class, its attribute, which is also its checkpoint names' prefix)
+TEXT_MODELS = {"Llama4ForConditionalGeneration": ("llama4", Llama4.name, "language_model")}
 
 
 def by_model_type(model_type: str | None, architectures: list[str] | None = None) -> type[Architecture] | None:
@@ -84,6 +87,29 @@ def by_model_type(model_type: str | None, architectures: list[str] | None = None
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]
     named = [a for a in of_type if a.name in (architectures or ())]
     return (named or of_type or [None])[0]
+
+
+def _text_model(hf_model: nn.Module, architecture: str | None) -> nn.Module:
+    """``hf_model``, or the text model of a multimodal one where ``architecture`` names its class."""
+    name = type(hf_model).__name__
+    if name in TEXT_MODELS:
+        _, text, attribute = TEXT_MODELS[name]
+        if architecture != text:
+            raise ConversionError(f"from_hf: {name} holds a vision tower and a projector, which zoo does not convert; "
+                                  f"architecture={text!r} converts its text model ({attribute}) alone")
+        return getattr(hf_model, attribute)
+    if architecture not in (None, name):
+        raise ConversionError(f"from_hf: architecture={architecture!r} does not read a {name}; leave it out")
+    return hf_model
+
+
+def _refuse_quantized(hf_model: nn.Module) -> None:
+    """Refuse a model whose weights transformers holds quantized (packed, with scales) in memory."""
+    if getattr(hf_model, "is_quantized", False) or getattr(hf_model.config, "_is_quantized", False):
+        method = getattr(getattr(hf_model.config, "quantization_config", None), "quant_method", "quantized")
+        raise ConversionError(f"from_hf: this {type(hf_model).__name__}'s weights are quantized in memory "
+                              f"({getattr(method, 'value', method)}); load it dequantized (gpt-oss: "
+                              f"quantization_config=Mxfp4Config(dequantize=True)), or convert its folder with zoo.interop.convert")
 
 
 def _arch_of_model(hf_model: nn.Module) -> type[Architecture]:
@@ -112,6 +138,10 @@ def hf_spec(config: Any) -> FamilySpec:
     :func:`by_model_type`; a backbone such as ``LlamaModel`` reads as ``head: none``). Tying follows
     the config; :func:`from_hf` reads it from the model instead."""
     arch = by_model_type(getattr(config, "model_type", None), getattr(config, "architectures", None))
+    multimodal = [name for name, (model_type, _, _) in TEXT_MODELS.items() if model_type == getattr(config, "model_type", None)]
+    if multimodal:
+        raise ConversionError(f"hf_spec: a {multimodal[0]} config holds a vision tower's too, which zoo does not convert; "
+                              f"hf_spec(config.text_config) gives its text model's spec")
     if arch is None:
         types = ", ".join(dict.fromkeys(a.model_type for a in ARCHS.values()))
         raise ConversionError(f"hf_spec: model_type {getattr(config, 'model_type', None)!r} does not convert; supported: {types}")
@@ -132,8 +162,13 @@ def hf_config(spec: FamilySpec, architecture: str | None = None, **config: Any):
     return getattr(transformers, arch.config_name)(**{"architectures": [arch.name], **fields, **config})
 
 
-def from_hf(hf_model: nn.Module) -> nn.Module:
-    """A zoo model computing what ``hf_model`` computes: its spec from the config, its tensors copied."""
+def from_hf(hf_model: nn.Module, architecture: str | None = None) -> nn.Module:
+    """A zoo model computing what ``hf_model`` computes: its spec from the config, its tensors copied.
+    A multimodal model (:data:`TEXT_MODELS`: Llama4ForConditionalGeneration) is refused unless
+    ``architecture`` names its text model's class (Llama4ForCausalLM): then that alone converts, as
+    ``from_hf(hf_model.language_model)`` does, and its vision tower and projector are left out."""
+    _refuse_quantized(hf_model)
+    hf_model = _text_model(hf_model, architecture)
     arch = _arch_of_model(hf_model)
     where = f"{arch.name} -> zoo"
     spec = parse_spec(arch.spec(hf_model.config, hf_model), source=f"from {arch.name}")

@@ -23,6 +23,21 @@ HF's [gate, up] columns alternate (gate = ``[..., ::2]``, up = ``[..., 1::2]``) 
 weights are stored input-major; zoo's are stacked [gate | up] rows of linear weights, so the
 experts' tensors are regrouped and transposed both ways (exact permutations). ``hidden_act`` is not
 read by HF's experts: zoo writes silu and reads no other value.
+
+The released checkpoints (gpt-oss-20b, -120b) store the experts' two matrices in MXFP4
+(``gate_up_proj_blocks`` / ``_scales``, ``down_proj_blocks`` / ``_scales``; ``quantization_config:
+{quant_method: mxfp4}``): a folder so converts (:func:`zoo.interop.convert`, streamed) by
+dequantizing them to the load dtype as transformers does, bit for bit (:mod:`zoo.interop.hf.mxfp4`);
+an HF model loaded from it converts when loaded dequantized (``Mxfp4Config(dequantize=True)``), not
+while its experts are packed in memory. Converted back, zoo writes the ordinary dequantized
+tensors, and ``config.json`` has no ``quantization_config``: the folder is gpt-oss's checkpoint
+unquantized (about four times the experts' size in bf16), not the release's layout.
+
+Exactness: in fp32 the logits equal HF's to 1e-4. In bf16 (the release's dtype) the dequantized
+weights are HF's bit for bit and each token takes the experts HF's router picks from the same
+logits (the top k of the logits, compared in fp32 without rounding), but the logits agree only to
+bf16's rounding: HF weighs the experts in the model dtype (the softmax over the top k rounded to
+bf16, each weighted output rounded before the sum), zoo in fp32.
 """
 
 from __future__ import annotations

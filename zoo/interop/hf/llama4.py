@@ -31,6 +31,18 @@ layer's FFN. ``router_jitter_noise`` and ``output_router_logits`` are read by no
 text model: they are neither read nor written. Back to HF, zoo writes ``no_rope_layers``,
 ``layer_types`` and ``moe_layers`` from the layers, and refuses (naming the field) any layer that
 the config's fields would not rebuild exactly.
+
+The Hub's Llama 4 checkpoints (Scout, Maverick) are multimodal: ``Llama4ForConditionalGeneration``
+(config ``Llama4Config``, model_type ``llama4``, with ``text_config`` and ``vision_config``) holds
+this text model as ``language_model`` (``language_model.model.*``, ``language_model.lm_head.*``)
+beside a vision tower (``vision_model.*``) and a projector (``multi_modal_projector.*``), which
+zoo does not convert. Such a model or folder is refused unless the text model's class is named:
+``from_hf(model, architecture="Llama4ForCausalLM")`` (or ``from_hf(model.language_model)``) and
+``convert(folder, dst, architecture="Llama4ForCausalLM")`` (``zoo convert --architecture
+Llama4ForCausalLM``) read ``text_config`` and the ``language_model.*`` tensors, and list the vision
+tower's and projector's tensors in ``ignored``. The text model computes, on text alone, the logits
+the multimodal model computes (it embeds the tokens and runs its ``language_model``). Converted
+back, it is a ``Llama4ForCausalLM`` (model_type ``llama4_text``), not the multimodal class.
 """
 
 from __future__ import annotations

@@ -18,14 +18,19 @@ checkpoint holds in parts (:meth:`~zoo.interop.hf.base.Architecture.stored_in_pa
 mixture-of-experts decoders' fused experts, stored one expert's matrix at a time) is read from its
 parts and written as them; memory then holds one layer's experts twice (e.g. 1.9 GB in bf16 for
 Mixtral-8x7B's [gate | up]). Floating-point tensors are cast to ``dtype``, by default to the dtype
-``from_pretrained`` would give the model (config.json's ``dtype``, else the checkpoint's). A
-checkpoint that needs transformers to transform tensors in another way while loading (none of the
-classes here do), or holds only ``pytorch_model.bin``, raises :class:`NotStreamable`: the caller
-reads it whole with ``from_pretrained`` instead.
+``from_pretrained`` would give the model (config.json's ``dtype``, else the checkpoint's). gpt-oss's
+release (``quantization_config`` mxfp4: the experts' matrices stored as ``*_blocks`` and
+``*_scales``) is read by dequantizing each matrix to that dtype as transformers does
+(:mod:`zoo.interop.hf.mxfp4`); any other ``quant_method`` is refused by name. A checkpoint that
+needs transformers to transform tensors in another way while loading (none of the classes here
+do), or holds only ``pytorch_model.bin``, raises :class:`NotStreamable`: the caller reads it whole
+with ``from_pretrained`` instead. Written back, a model's tensors are plain (dequantized) and
+``config.json`` has no ``quantization_config``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -39,6 +44,7 @@ from zoo.build import build, count_parameters
 from zoo.interop.common import ConversionError, Rule, check_counted, check_covered, check_used, reference_tensors, zoo_tensor
 from zoo.interop.hf.base import Architecture
 from zoo.interop.hf.convert import arch_for_spec, hf_config
+from zoo.interop.hf.mxfp4 import Packed, dequantize, packed, packed_shapes, quantization
 from zoo.io import read_lazily, tie_groups, write_model
 from zoo.shards import DEFAULT_MAX_SHARD_SIZE, DTYPES, Entry, Files, ShardError, read_files, write_files
 from zoo.spec import parse_spec
@@ -48,7 +54,7 @@ __all__ = ["HF_WEIGHTS", "NotStreamable", "Streamed", "hf_dir_to_zoo", "zoo_to_h
 HF_WEIGHTS = "model.safetensors"  # and model.safetensors.index.json with model-0000k-of-0000n.safetensors
 
 
-Stored = str | tuple[str, ...]  # where a checkpoint holds a model tensor: one name, or its parts' names
+Stored = str | tuple[str, ...] | Packed  # where a checkpoint holds a model tensor: one name, its parts', or MXFP4
 
 
 class NotStreamable(Exception):
@@ -181,10 +187,13 @@ def _part_shape(shape: torch.Size, n: int) -> tuple[int, int]:
     return shape.numel() // shape[-1] // n, shape[-1]
 
 
-def _read(files: Files, stored: Stored, shape: torch.Size) -> Tensor:
-    """The tensor of ``shape`` stored under one checkpoint name, or in parts under several."""
+def _read(files: Files, stored: Stored, shape: torch.Size, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The tensor of ``shape`` stored under one checkpoint name, or in parts under several, or packed
+    in MXFP4 (dequantized to ``dtype``)."""
     if isinstance(stored, str):
         return files.read(stored)
+    if isinstance(stored, Packed):
+        return dequantize(files.read(stored.blocks), files.read(stored.scales), dtype)
     return torch.cat([files.read(key) for key in stored]).reshape(shape)
 
 
@@ -202,7 +211,8 @@ def _parts_of(files: Files, parts: dict[str, tuple[str, ...]], prefix: str) -> d
     return found
 
 
-def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, files: Files) -> tuple[dict[str, Stored], list[str]]:
+def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, files: Files,
+           mxfp4: bool = False) -> tuple[dict[str, Stored], list[str]]:
     """({model name: checkpoint name, or its parts' names} for every model name the checkpoint fills,
     checkpoint names the class does not read), refusing a checkpoint that lacks a tensor, or whose
     tensors do not fit."""
@@ -212,6 +222,9 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     found = _parts_of(files, parts, getattr(hf, "base_model_prefix", ""))
     in_parts = {key for keys in found.values() for key in keys if key is not None}
     mapped: dict[str, Stored] = {}
+    if mxfp4:  # gpt-oss's release: the experts' matrices in MXFP4
+        mapped.update(packed(files.tensors, meta, getattr(hf, "base_model_prefix", "")))
+        in_parts |= {key for p in mapped.values() for key in (p.blocks, p.scales)}
     ignored, unconvertible = [], {}
     for key in files.tensors:
         if key in in_parts:
@@ -236,7 +249,7 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
         mapped[name] = tuple(held)
     unread = list(getattr(hf, "_keys_to_ignore_on_load_unexpected", None) or ()) + [r"rotary_emb\.inv_freq", r"(^|\.)position_ids$"]
     ignored = [k for k in ignored if not re.search("|".join(f"({p})" for p in unread), k)]  # as from_pretrained reports them
-    read = [key for stored in mapped.values() for key in ((stored,) if isinstance(stored, str) else stored)]
+    read = [key for stored in mapped.values() for key in _keys(stored)]
     check_counted(read, [*ignored, *unconvertible], config.to_dict(), str(src))  # what the class leaves unread aside
     if unconvertible:
         raise next(iter(unconvertible.values()))
@@ -257,6 +270,8 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     def want(name: str, stored: Stored) -> list[tuple[str, tuple[int, ...]]]:
         if isinstance(stored, str):
             return [(stored, tuple(meta[name].shape))]
+        if isinstance(stored, Packed):
+            return list(zip(_keys(stored), packed_shapes(meta[name].shape, name, str(src))))
         return [(key, _part_shape(meta[name].shape, len(stored))) for key in stored]
 
     wrong = [f"{key} is {list(files.tensors[key][1])}, config.json makes {list(shape)}"
@@ -271,6 +286,11 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     return file_of, ignored
 
 
+def _keys(stored: Stored) -> tuple[str, ...]:
+    """The checkpoint names a model tensor is read from."""
+    return (stored,) if isinstance(stored, str) else (stored.blocks, stored.scales) if isinstance(stored, Packed) else stored
+
+
 def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torch.dtype | None = None,
                   max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE, metadata: dict[str, str] | None = None) -> Streamed:
     """The HF directory ``src`` (class ``arch``; safetensors weights, single or sharded) as the zoo
@@ -280,12 +300,14 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
     files = _checkpoint(src)
     try:
         config = getattr(transformers, arch.config_name).from_pretrained(str(src), local_files_only=True)
+        raw = json.loads((src / "config.json").read_text(encoding="utf-8"))  # a multimodal one's text_config aside
     except (OSError, ValueError) as e:
         raise ConversionError(f"{src}: cannot read config.json: {str(e).splitlines()[0]}") from None
+    mxfp4 = quantization(raw, raw.get("model_type") if isinstance(raw, dict) else None, str(src)) is not None
     hf = _meta_model(arch, config, arch.saved_init_kwargs(files.tensors))  # as saved (BertModel's pooler or none)
     if arch.made.__func__ is not Architecture.made.__func__:  # as the config reads (T5: a v1.1 config's head untied)
         arch.made(hf, parse_spec(arch.spec(config, None), source=f"from {arch.name} config"))
-    file_of, ignored = _match(src, arch, config, hf, files)
+    file_of, ignored = _match(src, arch, config, hf, files, mxfp4)
     target = dtype or _load_dtype(config, files)
 
     def cast(t: Tensor) -> Tensor:
@@ -302,7 +324,7 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
     def read(name: str) -> Tensor:
         if name not in file_of:
             return meta[name]  # one HF computes itself (Marian's position tables): on the meta device
-        return arch.prepare_from({name: cast(_read(files, file_of[name], meta[name].shape))}, spec)[name]
+        return arch.prepare_from({name: cast(_read(files, file_of[name], meta[name].shape, target))}, spec)[name]
 
     ref = _Lazy(meta, read)
     rules = arch.rules(spec)
