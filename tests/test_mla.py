@@ -110,13 +110,13 @@ def test_mla_spec_rules_and_summary():
     assert logits.shape == (2, 5, 50)
 
 
-@pytest.mark.parametrize("q_rank", [12, None])
-def test_mla_flops_are_what_torch_counts(q_rank):
+@pytest.mark.parametrize("q_rank,fold", [(12, "auto"), (None, "auto"), (12, "always")])
+def test_mla_flops_are_what_torch_counts(q_rank, fold):
     from torch.utils.flop_counter import FlopCounterMode
 
-    att = LatentAttention(D, n_heads=H, q_rank=q_rank, kv_rank=KV, nope_dim=NOPE, rope_dim=ROPE, v_head_dim=V)
+    att = LatentAttention(D, n_heads=H, q_rank=q_rank, kv_rank=KV, nope_dim=NOPE, rope_dim=ROPE, v_head_dim=V, fold=fold)
     with FlopCounterMode(display=False) as counter:
-        att(torch.randn(1, 7, D))
+        att(torch.randn(1, 7, D), is_causal=True)
     assert counter.get_total_flops() == att.flops(7)
 
 

@@ -178,8 +178,14 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
         return self.kv_rank + self.rope_dim
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
-        """Forward FLOPs over ``tokens`` tokens: the projections (the latent expanded once per key,
-        as the forward pass does), q·k for every (query, key) pair and the weighted sum of values."""
+        """Forward FLOPs over ``tokens`` tokens without a cache: the projections (the latent
+        expanded once per key, as the forward pass does), q·k for every (query, key) pair and the
+        weighted sum of values; with ``fold: always``, the folded pass's: ``kv_b``'s weight applied
+        to each query and each weighted latent instead, the pairs in the latent's width (2R + P)."""
+        if self.fold == "always":
+            H, N, V, R, P = self.n_heads, self.nope_dim, self.v_head_dim, self.kv_rank, self.rope_dim
+            projections = sum(linear_flops(m, tokens) for m in (self.q, self.q_a, self.q_b, self.kv_a, self.out))
+            return projections + 2 * tokens * H * R * (N + V) + 2 * tokens * tokens * H * (2 * R + P)
         projections = sum(linear_flops(m, tokens) for m in (self.q, self.q_a, self.q_b, self.kv_a, self.kv_b, self.out))
         return projections + 2 * tokens * tokens * self.n_heads * (self.head_dim + self.v_head_dim)
 
@@ -189,7 +195,8 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
         normalised latent and the norm's output (2R); the assembled queries and keys (2HK), the
         values and the attention output (2HV). The rotation keeps only its cos and sin. Queries and
         keys wider than the values (K != V) take SDPA's math path on the CPU, which keeps the
-        H x T x S softmax weights, as the ``scores`` kernel does (three such tensors there)."""
+        H x T x S softmax weights, as the ``scores`` kernel does (three such tensors there). Counted
+        for the unfolded pass, the one ``fold: auto`` trains with."""
         H, K, V, R, P = self.n_heads, self.head_dim, self.v_head_dim, self.kv_rank, self.rope_dim
         q_latent = 3 * self.q_rank if self.q_rank is not None else 0
         per_token = q_latent + (R + P) + 2 * R + 2 * H * K + 2 * H * V
