@@ -83,8 +83,7 @@ ATTENTION = Derived("attention", _read_attention, _write_attention, {
     "block.attention.kind": one_of("mla"), "block.attention.n_heads": ANY, "block.attention.n_kv_heads": ANY,
     "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY, "block.attention.q_lora_rank": ANY,
     "block.attention.kv_lora_rank": ANY, "block.attention.qk_nope_head_dim": ANY, "block.attention.qk_rope_head_dim": ANY,
-    "block.attention.bias": ANY, "block.attention.out_bias": ANY, "block.attention.scale": ANY,
-    "block.attention.fold": ANY})  # how zoo computes, not what
+    "block.attention.bias": ANY, "block.attention.out_bias": ANY, "block.attention.scale": ANY})
 
 
 def _dense_count(c: Any, where: str) -> int:
