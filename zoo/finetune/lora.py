@@ -11,8 +11,9 @@ both of an encoder-decoder) gets its targeted linears replaced by a :class:`Lora
 the linear's own ``weight`` and ``bias`` (the same parameters, under the same state-dict names) and
 adds the pairs ``lora_a.<slice>``, ``lora_b.<slice>``. The slices are named for what they are:
 ``q``, ``k``, ``v`` of a fused projection, ``gate`` and ``up`` of a gated FFN's ``fc1``, ``all``
-where one pair covers every output row. Heads, pools and embeddings are left alone (name them in
-``trainable`` to train them in full).
+where one pair covers every output row; multi-head latent attention's (:func:`_latent_plan`) ``latent``
+and ``k`` of ``kv_a``, ``k`` and ``v`` of ``kv_b`` (each head's rows alike: ``groups``). Heads, pools
+and embeddings are left alone (name them in ``trainable`` to train them in full).
 
 The adapted model computes without graph breaks under ``torch.compile(fullgraph=True)``: the slices
 are fixed when the model is adapted, so the forward pass is a fixed sequence of products.
