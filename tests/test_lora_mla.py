@@ -106,7 +106,8 @@ def test_folded_decoding_uses_the_adapted_weights():
                  for beams in (1, 2)]
     merged = merge_lora(model)
     merged.stack.blocks[0].attn.fold = merged.stack.blocks[1].attn.fold = "always"
-    runs += [zoo.generate(merged, x, max_new_tokens=6, min_new_tokens=6, eos_id=None, num_beams=beams) for beams in (1, 2)]
+    runs += [zoo.generate(merged, x, max_new_tokens=6, min_new_tokens=6, eos_id=None, num_beams=beams)
+             for beams in (1, 2)]
     for i in (0, 1):
         for other in runs[2 + i :: 2]:
             assert other.tokens.equal(runs[i].tokens)
@@ -143,7 +144,8 @@ def test_adapters_round_trip_through_a_file(tmp_path):
 
 def test_latent_needs_a_latent_attention():
     llama = zoo.build(zoo.load_spec("llama-tiny", ["d_model=32", "n_layers=1", "block.attention.n_heads=4",
-                                                   "block.attention.n_kv_heads=2", "vocab_size=61", "block.ffn.hidden=48"]))
+                                                   "block.attention.n_kv_heads=2", "vocab_size=61",
+                                                   "block.ffn.hidden=48"]))
     with pytest.raises(ValueError, match="latent.*mla has one"):
         apply_lora(llama, LoraSpec(targets=("q", "latent")))
     with pytest.raises(ValueError, match="unknown target 'latnt'"):

@@ -114,7 +114,8 @@ def test_mla_spec_rules_and_summary():
 def test_mla_flops_are_what_torch_counts(q_rank, fold):
     from torch.utils.flop_counter import FlopCounterMode
 
-    att = LatentAttention(D, n_heads=H, q_rank=q_rank, kv_rank=KV, nope_dim=NOPE, rope_dim=ROPE, v_head_dim=V, fold=fold)
+    att = LatentAttention(D, n_heads=H, q_rank=q_rank, kv_rank=KV, nope_dim=NOPE, rope_dim=ROPE, v_head_dim=V,
+                          fold=fold)
     with FlopCounterMode(display=False) as counter:
         att(torch.randn(1, 7, D), is_causal=True)
     assert counter.get_total_flops() == att.flops(7)

@@ -40,12 +40,12 @@ from zoo.components.norm import RMSNorm
 from zoo.components.parts import linear_flops
 from zoo.components.position import Position
 from zoo.kernels import Mask
-
-FOLDS = ("auto", "always", "never")
 from zoo.protocols import CachesPerToken, CountsFlops, HeadSizes, ResidualWriter, SavesActivations, SummaryPart
 from zoo.registry import register
 
 __all__ = ["LatentAttention"]
+
+FOLDS = ("auto", "always", "never")  # the ``fold`` settings (zoo.spec.MLASpec.fold)
 
 
 class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActivations, HeadSizes, CachesPerToken):
