@@ -8,8 +8,10 @@ per key/value head (Llama 3's ratio); greedy decoding through zoo's KV cache tim
 each side's cache bytes per token and parameters (``zoo summary``'s counts) in the row (MLA is the
 ``zoo`` side, GQA the peer). MLA caches
 kv_lora_rank + qk_rope_head_dim elements per token and layer for every head together, GQA
-2 x n_kv_heads x head_dim; MLA pays for it by expanding the cached latents into keys and values at
-every step.
+2 x n_kv_heads x head_dim. The zoo side decodes folded (``attention.fold: auto``: each step scores
+the absorbed queries against the cached latents themselves); a second peer, ``MLA unfolded``
+(``fold: never``, the same weights, checked to decode the same tokens before timing), expands the
+cached latents into every head's keys and values at each step.
 
 ``moe``: one MoE layer shaped as DeepSeek-V3's (256 experts scaled down, top 8 of the best 4 of 8
 groups, a sigmoid router with its correction bias, routed scale 2.5, one ungated shared expert):
@@ -30,7 +32,7 @@ Timing = dict
 
 
 def decoders(tiny: bool = False) -> dict[str, zoo.spec.FamilySpec]:
-    """The MLA and GQA decoders' specs, equal but for the attention."""
+    """The MLA (folded and unfolded decoding) and GQA decoders' specs, equal but for the attention."""
     d, layers, heads, vocab = (64, 2, 4, 96) if tiny else (1024, 8, 8, 32000)
     head = d // heads
     base = {"family": "decoder", "vocab_size": vocab, "max_seq_len": 512, "d_model": d, "n_layers": layers,
@@ -41,12 +43,13 @@ def decoders(tiny: bool = False) -> dict[str, zoo.spec.FamilySpec]:
            "qk_nope_head_dim": head, "qk_rope_head_dim": head // 2, "v_head_dim": head, "bias": False}
     gqa = {"kind": "gqa", "n_heads": heads, "n_kv_heads": heads // 4, "bias": False}
     return {name: zoo.spec.parse_spec({**base, "block": {**base["block"], "attention": att}})
-            for name, att in (("mla", mla), ("gqa", gqa))}
+            for name, att in (("mla", mla), ("gqa", gqa), ("mla_unfolded", {**mla, "fold": "never"}))}
 
 
 def decode(precision: str, timing: Timing, *, batch: int = 4, prompt: int = 64, new_tokens: int = 64,
            tiny: bool = False) -> Row:
-    """Greedy decoding of ``new_tokens`` after ``prompt`` tokens, MLA against GQA."""
+    """Greedy decoding of ``new_tokens`` after ``prompt`` tokens, MLA (folded) against GQA and MLA
+    unfolded."""
     if tiny:
         batch, prompt, new_tokens = 2, 8, 4
     specs = decoders(tiny)
@@ -57,18 +60,34 @@ def decode(precision: str, timing: Timing, *, batch: int = 4, prompt: int = 64, 
     def step(model):
         def run():
             with T.autocast(here(), precision):
-                zoo.generate(model, ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_id=None)
+                return zoo.generate(model, ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_id=None)
         return run
 
+    assert same_steps(models["mla"], models["mla_unfolded"], ids), "folded decoding differs from unfolded"
     spec = specs["mla"]
-    row = Row(workload=f"MLA (zoo side) vs GQA decode {spec.n_layers}L/{spec.d_model} b{batch}", precision=precision,
-              unit="tokens", work=batch * new_tokens)
+    row = Row(workload=f"MLA folded (zoo side) vs GQA decode {spec.n_layers}L/{spec.d_model} b{batch}",
+              precision=precision, unit="tokens", work=batch * new_tokens)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    sizes = {name: summarize(s, seq=prompt + new_tokens, dtype=dtype) for name, s in specs.items()}
+    sizes = {name: summarize(specs[name], seq=prompt + new_tokens, dtype=dtype) for name in ("mla", "gqa")}
     row.extra = {"kv_cache_bytes_per_token": {name.upper(): x.kv_cache_bytes_per_token for name, x in sizes.items()},
-                 "parameters": {name.upper(): zoo.count_parameters(m) for name, m in models.items()}}
-    row.seconds, row.spread = compare([Side("zoo", step(models["mla"])), Side("GQA", step(models["gqa"]))], **timing)
+                 "parameters": {name.upper(): zoo.count_parameters(models[name]) for name in ("mla", "gqa")}}
+    row.seconds, row.spread = compare([Side("zoo", step(models["mla"])), Side("GQA", step(models["gqa"])),
+                                       Side("MLA unfolded", step(models["mla_unfolded"]))], **timing)
     return row
+
+
+@torch.no_grad()
+def same_steps(folded, unfolded, ids: torch.Tensor, steps: int = 3) -> bool:
+    """Whether two decoders' logits agree (fp32 tolerance) over the prompt ``ids`` and ``steps``
+    cached steps fed the same tokens (the first model's greedy choices)."""
+    caches = [m.new_cache(ids.shape[1] + steps) for m in (folded, unfolded)]
+    tokens = ids
+    for _ in range(steps):
+        a, b = (m(tokens, None, cache=c, last_only=True)[:, -1] for m, c in zip((folded, unfolded), caches))
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
+            return False
+        tokens = a.argmax(-1, keepdim=True)
+    return True
 
 
 def moe_pair(tiny: bool = False):

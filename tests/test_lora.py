@@ -241,7 +241,7 @@ def test_moe_ffn_is_refused_unless_skipped_by_name():
 
 
 def test_bad_settings_are_refused_by_name():
-    with pytest.raises(ValidationError, match=r"unknown target 'qq'; did you mean 'q'\? \(known: q, k, v, o, ffn\)"):
+    with pytest.raises(ValidationError, match=r"unknown target 'qq'; did you mean 'q'\? \(known: q, k, v, o, ffn, latent\)"):
         LoraSpec(targets=("qq",))
     with pytest.raises(ValidationError, match="'v' is listed twice"):
         LoraSpec(targets=("v", "v"))

@@ -110,11 +110,84 @@ def test_mla_spec_rules_and_summary():
     assert logits.shape == (2, 5, 50)
 
 
-@pytest.mark.parametrize("q_rank", [12, None])
-def test_mla_flops_are_what_torch_counts(q_rank):
+@pytest.mark.parametrize("q_rank,fold", [(12, "auto"), (None, "auto"), (12, "always")])
+def test_mla_flops_are_what_torch_counts(q_rank, fold):
     from torch.utils.flop_counter import FlopCounterMode
 
-    att = LatentAttention(D, n_heads=H, q_rank=q_rank, kv_rank=KV, nope_dim=NOPE, rope_dim=ROPE, v_head_dim=V)
+    att = LatentAttention(D, n_heads=H, q_rank=q_rank, kv_rank=KV, nope_dim=NOPE, rope_dim=ROPE, v_head_dim=V,
+                          fold=fold)
     with FlopCounterMode(display=False) as counter:
-        att(torch.randn(1, 7, D))
+        att(torch.randn(1, 7, D), is_causal=True)
     assert counter.get_total_flops() == att.flops(7)
+
+
+def mla_decoder(fold: str, q_rank: int | None = 12):
+    import zoo
+
+    spec = zoo.load_spec("deepseek-tiny", [
+        "d_model=32", "n_layers=2", "block.attention.n_heads=4", "vocab_size=61", "max_seq_len=40",
+        f"block.attention.q_lora_rank={'null' if q_rank is None else q_rank}", "block.attention.kv_lora_rank=10",
+        "block.attention.qk_nope_head_dim=6", "block.attention.qk_rope_head_dim=4", "block.attention.v_head_dim=8",
+        f"block.attention.fold={fold}", "block.ffn.expert.hidden=24", "block.ffn.shared_hidden=24",
+        "layers=[{at: [0], block: {ffn: {kind: swiglu, hidden: 48, bias: false}}}]"])
+    return zoo.build(spec, seed=1).eval()
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("beams", [1, 3])
+def test_folded_decoding_decodes_as_unfolded(cache, beams):
+    """Folded (absorbed) decoding == the expanded path, greedy and beam search (the beams reorder the
+    cached latents), left-padded prompts, in the dynamic and the static cache."""
+    import zoo
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(3, 61, (3, 6), generator=g)
+    mask = torch.arange(6)[None, :] >= torch.tensor([0, 4, 1])[:, None]
+    runs = {fold: zoo.generate(mla_decoder(fold), x.masked_fill(~mask, 0), padding_mask=mask, num_beams=beams,
+                               max_new_tokens=8, min_new_tokens=8, eos_id=None, cache=cache)
+            for fold in ("never", "always", "auto")}
+    for fold in ("always", "auto"):
+        assert runs[fold].tokens.equal(runs["never"].tokens)
+        torch.testing.assert_close(runs[fold].scores, runs["never"].scores, rtol=0, atol=1e-4)
+
+
+def test_auto_folds_decoding_steps_only(monkeypatch):
+    """``fold: auto``: the prompt's pass (no cache, or a prefill with 2R >= N + V) expands, each
+    cached step folds; DeepSeek-V3's sizes fold a step and not a prefill; never and always hold."""
+    import zoo
+
+    seen = []
+    unfolded = LatentAttention.expand
+    monkeypatch.setattr(LatentAttention, "expand", lambda self, *a: seen.append("expand") or unfolded(self, *a))
+    folded = LatentAttention.folded
+    monkeypatch.setattr(LatentAttention, "folded", lambda self, *a, **k: seen.append("fold") or folded(self, *a, **k))
+    model = mla_decoder("auto")
+    zoo.generate(model, torch.randint(3, 61, (1, 5)), max_new_tokens=3, min_new_tokens=3, eos_id=None)
+    assert seen == ["expand"] * 2 + ["fold"] * 4  # prompt in two layers, then two steps (the last token is not fed)
+    v3 = LatentAttention(64, n_heads=2, q_rank=None, kv_rank=512, nope_dim=128, rope_dim=64, v_head_dim=128)
+    assert v3.folds(1, 4096, True) and not v3.folds(4096, 4096, True) and not v3.folds(1, 4096, False)
+    for fold, want in (("never", False), ("always", True)):
+        v3.fold = fold
+        assert v3.folds(1, 4096, True) is want and v3.folds(7, 7, False) is want
+
+
+def test_folded_attention_matches_hf_and_is_differentiable():
+    """``fold: always`` on a full pass (no cache) computes HF's attention, and its gradients reach
+    ``kv_b`` as the expanded pass's do."""
+    hf, rotary, mscale = hf_attention(12, True, YARN)
+    scale = mscale(YARN, (NOPE + ROPE) ** -0.5)
+    att, pos = zoo_attention(hf, 12, scale), position(YARN, True)
+    x = torch.randn(2, 7, D, generator=torch.Generator().manual_seed(0))
+    ids = torch.arange(7)
+    causal = torch.full((7, 7), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        want, _ = hf(x, rotary(x, ids[None]), causal)
+    grads = {}
+    for fold in ("always", "never"):
+        att.fold = fold
+        att.zero_grad()
+        got = att(x, pos=pos, positions=ids, is_causal=True)
+        assert max_diff(got, want) < 1e-5
+        got.square().sum().backward()
+        grads[fold] = att.kv_b.weight.grad.clone()
+    torch.testing.assert_close(grads["always"], grads["never"], rtol=1e-4, atol=1e-5)

@@ -15,3 +15,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return kernels.linear(x, self.weight, self.bias)
+
+    def effective_weight(self) -> Tensor:
+        """The weight ``forward`` multiplies by (an adapted linear's, its update added: a part that
+        computes with the weight itself, as MLA's folded decoding, reads it here)."""
+        return self.weight

@@ -8,6 +8,15 @@ each head's key part without positions and its value; the rotary key part (one h
 every head. Only the rotary parts of queries and keys turn (the position's head size is
 ``qk_rope_head_dim``), so the cached rotary key is already turned and the latent needs no position.
 
+Cached decoding can run folded (absorbed, as DeepSeek's inference code, vLLM and SGLang decode):
+a head's score q_nope · (W_UK c) is (q_nope W_UK) · c, so the no-position query is carried into
+the latent's space by the head's key rows W_UK of ``kv_b`` and scored against the cached latents
+c themselves, beside the rotary parts; the weighted sum of latents then passes through the head's
+value rows W_UV. Nothing is expanded per cached token: a step costs O(S (2R + P)) per head instead
+of expanding all S latents through ``kv_b``. ``fold`` chooses: ``auto`` folds a pass with a cache
+when that takes fewer multiply-adds (decoding steps; not a prefill with DeepSeek's sizes, where
+2R > N + V), ``always``, ``never``. Both compute the same function.
+
 The cache protocol is the one of :mod:`zoo.components.cache` and
 :mod:`zoo.components.static_cache`: the latent [B, 1, T, R] and the rotary key [B, 1, T, P] take
 the places of keys and values (one "head" each), so dynamic, sliding and static caches and beam
@@ -36,6 +45,8 @@ from zoo.registry import register
 
 __all__ = ["LatentAttention"]
 
+FOLDS = ("auto", "always", "never")  # the ``fold`` settings (zoo.spec.MLASpec.fold)
+
 
 class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, SavesActivations, HeadSizes, CachesPerToken):
     """Multi-head latent attention of ``n_heads`` heads (see the module docstring).
@@ -45,7 +56,8 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
     positions; ``v_head_dim``: each head's value; ``bias``: on ``q_a`` and ``kv_a`` and, unless
     ``out_bias`` says otherwise, on ``out``; ``eps``: the latents' RMSNorms'. ``scale`` multiplies
     the scores (None: 1/sqrt(N + P)); ``softcap`` caps them; ``kernel``: ``fused`` or ``scores``
-    (as :class:`zoo.components.attention.Attention`)."""
+    (as :class:`zoo.components.attention.Attention`); ``fold``: ``auto``, ``always`` or ``never``
+    (see the module docstring and :meth:`folds`)."""
 
     residual_out = ("out",)
     summary_part = "attention"
@@ -53,16 +65,18 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
     def __init__(self, dim: int, *, n_heads: int, q_rank: int | None, kv_rank: int, nope_dim: int, rope_dim: int,
                  v_head_dim: int, bias: bool = False, out_bias: bool | None = None, eps: float = 1e-6,
                  dropout: float = 0.0, scale: float | None = None, softcap: float | None = None,
-                 kernel: str = "fused") -> None:
+                 kernel: str = "fused", fold: str = "auto") -> None:
         super().__init__()
         if kernel not in ("fused", "scores"):
             raise ValueError(f"kernel must be fused or scores, got {kernel!r}")
+        if fold not in FOLDS:
+            raise ValueError(f"fold must be one of {', '.join(FOLDS)}, got {fold!r}")
         if softcap is not None and kernel != "scores":
             raise ValueError("softcap: no fused kernel caps the scores; build the attention with kernel='scores'")
         self.n_heads = self.n_kv_heads = n_heads
         self.nope_dim, self.rope_dim, self.kv_rank, self.q_rank = nope_dim, rope_dim, kv_rank, q_rank
         self.head_dim, self.v_head_dim = nope_dim + rope_dim, v_head_dim
-        self.scale, self.softcap, self.kernel, self.dropout = scale, softcap, kernel, dropout
+        self.scale, self.softcap, self.kernel, self.dropout, self.fold = scale, softcap, kernel, dropout, fold
         q_size = n_heads * self.head_dim
         if q_rank is None:
             self.q = Linear(dim, q_size, bias=False)
@@ -94,9 +108,12 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
             q_rope, k_rope = pos.rotate(q_rope, k_rope, positions)
         if cache is not None:
             latent, k_rope = cache.append(latent, k_rope)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.folds(x.shape[1], latent.shape[2], cache is not None):
+            y = self.folded(q_nope, q_rope, latent, k_rope, mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+            return self.out(rearrange(y, "b h t v -> b t (h v)"))
         k, v = self.expand(latent, k_rope)
         q = torch.cat([q_nope, q_rope], dim=-1)
-        dropout_p = self.dropout if self.training else 0.0
         if self.kernel == "scores":
             y = kernels.scores_attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
                                          scale=self.scale, softcap=self.softcap)
@@ -104,6 +121,49 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
             y = kernels.attention(q, k, v, mask=mask, is_causal=is_causal and mask is None, dropout_p=dropout_p,
                                   scale=self.scale)  # (B, H, T, V)
         return self.out(rearrange(y, "b h t v -> b t (h v)"))
+
+    def folds(self, queries: int, keys: int, cached: bool) -> bool:
+        """Whether a pass of ``queries`` new tokens against ``keys`` (cached ones included) runs
+        folded: ``fold`` always or never; auto, only with a cache (``cached``), and when folding
+        takes fewer multiply-adds per head: T R (N + V) + T S (2R + P) for the absorbed queries,
+        the scores against [latent | rotary key] and the weighted latents through W_UV, against
+        S R (N + V) + T S (N + P + V) for expanding every key and attending per head."""
+        if self.fold != "auto":
+            return self.fold == "always"
+        if not cached:
+            return False
+        T, S, R, P, N, V = queries, keys, self.kv_rank, self.rope_dim, self.nope_dim, self.v_head_dim
+        return T * R * (N + V) + T * S * (2 * R + P) < S * R * (N + V) + T * S * (N + P + V)
+
+    def folded(self, q_nope: Tensor, q_rope: Tensor, latent: Tensor, k_rope: Tensor, *, mask: Tensor | Mask | None,
+               is_causal: bool, dropout_p: float) -> Tensor:
+        """The heads' outputs (B, H, T, V) computed in the latent's space (module docstring): queries
+        ``q_nope`` (B, H, T, N) through each head's key rows of ``kv_b`` beside ``q_rope`` (B, H, T, P)
+        against the keys [``latent`` | ``k_rope``] (B, 1, S, R + P), one key/value head, the values
+        the latents, the weighted sum through each head's value rows. ``kv_b``'s weight is read as
+        the linear computes with it (:meth:`zoo.components.linear.Linear.effective_weight`: with a
+        LoRA update added)."""
+        w = rearrange(self.kv_b.effective_weight(), "(h e) r -> h e r", h=self.n_heads)
+        w_uk, w_uv = w.split([self.nope_dim, self.v_head_dim], dim=1)  # (H, N, R), (H, V, R)
+        q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_rope], dim=-1)  # (B, H, T, R + P)
+        k = torch.cat([latent, k_rope], dim=-1)
+        scale = self.scale if self.scale is not None else self.head_dim ** -0.5  # the heads' size, not R + P
+        is_causal = is_causal and mask is None
+        if isinstance(mask, Mask):
+            mask, is_causal = mask.dense()
+        B, H, T, _ = q.shape
+        if self.kernel == "scores":
+            y = kernels.scores_attention(q, k, latent, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                                         softcap=self.softcap)
+        elif not is_causal and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1)):
+            # one key/value head: the heads' queries become rows of one head (no copy of the keys per head)
+            rows = None if mask is None else mask[:, :, None].expand(-1, -1, H, -1, -1).flatten(2, 3)
+            y = kernels.attention(q.reshape(B, 1, H * T, -1), k, latent, mask=rows, dropout_p=dropout_p, scale=scale)
+            y = y.view(B, H, T, -1)
+        else:
+            y = kernels.attention(q, k, latent, mask=mask, is_causal=is_causal, dropout_p=dropout_p, enable_gqa=True,
+                                  scale=scale)
+        return torch.einsum("bhtr,hvr->bhtv", y, w_uv)
 
     def expand(self, latent: Tensor, k_rope: Tensor) -> tuple[Tensor, Tensor]:
         """The heads' keys (B, H, S, N + P) and values (B, H, S, V) of cached ``latent`` (B, 1, S, R)
@@ -118,8 +178,14 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
         return self.kv_rank + self.rope_dim
 
     def flops(self, tokens: int, memory: int | None = None) -> int:
-        """Forward FLOPs over ``tokens`` tokens: the projections (the latent expanded once per key,
-        as the forward pass does), q·k for every (query, key) pair and the weighted sum of values."""
+        """Forward FLOPs over ``tokens`` tokens without a cache: the projections (the latent
+        expanded once per key, as the forward pass does), q·k for every (query, key) pair and the
+        weighted sum of values; with ``fold: always``, the folded pass's: ``kv_b``'s weight applied
+        to each query and each weighted latent instead, the pairs in the latent's width (2R + P)."""
+        if self.fold == "always":
+            H, N, V, R, P = self.n_heads, self.nope_dim, self.v_head_dim, self.kv_rank, self.rope_dim
+            projections = sum(linear_flops(m, tokens) for m in (self.q, self.q_a, self.q_b, self.kv_a, self.out))
+            return projections + 2 * tokens * H * R * (N + V) + 2 * tokens * tokens * H * (2 * R + P)
         projections = sum(linear_flops(m, tokens) for m in (self.q, self.q_a, self.q_b, self.kv_a, self.kv_b, self.out))
         return projections + 2 * tokens * tokens * self.n_heads * (self.head_dim + self.v_head_dim)
 
@@ -129,7 +195,8 @@ class LatentAttention(nn.Module, ResidualWriter, SummaryPart, CountsFlops, Saves
         normalised latent and the norm's output (2R); the assembled queries and keys (2HK), the
         values and the attention output (2HV). The rotation keeps only its cos and sin. Queries and
         keys wider than the values (K != V) take SDPA's math path on the CPU, which keeps the
-        H x T x S softmax weights, as the ``scores`` kernel does (three such tensors there)."""
+        H x T x S softmax weights, as the ``scores`` kernel does (three such tensors there). Counted
+        for the unfolded pass, the one ``fold: auto`` trains with."""
         H, K, V, R, P = self.n_heads, self.head_dim, self.v_head_dim, self.kv_rank, self.rope_dim
         q_latent = 3 * self.q_rank if self.q_rank is not None else 0
         per_token = q_latent + (R + P) + 2 * R + 2 * H * K + 2 * H * V
@@ -147,4 +214,4 @@ def _mla(spec, *, dim: int, d_model: int, dropout: float, cross: bool = False, *
     return LatentAttention(dim, n_heads=spec.n_heads, q_rank=spec.q_lora_rank, kv_rank=spec.kv_lora_rank,
                            nope_dim=spec.qk_nope_head_dim, rope_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_size(d_model),
                            bias=spec.bias, out_bias=spec.has_out_bias, eps=spec.latent_eps, dropout=dropout,
-                           scale=spec.score_scale(d_model), softcap=spec.softcap, kernel=spec.kernel)
+                           scale=spec.score_scale(d_model), softcap=spec.softcap, kernel=spec.kernel, fold=spec.fold)

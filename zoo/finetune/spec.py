@@ -28,8 +28,9 @@ __all__ = ["ADAPTERS", "ADAPTER_ATTR", "AdapterSpec", "LORA_TARGETS", "LoraSpec"
 ADAPTERS = Registry("adapter", context="model")
 ADAPTER_ATTR = "adapter"  # the attribute of an adapted model that holds its adapter's spec
 
-# what LoRA may adapt: the attention's query, key, value and output projections, the FFN's two linears
-LORA_TARGETS = ("q", "k", "v", "o", "ffn")
+# what LoRA may adapt: the attention's query, key, value and output projections, the FFN's two linears,
+# and multi-head latent attention's key/value latent
+LORA_TARGETS = ("q", "k", "v", "o", "ffn", "latent")
 
 
 class AdapterSpec(ComponentSpec):
@@ -65,6 +66,12 @@ class LoraSpec(AdapterSpec):
     rows apart, so the result equals LoRA on separate q/k/v (gate/up) projections, as PEFT adapts
     ``q_proj``, ``k_proj`` and ``v_proj`` of HF models.
 
+    Multi-head latent attention (``attention.kind: mla``) has no projection of its own per role, so
+    each target adapts what only its role uses: ``q`` the query projections (``q``, or both ``q_a``
+    and ``q_b``), ``k`` the rotary key's rows of ``kv_a`` and every head's key rows of ``kv_b`` (one
+    pair), ``v`` every head's value rows of ``kv_b``, ``o`` ``out``, and ``latent`` (mla only) the
+    key/value latent's rows of ``kv_a``, which keys and values share.
+
     A mixture-of-experts layer's experts are batched tensors, not linears: ``ffn`` on a model with
     MoE layers is refused unless ``skip_moe`` says to leave those layers' FFNs as they are.
     """
@@ -75,7 +82,8 @@ class LoraSpec(AdapterSpec):
                                 "(scale 1)")
     dropout: Rate = Field(0.0, description="dropout on the adapters' input (not on the frozen path), in [0, 1)")
     targets: tuple[str, ...] = Field(("q", "v"), description="what to adapt in every layer: q, k, v, o (the "
-                                     "attention's projections), ffn (both FFN linears)")
+                                     "attention's projections), ffn (both FFN linears), latent (mla's key/value "
+                                     "latent)")
     skip_moe: bool = Field(False, description="with ffn in targets: leave mixture-of-experts FFNs unadapted "
                            "(else they are refused)")
 

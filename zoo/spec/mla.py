@@ -31,7 +31,15 @@ class MLASpec(AttentionSpec):
     ``head_dim`` is qk_nope_head_dim + qk_rope_head_dim (the scores' default scale 1/sqrt of it);
     ``scale`` sets another (yarn's mscale, as HF's DeepSeek-V3 folds it in). ``bias``: biases on the
     two down projections and, unless ``out_bias`` says otherwise, on the output projection (HF's
-    attention_bias); the single query projection and the up projections have none."""
+    attention_bias); the single query projection and the up projections have none.
+
+    ``fold`` chooses how a pass with a cache computes, never what: folded (absorbed, as DeepSeek's
+    inference code and vLLM decode) scores each head's query, carried into the latent's space by
+    the head's key rows of the up projection, against the cached latents themselves and passes the
+    weighted latents through the head's value rows, expanding nothing per cached token; unfolded
+    expands every cached latent into the heads' keys and values. ``auto`` folds a pass with a
+    cache when that takes fewer multiply-adds (decoding steps), and never without one (training);
+    ``always`` and ``never`` force either."""
 
     kind: Literal["mla"] = "mla"
     q_lora_rank: PositiveInt | None = Field(
@@ -45,6 +53,9 @@ class MLASpec(AttentionSpec):
                                       "always 1e-6, not rms_norm_eps)")
     bias: bool = Field(False, description="biases on the down projections (q and kv latents) and, unless out_bias "
                        "says otherwise, on the output projection (HF's attention_bias)")
+    fold: Literal["auto", "always", "never"] = Field(
+        "auto", description="cached decoding in the latent's space (absorbed up projections: nothing expanded per "
+        "cached token): auto where it takes fewer multiply-adds with a cache, always, never; the same function")
 
     @model_validator(mode="before")
     @classmethod
