@@ -67,3 +67,54 @@ def test_specs_the_class_cannot_express_are_refused_by_name():
                             ("block.ffn.shared_gate=true", "shared_gate"), ("block.ffn.router.scoring=softmax", "scoring")):
         with pytest.raises(ConversionError, match=field):
             zoo.interop.hf_config(parse_spec(apply_overrides(spec.model_dump(mode="json"), [override])), NAME)
+
+
+V2 = "DeepseekV2ForCausalLM"
+V2_LITE = dict(q_lora_rank=None, topk_method="greedy", n_group=1, topk_group=1, attention_bias=True,
+               rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+
+
+@pytest.mark.slow
+def test_a_v2_lite_shaped_variant_converts_both_ways_with_the_same_logits_and_decoding():
+    """DeepSeek-V2-Lite's layout: one query projection, greedy routing over all experts (no groups)."""
+    ref = build_reference(V2, seed=2, **V2_LITE)
+    check_round_trip(ref)
+    model = check_outputs(ref)
+    att, router = model.spec.block.attention, model.spec.block.ffn.router
+    assert (att.q_lora_rank, att.scale, model.spec.position.pairs) == (None, None, "interleaved")
+    assert (router.scoring, router.n_groups, router.norm_topk_prob, router.routed_scale) == ("softmax", 1, False, 1.7)
+    check_greedy(ref)
+
+
+@pytest.mark.parametrize("name", [V2, "DeepseekV2Model"])
+def test_v2_checkpoints_in_the_released_layout_convert_both_ways(name, tmp_path):
+    hf = build_reference(name, seed=1, **V2_LITE)
+    state = write_checkpoint(hf, tmp_path / "hf")
+    assert any(".experts.0.gate_proj" in key for key in state)
+    x = tokens(2, 9, seed=1)
+    done = convert(tmp_path / "hf", tmp_path / "m.safetensors")
+    assert done.reference == name and done.ignored == ()
+    assert max_diff(output(zoo.load(done.path).eval(), x), output(hf, x)) < 1e-4
+    convert(done.path, tmp_path / "back", max_shard_size="16KB")
+    loaded = getattr(transformers, name).from_pretrained(str(tmp_path / "back")).eval()
+    assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in hf.state_dict().items())
+
+
+@pytest.mark.parametrize("fields,option", [
+    ({"topk_method": "noaux_tc"}, "topk_method"), ({"norm_topk_prob": True}, "norm_topk_prob"),
+    ({"mlp_bias": True}, "mlp_bias"), ({"moe_layer_freq": 2}, "moe_layer_freq"), ({"scoring_func": "sigmoid"}, "scoring_func"),
+    ({"n_group": 4}, "n_group"), ({"topk_group": 4}, "topk_group"), ({"first_k_dense_replace": 3}, "first_k_dense_replace"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads"), ({"n_shared_experts": 0}, "n_shared_experts"),
+])
+def test_v2_configs_zoo_cannot_express_are_refused_by_name(fields, option):
+    with pytest.raises(ConversionError, match=option):
+        hf_spec(hf_config(V2, **fields))
+
+
+def test_v2_specs_the_class_cannot_express_are_refused_by_name():
+    spec = hf_spec(hf_config(V2))
+    for override, field in (("block.ffn.router.group_top=2", "group_top"), ("block.ffn.router.scoring=sigmoid", "scoring"),
+                            ("block.ffn.router.norm_topk_prob=true", "norm_topk_prob"), ("block.attention.n_heads=5", "n_heads"),
+                            ("block.ffn.router.score_bias=true", "score_bias")):
+        with pytest.raises(ConversionError, match=field):
+            zoo.interop.hf_config(parse_spec(apply_overrides(spec.model_dump(mode="json"), [override])), V2)
