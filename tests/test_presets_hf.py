@@ -169,6 +169,7 @@ RELEASES["qwen3-next-80b-a3b"] = ("Qwen3NextForCausalLM", "Qwen3NextConfig", 79_
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
     "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False})
 NOT_SPEC = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}  # token ids are no part of a spec
+NOT_SPEC |= {"num_nextn_predict_layers"}  # DeepSeek-V3's MTP module, which zoo does not hold: it writes 0
 
 
 def release_config(name: str):

@@ -17,15 +17,30 @@ a loaded buffer (``score_bias: true``), ``norm_topk_prob`` and ``routed_scaling_
 (``routed_scale``); the shared experts, ``n_shared_experts * moe_intermediate_size`` wide, have no
 gate. The scores' scale is 1/sqrt(qk_nope_head_dim + qk_rope_head_dim), times yarn's
 ``mscale(factor, mscale_all_dim)`` squared where the rope is scaled and ``mscale_all_dim`` is set
-(``attention.scale``, as HF computes it). HF's class has no multi-token-prediction layer:
-``num_nextn_predict_layers`` is neither read nor written, and a checkpoint's layer past the last is
-not read. HF trains without a load-balancing loss and without moving the correction bias, so
-``aux_loss_coef`` and ``bias_update`` other than 0 are refused by name.
+(``attention.scale``, as HF computes it). HF's class has no multi-token-prediction layer, nor
+has zoo: a checkpoint's layers past the last (``num_nextn_predict_layers`` of them, the release's
+``model.layers.61.*``) are refused by name unless the caller passes ``skip_mtp``
+(:meth:`DeepseekV3.mtp_names`), and the configs zoo writes say ``num_nextn_predict_layers: 0``.
+HF trains without a load-balancing loss and without moving the correction bias, so ``aux_loss_coef``
+and ``bias_update`` other than 0 are refused by name.
+
+DeepSeek-V2: ``DeepseekV2ForCausalLM`` (DeepSeek-V2, V2-Lite, V2.5; ``DeepseekV2Model`` without the
+head) has the same tensors but the correction bias, rope always on interleaved pairs (HF turns
+them as complex numbers), and its own router (HF's ``DeepseekV2TopkRouter``): a softmax over the
+experts in fp32 (``scoring: softmax``), the top k of all of them (``topk_method: greedy``) or of the
+best ``topk_group`` of ``n_group`` groups, each group ranked by its best expert alone
+(``group_limited_greedy``: ``n_groups``, ``topk_groups``, ``group_top: 1``), the weights times
+``routed_scaling_factor`` and never renormalised. What HF's class does not read is refused but for
+the value it computes: ``norm_topk_prob`` true, ``mlp_bias`` true (zoo's shared experts have no
+biases), the original code's ``moe_layer_freq`` other than 1 and ``scoring_func`` other than
+softmax; DeepseekV2Config also wants ``hidden_size`` a multiple of ``num_attention_heads``.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Collection
 from typing import Any
 
 from zoo.interop.claims import ANY, one_of
@@ -33,12 +48,14 @@ from zoo.interop.common import Rule, rule
 from zoo.interop.hf.base import GATED, act_name, ffn_of, fused, require, same_layers, weights
 from zoo.interop.hf.llama import LLAMA_ACTS
 from zoo.interop.hf.moe import MoEDecoder, MoEFields, at_of
-from zoo.interop.hf.table import Check, Derived, Field, Fixed, Refuse, Tokens, table, table_rules
+from zoo.interop.hf.table import Check, Derived, Drop, Field, Fixed, Refuse, Tokens, table, table_rules
 from zoo.interop.hf.traits import decoder, rope, who
 from zoo.spec import FamilySpec
 from zoo.spec.moe import MoESpec
 
 __all__ = ["DeepseekV2", "DeepseekV3"]
+
+_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 
 
 def mla_scale(head: int, rope_parameters: dict | None) -> float | None:
@@ -175,6 +192,8 @@ DEEPSEEK_V3 = table(
     Field("attention_dropout", "dropout.attention"),
     Tokens({"bos_token_id": 0, "eos_token_id": 1}),
     Derived("dense layers", _read_dense, lambda s, where: {}),
+    # zoo holds no multi-token-prediction module, so the checkpoints it writes have none
+    Derived("mtp", lambda c, where: {}, lambda s, where: {"num_nextn_predict_layers": 0}),
 )
 
 
@@ -220,6 +239,15 @@ class DeepseekV3(MoEDecoder):
                 rule(f"{z}.ffn.w_gate_up", f"{m}.experts.gate_up_proj"), rule(f"{z}.ffn.w_down", f"{m}.experts.down_proj"),
                 *fused(f"{z}.ffn.shared.fc1", [f"{m}.shared_experts.gate_proj", f"{m}.shared_experts.up_proj"], bias=False),
                 rule(f"{z}.ffn.shared.fc2.weight", f"{m}.shared_experts.down_proj.weight")]
+
+    @classmethod
+    def mtp_names(cls, config: Any, names: Collection[str]) -> list[str]:
+        """The layers ``num_hidden_layers`` .. + ``num_nextn_predict_layers`` - 1 of a checkpoint (the
+        release's ``model.layers.61.*``: ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head``,
+        ``embed_tokens`` and a decoder layer), which HF's class does not hold."""
+        n, m = config.num_hidden_layers, getattr(config, "num_mtp_layers", 0) or 0
+        layer = [_LAYER.match(k) for k in names]
+        return [k for k, x in zip(names, layer) if x is not None and n <= int(x.group(1)) < n + m]
 
     @classmethod
     def stored_in_parts(cls, config: Any) -> dict[str, tuple[str, ...]]:
@@ -277,6 +305,7 @@ DEEPSEEK_V2 = table(
     Check("block.attention.n_heads", lambda s: s.d_model % s.block.attention.n_heads == 0,
           lambda s: f"DeepseekV2Config requires hidden_size ({s.d_model}) to be a multiple of num_attention_heads", claim=None),
     Tokens({"bos_token_id": 1, "eos_token_id": 2}),
+    Drop("mtp"),  # DeepseekV2Config has no num_nextn_predict_layers
 )
 
 
