@@ -303,7 +303,8 @@ DEEPSEEK_V2 = table(
            "(it does not read moe_layer_freq); only 1 describes it", write=False),
     Refuse("scoring_func", "softmax", "HF's DeepseekV2 scores experts by a softmax (it does not read scoring_func)", write=False),
     Check("block.attention.n_heads", lambda s: s.d_model % s.block.attention.n_heads == 0,
-          lambda s: f"DeepseekV2Config requires hidden_size ({s.d_model}) to be a multiple of num_attention_heads", claim=None),
+          lambda s: f"DeepseekV2Config requires hidden_size (d_model: {s.d_model}) to be a multiple of num_attention_heads",
+          claim=None),
     Tokens({"bos_token_id": 1, "eos_token_id": 2}),
     Drop("mtp"),  # DeepseekV2Config has no num_nextn_predict_layers
 )
