@@ -10,7 +10,7 @@ the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``),
 (``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
 ``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``,
 ``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``, ``olmo-tiny``, ``nemotron-tiny``, ``gpt-oss-tiny``,
-``deepseek-tiny``, ``llama4-tiny``,
+``deepseek-tiny``, ``deepseek-v2-tiny``, ``llama4-tiny``,
 ``qwen3-next-tiny``; real size ``qwen3-next-80b-a3b``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
@@ -218,6 +218,7 @@ TINY = {
     "nemotron-tiny": ("nemotron-mini-4b", "NemotronForCausalLM", "NemotronForCausalLM"),
     "gpt-oss-tiny": ("gpt-oss-20b", "GptOssForCausalLM", "GptOssForCausalLM"),
     "deepseek-tiny": ("deepseek-v3", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM"),
+    "deepseek-v2-tiny": ("deepseek-v2", "DeepseekV2ForCausalLM", "DeepseekV2ForCausalLM"),
     "llama4-tiny": ("llama-4-scout-text", "Llama4ForCausalLM", "Llama4ForCausalLM"),
     "qwen3-next-tiny": ("qwen3-next-80b-a3b", "Qwen3NextForCausalLM", "Qwen3NextForCausalLM"),
 }
