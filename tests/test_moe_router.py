@@ -129,10 +129,10 @@ def hf_v2_moe(method: str, groups: int | None, topk_groups: int | None):
     return hf
 
 
-def zoo_v2_moe(hf, groups: int, topk_groups: int, group_top: int = 1):
+def zoo_v2_moe(hf, groups: int, topk_groups: int, group_top: int = 1, fp32_logits: bool = True):
     spec = MoESpec.model_validate({"n_experts": E, "top_k": K, "expert": {"kind": "swiglu", "hidden": F},
                                    "router": {"n_groups": groups, "topk_groups": topk_groups, "group_top": group_top,
-                                              "routed_scale": 1.6, "norm_topk_prob": False},
+                                              "routed_scale": 1.6, "norm_topk_prob": False, "fp32_logits": fp32_logits},
                                    "shared_hidden": F * 2, "shared_gate": False})
     moe = zoo.registry("ffn").builder("moe")(spec, dim=D, dropout=0.0)
     s = hf.shared_experts
@@ -162,3 +162,13 @@ def test_softmax_group_router_equals_hf_deepseek_v2_moe(method, groups, topk_gro
     if groups:  # ranking the groups by their two best (DeepSeek-V3's rule) picks other experts for some token
         assert not torch.equal(zoo_v2_moe(hf, groups, topk_groups, group_top=2).route(x.reshape(-1, D))[2].sort(-1).values,
                                order.values)
+
+
+def test_v2_router_logits_in_fp32_pick_hf_s_experts_in_bf16():
+    """HF's DeepSeek-V2 router computes its logits in fp32 whatever the model's dtype (fp32_logits): in
+    bf16 zoo picks its experts for every token, and would not for some with bf16 logits."""
+    hf = hf_v2_moe("group_limited_greedy", 4, 2).to(torch.bfloat16)
+    x = torch.randn(4000, D, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    want = hf.gate(x)[2].sort(dim=-1).values
+    picked = [zoo_v2_moe(hf, 4, 2, fp32_logits=f).to(torch.bfloat16).route(x)[2].sort(dim=-1).values for f in (True, False)]
+    assert torch.equal(picked[0], want) and not torch.equal(picked[1], want)

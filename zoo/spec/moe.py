@@ -60,6 +60,9 @@ class MoERouterSpec(Spec):
     group_top: PositiveInt = Field(
         2, description="with n_groups: how many of a group's best scores sum to its rank (DeepSeek-V3: its two best; "
         "DeepSeek-V2's group_limited_greedy: 1, its best alone)")
+    fp32_logits: bool = Field(
+        False, description="the logits computed in fp32 from the input and the weight cast to fp32, whatever the model's "
+        "dtype (HF's DeepSeek-V2 router; a sigmoid scoring always is); false: in the model's dtype (Mixtral, Qwen)")
 
     @model_validator(mode="after")
     def _check(self) -> MoERouterSpec:
@@ -76,6 +79,8 @@ class MoERouterSpec(Spec):
             field = "scoring" if self.scoring != "softmax" else "n_groups"
             raise ValueError(f"router.{field}: a sigmoid scoring or groups score every expert before the top k; set "
                              f"softmax_before_topk: true")
+        if self.fp32_logits and self.bias:
+            raise ValueError("router.fp32_logits: the fp32 logits are computed without the router's bias; set bias: false")
         if self.topk_groups > self.n_groups:
             raise ValueError(f"router.topk_groups ({self.topk_groups}) picks more groups than there are (n_groups: "
                              f"{self.n_groups}); set topk_groups <= n_groups")

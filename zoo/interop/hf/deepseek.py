@@ -27,13 +27,14 @@ and ``bias_update`` other than 0 are refused by name.
 DeepSeek-V2: ``DeepseekV2ForCausalLM`` (DeepSeek-V2, V2-Lite, V2.5; ``DeepseekV2Model`` without the
 head) has the same tensors but the correction bias, rope always on interleaved pairs (HF turns
 them as complex numbers), and its own router (HF's ``DeepseekV2TopkRouter``): a softmax over the
-experts in fp32 (``scoring: softmax``), the top k of all of them (``topk_method: greedy``) or of the
-best ``topk_group`` of ``n_group`` groups, each group ranked by its best expert alone
-(``group_limited_greedy``: ``n_groups``, ``topk_groups``, ``group_top: 1``), the weights times
-``routed_scaling_factor`` and never renormalised. What HF's class does not read is refused but for
-the value it computes: ``norm_topk_prob`` true, ``mlp_bias`` true (zoo's shared experts have no
-biases), the original code's ``moe_layer_freq`` other than 1 and ``scoring_func`` other than
-softmax; DeepseekV2Config also wants ``hidden_size`` a multiple of ``num_attention_heads``.
+experts of logits computed in fp32 (``scoring: softmax``, ``fp32_logits``), the top k of all of
+them (``topk_method: greedy``) or of the best ``topk_group`` of ``n_group`` groups, each group
+ranked by its best expert alone (``group_limited_greedy``: ``n_groups``, ``topk_groups``,
+``group_top: 1``), the weights times ``routed_scaling_factor`` and never renormalised. What HF's
+class does not read is refused but for the value it computes: ``norm_topk_prob`` true, ``mlp_bias``
+true (zoo's shared experts have no biases), the original code's ``moe_layer_freq`` other than 1
+and ``scoring_func`` other than softmax; DeepseekV2Config also wants ``hidden_size`` a multiple of
+``num_attention_heads``.
 """
 
 from __future__ import annotations
@@ -271,7 +272,8 @@ def _read_ffn_v2(c: Any, where: str) -> dict:
     require(not c.norm_topk_prob, where, "norm_topk_prob", c.norm_topk_prob,
             f"{who(where)}'s router never renormalises the picked experts' weights (it does not read norm_topk_prob); "
             f"set it false, which is what the class computes")
-    router = {"scoring": "softmax", "norm_topk_prob": False, "routed_scale": c.routed_scaling_factor, "aux_loss_coef": 0.0}
+    router = {"scoring": "softmax", "norm_topk_prob": False, "routed_scale": c.routed_scaling_factor, "aux_loss_coef": 0.0,
+              "fp32_logits": True}
     if method == "group_limited_greedy":
         groups, top = c.n_group, c.topk_group
         require(isinstance(groups, int) and groups > 0 and n % groups == 0, where, "n_group", groups,
@@ -292,7 +294,8 @@ def _write_ffn_v2(s: FamilySpec, where: str) -> dict:
 
 FFN_CLAIMS_V2 = FFN_CLAIMS | {
     "block.ffn.router.scoring": one_of("softmax"), "block.ffn.router.score_bias": one_of(False),
-    "block.ffn.router.norm_topk_prob": one_of(False), "block.ffn.router.group_top": ANY}
+    "block.ffn.router.norm_topk_prob": one_of(False), "block.ffn.router.group_top": ANY,
+    "block.ffn.router.fp32_logits": one_of(True)}
 
 DEEPSEEK_V2 = table(
     DEEPSEEK_V3,
