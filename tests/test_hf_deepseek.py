@@ -2,7 +2,9 @@
 ``q_lora_rank: null``), rope in halves (``rope_interleave: false``), attention biases, plain rope, no dense
 layer and one group goes through the suite's checks (logits both ways padded or not, every tensor back, greedy
 decoding as HF's ``generate``); checkpoints in the released layout (each expert's matrices apart) convert both
-ways, streaming; what zoo cannot express is refused by name."""
+ways, streaming; what zoo cannot express is refused by name. DeepSeek-V2 (and a V2-Lite-shaped variant) likewise;
+a checkpoint holding a multi-token-prediction module (DeepSeek-V3's layer past the last, Qwen3-Next's mtp.*) is refused
+naming it, or converts without it and lists it when the caller skips it."""
 
 from __future__ import annotations
 
@@ -201,3 +203,19 @@ def test_qwen3_next_mtp_tensors_are_named_by_the_converter():
     names = ["model.layers.0.input_layernorm.weight", "mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight", "lm_head.weight"]
     assert ARCHS["Qwen3NextForCausalLM"].mtp_names(None, names) == names[1:3]
     assert ARCHS["Qwen3NextModel"].mtp_names(None, names) == names[1:3]
+
+
+@pytest.mark.slow
+def test_a_qwen3_next_checkpoint_s_mtp_tensors_are_refused_or_listed_when_skipped(tmp_path):
+    """HF's Qwen3-Next drops ``mtp.*`` on loading without a word (its keys to ignore); zoo names them."""
+    from safetensors.torch import save_file
+
+    hf = build_reference("Qwen3NextForCausalLM", seed=1)
+    state = write_checkpoint(hf, tmp_path / "hf")
+    d = hf.config.hidden_size
+    mtp = {"mtp.fc.weight": torch.randn(d, 2 * d), "mtp.norm.weight": torch.ones(d), "mtp.pre_fc_norm_hidden.weight": torch.ones(d)}
+    save_file({**state, **mtp}, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match=r"multi-token-prediction.*mtp\.fc\.weight.*skip_mtp"):
+        convert(tmp_path / "hf", tmp_path / "m.safetensors")
+    done = convert(tmp_path / "hf", tmp_path / "m.safetensors", skip_mtp=True)
+    assert sorted(done.ignored) == sorted(mtp)

@@ -213,7 +213,7 @@ def _load_hf_dir(src: Path, skip_mtp: bool = False) -> nn.Module:
     mtp = arch.mtp_names(model.config, _saved_names(src))  # from_pretrained leaves some out of unexpected_keys
     check_mtp(mtp, skip_mtp, arch.name, str(src))
     missing = sorted(info.get("missing_keys") or [])
-    unexpected = sorted(k for k in info.get("unexpected_keys") or [] if k not in mtp)
+    unexpected = sorted(set(info.get("unexpected_keys") or []) - set(mtp))
     check_counted(set(model.state_dict()) - set(missing), unexpected, config, str(src))
     saved = arch.saved_init_kwargs((set(model.state_dict()) - set(missing)) | set(unexpected))
     if missing and saved and saved != arch.saved_init_kwargs(model.state_dict()):  # saved without a part (BertModel's pooler)

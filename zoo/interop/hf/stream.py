@@ -209,6 +209,7 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     tensors do not fit, or that holds a multi-token-prediction module unless ``skip_mtp``."""
     mtp = arch.mtp_names(config, list(files.tensors))
     check_mtp(mtp, skip_mtp, arch.name, str(src))
+    left_out = set(mtp)
     meta = hf.state_dict(keep_vars=True)
     rename = _renamer(hf, meta)
     parts = arch.stored_in_parts(config)
@@ -217,7 +218,7 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     mapped: dict[str, Stored] = {}
     ignored, unconvertible = [], {}
     for key in files.tensors:
-        if key in in_parts or key in mtp:
+        if key in in_parts or key in left_out:
             continue
         try:
             new = rename(key)
