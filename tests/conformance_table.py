@@ -171,6 +171,15 @@ HF_CONFIGS["DeepseekV3ForCausalLM"] = ("DeepseekV3Config", dict(
     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
                      "mscale": 1.0, "mscale_all_dim": 0.8}))
 BACKBONE_OF |= {"DeepseekV3Model": "DeepseekV3ForCausalLM"}
+# DeepSeek-V2: multi-head latent attention with q through a latent, yarn with mscale_all_dim, the first layer dense, a
+# softmax router limited to the best 2 of 3 groups (each ranked by its best expert), the weights scaled, not renormalised
+HF_CONFIGS["DeepseekV2ForCausalLM"] = ("DeepseekV2Config", dict(
+    _ROTARY, num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=10, kv_lora_rank=8, qk_nope_head_dim=6,
+    qk_rope_head_dim=4, v_head_dim=5, n_routed_experts=6, num_experts_per_tok=3, n_group=3, topk_group=2,
+    topk_method="group_limited_greedy", moe_intermediate_size=12, n_shared_experts=2, first_k_dense_replace=1,
+    routed_scaling_factor=1.7, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                "original_max_position_embeddings": 8, "mscale": 0.9, "mscale_all_dim": 0.8}))
+BACKBONE_OF |= {"DeepseekV2Model": "DeepseekV2ForCausalLM"}
 # DeBERTa-v3: disentangled attention (c2p, p2c, shared keys) over 8 log buckets reaching 12, the table normalised
 HF_CONFIGS["DebertaV2ForMaskedLM"] = ("DebertaV2Config", dict(
     vocab_size=V, max_position_embeddings=32, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,

@@ -113,3 +113,62 @@ def test_deepseek_tiny_trains_and_its_held_bias_moves_only_with_bias_update(rate
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
     assert torch.equal(moe.expert_bias, held) == (rate == 0.0)
+
+
+def hf_v2_moe(method: str, groups: int | None, topk_groups: int | None):
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+
+    config = transformers.DeepseekV2Config(hidden_size=D, moe_intermediate_size=F, n_routed_experts=E, num_experts_per_tok=K,
+                                           n_group=groups, topk_group=topk_groups, topk_method=method, n_shared_experts=2,
+                                           routed_scaling_factor=1.6, num_attention_heads=3)
+    hf = DeepseekV2Moe(config)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return hf
+
+
+def zoo_v2_moe(hf, groups: int, topk_groups: int, group_top: int = 1, fp32_logits: bool = True):
+    spec = MoESpec.model_validate({"n_experts": E, "top_k": K, "expert": {"kind": "swiglu", "hidden": F},
+                                   "router": {"n_groups": groups, "topk_groups": topk_groups, "group_top": group_top,
+                                              "routed_scale": 1.6, "norm_topk_prob": False, "fp32_logits": fp32_logits},
+                                   "shared_hidden": F * 2, "shared_gate": False})
+    moe = zoo.registry("ffn").builder("moe")(spec, dim=D, dropout=0.0)
+    s = hf.shared_experts
+    with torch.no_grad():
+        moe.router.weight.copy_(hf.gate.weight)
+        moe.w_gate_up.copy_(hf.experts.gate_up_proj)
+        moe.w_down.copy_(hf.experts.down_proj)
+        moe.shared.fc1.weight.copy_(torch.cat([s.gate_proj.weight, s.up_proj.weight]))
+        moe.shared.fc2.weight.copy_(s.down_proj.weight)
+    return moe
+
+
+@pytest.mark.parametrize("method,groups,topk_groups", [("greedy", None, None), ("group_limited_greedy", 4, 2),
+                                                       ("group_limited_greedy", 2, 1)])
+def test_softmax_group_router_equals_hf_deepseek_v2_moe(method, groups, topk_groups):
+    """DeepSeek-V2's router: softmax scores, groups ranked by their best expert alone (group_top 1), the
+    picked weights times routed_scaling_factor and never renormalised; the experts, weights and output."""
+    hf = hf_v2_moe(method, groups, topk_groups)
+    moe = zoo_v2_moe(hf, groups or 1, topk_groups or 1)
+    x = torch.randn(4, 9, D, generator=torch.Generator().manual_seed(1))
+    _, hf_weights, hf_experts = hf.gate(x)
+    _, weights, experts = moe.route(x.reshape(-1, D))
+    order, hf_order = experts.sort(dim=-1), hf_experts.sort(dim=-1)
+    assert torch.equal(order.values, hf_order.values)
+    assert (weights.gather(1, order.indices) - hf_weights.gather(1, hf_order.indices)).abs().max() < 1e-6
+    assert (moe(x) - hf(x)).abs().max() < 1e-5
+    if groups:  # ranking the groups by their two best (DeepSeek-V3's rule) picks other experts for some token
+        assert not torch.equal(zoo_v2_moe(hf, groups, topk_groups, group_top=2).route(x.reshape(-1, D))[2].sort(-1).values,
+                               order.values)
+
+
+def test_v2_router_logits_in_fp32_pick_hf_s_experts_in_bf16():
+    """HF's DeepSeek-V2 router computes its logits in fp32 whatever the model's dtype (fp32_logits): in
+    bf16 zoo picks its experts for every token, and would not for some with bf16 logits."""
+    hf = hf_v2_moe("group_limited_greedy", 4, 2).to(torch.bfloat16)
+    x = torch.randn(4000, D, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    want = hf.gate(x)[2].sort(dim=-1).values
+    picked = [zoo_v2_moe(hf, 4, 2, fp32_logits=f).to(torch.bfloat16).route(x)[2].sort(dim=-1).values for f in (True, False)]
+    assert torch.equal(picked[0], want) and not torch.equal(picked[1], want)

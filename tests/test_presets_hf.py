@@ -2,7 +2,7 @@
 
 Real sizes (``llama-3.2-1b``, ``qwen3-0.6b``, ``gemma-2-2b``, ``gemma-3-1b``, ``phi-3-mini``, ``olmo-1b``,
 ``nemotron-mini-4b``, and the mixtures of experts ``mixtral-8x7b``, ``qwen3-30b-a3b``, ``olmoe-1b-7b``,
-``qwen1.5-moe-a2.7b``, ``gpt-oss-20b``, ``deepseek-v3`` (671B), and ``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``,
+``qwen1.5-moe-a2.7b``, ``gpt-oss-20b``, ``deepseek-v3`` (671B), ``deepseek-v2`` (236B), ``deepseek-v2-lite``, and ``granite-3.3-8b``, ``smollm3-3b``, ``command-r-v01``,
 ``llama-4-scout-text``), on the
 meta device only: each preset is ``hf_spec`` of the release's config as HF's config class completes it,
 has the parameter count of the HF class built from that config (tied tensors once), and writes back to
@@ -10,7 +10,7 @@ the same config values; so are T5 (``t5-small``) and Flan-T5 (``flan-t5-base``),
 (``t5-tiny``, ``flan-t5-tiny``) convert to HF exactly. Tiny variants (``llama-3.2-tiny``, ``qwen3-tiny``, ``gemma-2-tiny``,
 ``gemma-3-tiny``, ``phi-3-tiny``, ``mixtral-tiny``, ``qwen3-moe-tiny``, ``olmoe-tiny``, ``qwen1.5-moe-tiny``,
 ``granite-tiny``, ``smollm3-tiny``, ``command-r-tiny``, ``olmo-tiny``, ``nemotron-tiny``, ``gpt-oss-tiny``,
-``deepseek-tiny``, ``llama4-tiny``,
+``deepseek-tiny``, ``deepseek-v2-tiny``, ``llama4-tiny``,
 ``qwen3-next-tiny``; real size ``qwen3-next-80b-a3b``): at random init each converts to its HF class with the same logits
 (fp32, padded or not, on sequences longer than its window) and the same greedy decoding past the window.
 """
@@ -146,6 +146,20 @@ RELEASES = {
                             "original_max_position_embeddings": 4096},  # beta_fast 32, beta_slow 1: HF's defaults
         "attention_bias": False, "rope_interleave": True, "tie_word_embeddings": False}),
 }
+_V2_LITE = {  # deepseek-ai/DeepSeek-V2-Lite
+    "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+    "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "qk_nope_head_dim": 128, "n_group": 1, "topk_group": 1, "topk_method": "greedy", "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1, "norm_topk_prob": False, "hidden_act": "silu", "max_position_embeddings": 163840,
+    "initializer_range": 0.02, "rms_norm_eps": 1e-6, "attention_bias": False, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                        "original_max_position_embeddings": 4096}}  # beta_fast 32, beta_slow 1: HF's defaults
+RELEASES["deepseek-v2-lite"] = ("DeepseekV2ForCausalLM", "DeepseekV2Config", 15_706_484_224, _V2_LITE)
+RELEASES["deepseek-v2"] = ("DeepseekV2ForCausalLM", "DeepseekV2Config", 235_741_434_880, {  # deepseek-ai/DeepSeek-V2
+    **_V2_LITE, "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 60,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_routed_experts": 160, "routed_scaling_factor": 16.0,
+    "q_lora_rank": 1536, "n_group": 8, "topk_group": 3, "topk_method": "group_limited_greedy"})
 RELEASES["qwen3-next-80b-a3b"] = ("Qwen3NextForCausalLM", "Qwen3NextConfig", 79_674_391_296, {  # Qwen/Qwen3-Next-80B-A3B-Instruct
     "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
     "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
@@ -155,6 +169,7 @@ RELEASES["qwen3-next-80b-a3b"] = ("Qwen3NextForCausalLM", "Qwen3NextConfig", 79_
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
     "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False})
 NOT_SPEC = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}  # token ids are no part of a spec
+NOT_SPEC |= {"num_nextn_predict_layers"}  # DeepSeek-V3's MTP module, which zoo does not hold: it writes 0
 
 
 def release_config(name: str):
@@ -203,6 +218,7 @@ TINY = {
     "nemotron-tiny": ("nemotron-mini-4b", "NemotronForCausalLM", "NemotronForCausalLM"),
     "gpt-oss-tiny": ("gpt-oss-20b", "GptOssForCausalLM", "GptOssForCausalLM"),
     "deepseek-tiny": ("deepseek-v3", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM"),
+    "deepseek-v2-tiny": ("deepseek-v2", "DeepseekV2ForCausalLM", "DeepseekV2ForCausalLM"),
     "llama4-tiny": ("llama-4-scout-text", "Llama4ForCausalLM", "Llama4ForCausalLM"),
     "qwen3-next-tiny": ("qwen3-next-80b-a3b", "Qwen3NextForCausalLM", "Qwen3NextForCausalLM"),
 }

@@ -14,7 +14,7 @@
                              the element-wise mean of several checkpoints' weights (training
                              checkpoints or zoo safetensors files), written with its spec
     zoo convert SRC -o DST [--to hf|timm] [--architecture CLASS] [--timm-model NAME] [--dtype D]
-                [--max-shard-size SIZE]
+                [--max-shard-size SIZE] [--skip-mtp]
                              a zoo file to an HF / timm directory, or an HF / timm model to a zoo file
                              (tensor by tensor; sharded above SIZE, default 5GB)
     zoo embed MODEL [--tokenizer PATH] [--pooling mean|cls|max|pooler] [--[no-]normalize] [--similarity]
@@ -153,7 +153,8 @@ def _convert(args) -> None:
         pass
     done = convert(args.src, args.output, to=args.to, dtype=DTYPES[args.dtype] if args.dtype else None,
                    architecture=args.architecture, timm_model=args.timm_model,
-                   max_shard_size=None if args.max_shard_size.lower() == "none" else args.max_shard_size)
+                   max_shard_size=None if args.max_shard_size.lower() == "none" else args.max_shard_size,
+                   skip_mtp=args.skip_mtp)
     what = {"zoo": "zoo file", "hf": "HF directory", "timm": "timm directory"}[done.kind]
     print(f"wrote {done.path}: {what}, {done.reference}, {done.parameters:,} parameters"
           + (f", {args.dtype}" if args.dtype else ""))
@@ -188,6 +189,10 @@ def _convert_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, metavar="SIZE",
                    help="above this size the written zoo file or HF checkpoint is split into shards and an index "
                         f"(bytes, or 5GB, 500MB, 2GiB; none: never; default {DEFAULT_MAX_SHARD_SIZE})")
+    p.add_argument("--skip-mtp", action="store_true",
+                   help="convert an HF checkpoint without its multi-token-prediction module (DeepSeek-V3's layer past "
+                        "the last, Qwen3-Next's mtp.*), which neither HF's class nor zoo holds; without it such a "
+                        "checkpoint is refused")
     return p
 
 

@@ -16,6 +16,8 @@ Changes to routing, all off by default:
   scores each expert on its own; ``n_groups`` limits a token to the experts of its best
   ``topk_groups`` groups; ``score_bias`` holds ``expert_bias`` fixed where ``bias_update`` is 0
   (a loaded ``e_score_correction_bias``); ``routed_scale`` multiplies the routed weights.
+  DeepSeek-V2's (as ``DeepseekV2TopkRouter``): softmax scores, each group ranked by its best score
+  alone (``group_top: 1``), no bias, no renormalisation, the logits in fp32 (``fp32_logits``).
 * ``capacity_factor`` (Switch Transformer): in training, each expert takes at most
   ``ceil(capacity_factor * N * top_k / E)`` of the pairs routed to it, the first by position (token
   order in the batch, its rows one after another; padding tokens, which the module does not see as
@@ -71,7 +73,8 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
                  aux_loss_coef: float = 0.01, z_loss_coef: float = 0.0, bias_update: float = 0.0,
                  capacity_factor: float | None = None, router_bias: bool = False, bias: bool = False,
                  scoring: str = "softmax", n_groups: int = 1, topk_groups: int = 1, score_bias: bool = False,
-                 routed_scale: float = 1.0, sigmoid_after_topk: bool = False, weight_input: bool = False) -> None:
+                 routed_scale: float = 1.0, sigmoid_after_topk: bool = False, weight_input: bool = False,
+                 group_top: int = 2, fp32_logits: bool = False) -> None:
         super().__init__()
         self.n_experts, self.top_k, self.hidden = n_experts, top_k, hidden
         self.softmax_before_topk, self.norm_topk_prob, self.jitter = softmax_before_topk, norm_topk_prob, jitter
@@ -80,7 +83,9 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"scoring must be softmax or sigmoid, got {scoring!r}")
         self.scoring, self.n_groups, self.topk_groups = scoring, n_groups, topk_groups
-        self.routed_scale = routed_scale
+        self.routed_scale, self.group_top, self.fp32_logits = routed_scale, group_top, fp32_logits
+        if fp32_logits and router_bias:
+            raise ValueError("fp32_logits: the router's fp32 logits are computed without a bias (DeepSeek-V2); drop router.bias")
         self.sigmoid_after_topk, self.weight_input = sigmoid_after_topk, weight_input
         self.router = Linear(dim, n_experts, bias=router_bias)  # HF: gate.weight [E, D] (gpt-oss: and a bias)
         self.w_gate_up = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))  # [gate | up] per expert
@@ -106,7 +111,7 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
         if self.scoring == "sigmoid":  # DeepSeek-V3: fp32 logits of the fp32 weight, each expert's sigmoid
             logits = F.linear(x.float(), self.router.weight.float())
             return (logits, *self.pick(logits.sigmoid()))
-        logits = self.router(x)
+        logits = F.linear(x.float(), self.router.weight.float()) if self.fp32_logits else self.router(x)  # DeepSeek-V2
         if self.sigmoid_after_topk:  # Llama 4: the top k of the logits, each weighted by its sigmoid
             top, experts = torch.topk(logits, self.top_k, dim=-1)
             return logits, torch.sigmoid(top.float()), experts
@@ -127,13 +132,14 @@ class MoE(nn.Module, ResidualWriter, SummaryPart, InitNormal, InitResidual, Coun
     def pick(self, scores: Tensor) -> tuple[Tensor, Tensor]:
         """(weights [N, k] fp32, experts [N, k]) of every expert's ``scores`` [N, E] (fp32), as HF's
         DeepseekV3TopkRouter: the score bias added for the choice, the experts of the best
-        ``topk_groups`` groups (each ranked by the sum of its two best biased scores) kept, the top k
-        of those, their unbiased scores renormalised (``norm_topk_prob``) and times ``routed_scale``."""
+        ``topk_groups`` groups (each ranked by the sum of its ``group_top`` best biased scores) kept,
+        the top k of those, their unbiased scores renormalised (``norm_topk_prob``) and times
+        ``routed_scale``; HF's DeepseekV2TopkRouter is the same with softmax scores, ``group_top`` 1."""
         choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
         if self.n_groups > 1:
             n, g = choice.shape[0], self.n_groups
             grouped = choice.view(n, g, -1)
-            ranks = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, G)
+            ranks = grouped.topk(self.group_top, dim=-1).values.sum(dim=-1)  # (N, G)
             best = torch.topk(ranks, self.topk_groups, dim=-1, sorted=False).indices
             keep = torch.zeros_like(ranks).scatter_(1, best, 1.0).bool()
             choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(n, -1)
@@ -318,4 +324,5 @@ def _moe(spec, *, dim: int, dropout: float, **_) -> MoE:
                router_bias=spec.router.bias, bias=spec.expert.bias, scoring=spec.router.scoring,
                n_groups=spec.router.n_groups, topk_groups=spec.router.topk_groups, score_bias=spec.router.score_bias,
                routed_scale=spec.router.routed_scale,
-               sigmoid_after_topk=spec.router.sigmoid_after_topk, weight_input=spec.weight_input)
+               sigmoid_after_topk=spec.router.sigmoid_after_topk, weight_input=spec.weight_input,
+               group_top=spec.router.group_top, fp32_logits=spec.router.fp32_logits)

@@ -182,6 +182,17 @@ def check_counted(read: Iterable[str], left: Iterable[str], config: Mapping[str,
                               f"correct {field or 'config.json'} to the number the weights hold")
 
 
+def check_mtp(mtp: list[str], skip: bool, reference: str, where: str) -> None:
+    """Refuse a checkpoint's multi-token-prediction tensors ``mtp`` (``Architecture.mtp_names``)
+    unless the caller chose to ``skip`` them: neither ``reference`` nor zoo holds them, and a
+    conversion must not lose them without a word."""
+    if mtp and not skip:
+        shown = ", ".join(sorted(mtp)[:3]) + (f" (+{len(mtp) - 3} more)" if len(mtp) > 3 else "")
+        raise ConversionError(f"{where}: the checkpoint holds a multi-token-prediction module ({shown}) that {reference} "
+                              f"does not hold and zoo does not convert; pass skip_mtp=True (zoo convert --skip-mtp) to "
+                              f"convert without its {len(mtp)} tensors, which the result lists as ignored")
+
+
 def check_used(names: Iterable[str], rules: Iterable[Rule], where: str) -> None:
     """Every zoo tensor has a place in the reference; one left over means an option it lacks (the
     converter's checks should have named it, so this is the guard behind them)."""

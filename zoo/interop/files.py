@@ -24,8 +24,9 @@ local_files_only=True)``. A timm directory is what ``timm``'s ``save_for_hf`` wr
 ``timm.create_model("local-dir:DIR", pretrained=True)`` reads the ones written here. Nothing is
 ever downloaded. An HF checkpoint that lacks a tensor of the reference class (a ``BertModel``
 whose config names no class, read as ``BertForMaskedLM``) is refused rather than completed with random values; tensors the
-class does not read (BERT's pooler and next-sentence head) are left out and listed in ``ignored``.
-A multimodal directory (Llama 4's ``Llama4ForConditionalGeneration``: Scout, Maverick) is refused
+class does not read (BERT's pooler and next-sentence head) are left out and listed in ``ignored``;
+a multi-token-prediction module (DeepSeek-V3's layer past the last) is refused by name unless the
+caller passes ``skip_mtp``, then listed there too. A multimodal directory (Llama 4's ``Llama4ForConditionalGeneration``: Scout, Maverick) is refused
 unless ``architecture`` names its text model's class (``Llama4ForCausalLM``): then the text model
 (``language_model.*``, its config ``text_config``) converts, its vision tower and projector are
 listed in ``ignored``, and the zoo file converts back to a ``Llama4ForCausalLM`` directory. gpt-oss's
@@ -57,7 +58,7 @@ from torch import nn
 from zoo.build import count_parameters
 from zoo.embed import Settings
 from zoo.interop.claims import claims_family
-from zoo.interop.common import ConversionError, check_counted
+from zoo.interop.common import ConversionError, check_counted, check_mtp
 from zoo.interop.hf import ARCHS, TEXT_MODELS, by_model_type, from_hf
 from zoo.interop.hf.mxfp4 import quantization
 from zoo.interop.hf.stream import NotStreamable, hf_dir_to_zoo, zoo_to_hf_dir
@@ -184,7 +185,22 @@ def _hf_arch(src: Path, config: dict, architecture: str | None = None):
     return arch
 
 
-def _load_hf_dir(src: Path) -> nn.Module:
+def _saved_names(src: Path) -> list[str]:
+    """The tensor names an HF directory's weights hold (an index's, a safetensors file's, a pytorch_model.bin's)."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (src / index).is_file():
+            return list(_read_json(src / index).get("weight_map", {}))
+    if (src / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(src / "model.safetensors"), "pt") as f:
+            return list(f.keys())
+    if (src / "pytorch_model.bin").is_file():
+        return list(torch.load(src / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True))
+    return []
+
+
+def _load_hf_dir(src: Path, skip_mtp: bool = False) -> nn.Module:
     """An HF directory read whole (weights only in ``pytorch_model.bin``)."""
     import transformers
 
@@ -211,7 +227,10 @@ def _load_hf_dir(src: Path) -> nn.Module:
                               f"is config.json the one these weights were saved with?")
 
     model, info = read(**({"quantization_config": transformers.Mxfp4Config(dequantize=True)} if mxfp4 else {}))
-    missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
+    mtp = arch.mtp_names(model.config, _saved_names(src))  # from_pretrained leaves some out of unexpected_keys
+    check_mtp(mtp, skip_mtp, arch.name, str(src))
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(set(info.get("unexpected_keys") or []) - set(mtp))
     check_counted(set(model.state_dict()) - set(missing), unexpected, config, str(src))
     saved = arch.saved_init_kwargs((set(model.state_dict()) - set(missing)) | set(unexpected))
     if missing and saved and saved != arch.saved_init_kwargs(model.state_dict()):  # saved without a part (BertModel's pooler)
@@ -221,7 +240,7 @@ def _load_hf_dir(src: Path) -> nn.Module:
         shown = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
         raise ConversionError(f"{src}: the weights do not fit {arch.name}: it has no {shown} "
                               f"(the directory holds {', '.join(config.get('architectures') or ['another model'])})")
-    return model.eval(), unexpected  # unexpected: other heads (BERT's pooler, NSP), unread by this class
+    return model.eval(), [*unexpected, *sorted(mtp)]  # other heads (BERT's pooler, NSP), a skipped MTP module
 
 
 def _timm_from_state(name: str, args: dict, weights: Path, where: str) -> nn.Module:
@@ -259,7 +278,7 @@ def _load_timm_dir(src: Path) -> nn.Module:
 # ---------------------------------------------------------------------------------------------- public
 def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: torch.dtype | None = None,
             architecture: str | None = None, timm_model: str | None = None,
-            max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE) -> Converted:
+            max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE, skip_mtp: bool = False) -> Converted:
     """Convert the model in ``src`` and write it to ``dst`` (see the module's docstring).
 
     ``to`` ('hf' or 'timm') picks the target of a zoo file (default: timm for a family a timm class
@@ -270,6 +289,10 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
     the written floating-point tensors, ``timm_model`` names the timm model a bare timm
     checkpoint holds (``vit_tiny_patch16_224``), and ``max_shard_size`` (bytes, or "5GB", "500MB";
     None: no limit) is the size above which a written zoo file or HF checkpoint is sharded.
+    ``skip_mtp`` converts an HF checkpoint without its multi-token-prediction module (DeepSeek-V3's
+    ``model.layers.61.*`` with ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head``; Qwen3-Next's
+    ``mtp.*``), which neither HF's class nor zoo holds: without it such a checkpoint is refused,
+    naming the tensors; with it they are left out and listed in ``ignored``.
     """
     src, dst, ignored = resolve(src), Path(dst), []
     if to not in (None, "hf", "timm"):
@@ -313,11 +336,11 @@ def convert(src: str | Path, dst: str | Path, *, to: str | None = None, dtype: t
                 notes = ("embeds with its pooled output (pooler pooling; zoo embed reads it)",)
             try:
                 done = hf_dir_to_zoo(src, dst, arch, dtype=dtype, max_shard_size=max_shard_size,
-                                     metadata=metadata)
+                                     metadata=metadata, skip_mtp=skip_mtp)
                 return Converted("zoo", done.reference, done.path, done.parameters, done.ignored,
                                  notes + copy_sidecars(src, done.path.parent))
             except NotStreamable:
-                ref, ignored = _load_hf_dir(src)
+                ref, ignored = _load_hf_dir(src, skip_mtp)
                 model, hf_read = from_hf(ref), True
         elif "architecture" in config:
             if architecture is not None:

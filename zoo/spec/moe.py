@@ -44,8 +44,8 @@ class MoERouterSpec(Spec):
         "scoring_func, computed in fp32 from fp32 logits); the weights are the picked experts' scores")
     n_groups: PositiveInt = Field(
         1, description="group-limited routing (DeepSeek-V3's n_group): the experts fall into this many equal groups "
-        "in order, each group ranked by the sum of its two best scores (with the score bias), and a token picks its "
-        "top k from the best topk_groups groups only; 1: no groups")
+        "in order, each group ranked by the sum of its group_top best scores (with the score bias), and a token picks "
+        "its top k from the best topk_groups groups only; 1: no groups")
     topk_groups: PositiveInt = Field(1, description="with n_groups: how many of the best groups a token picks from "
                                      "(DeepSeek-V3's topk_group); n_groups: every group")
     score_bias: bool = Field(
@@ -57,6 +57,12 @@ class MoERouterSpec(Spec):
     sigmoid_after_topk: bool = Field(
         False, description="the top k of the logits, each weighted by the sigmoid of its logit and never "
         "renormalised (Llama 4's router); replaces the softmax, so softmax_before_topk and norm_topk_prob stay true")
+    group_top: PositiveInt = Field(
+        2, description="with n_groups: how many of a group's best scores sum to its rank (DeepSeek-V3: its two best; "
+        "DeepSeek-V2's group_limited_greedy: 1, its best alone)")
+    fp32_logits: bool = Field(
+        False, description="the logits computed in fp32 from the input and the weight cast to fp32, whatever the model's "
+        "dtype (HF's DeepSeek-V2 router; a sigmoid scoring always is); false: in the model's dtype (Mixtral, Qwen)")
 
     @model_validator(mode="after")
     def _check(self) -> MoERouterSpec:
@@ -73,6 +79,8 @@ class MoERouterSpec(Spec):
             field = "scoring" if self.scoring != "softmax" else "n_groups"
             raise ValueError(f"router.{field}: a sigmoid scoring or groups score every expert before the top k; set "
                              f"softmax_before_topk: true")
+        if self.fp32_logits and self.bias:
+            raise ValueError("router.fp32_logits: the fp32 logits are computed without the router's bias; set bias: false")
         if self.topk_groups > self.n_groups:
             raise ValueError(f"router.topk_groups ({self.topk_groups}) picks more groups than there are (n_groups: "
                              f"{self.n_groups}); set topk_groups <= n_groups")
@@ -149,9 +157,11 @@ class MoESpec(FFNBaseSpec):
             raise ValueError(f"top_k ({self.top_k}) routes each token to more experts than there are "
                              f"(n_experts: {self.n_experts}); set top_k <= n_experts")
         g = self.router.n_groups
-        if g > 1 and (self.n_experts % g or self.n_experts // g < 2):
+        top = self.router.group_top
+        if g > 1 and (self.n_experts % g or self.n_experts // g < top):
             raise ValueError(f"router.n_groups: {self.n_experts} experts (n_experts) split into {g} equal groups of at "
-                             f"least two (a group ranks by its two best scores); choose n_groups dividing n_experts")
+                             f"least {top} (a group ranks by its router.group_top best scores); choose n_groups dividing "
+                             f"n_experts")
         if g > 1 and self.top_k > self.router.topk_groups * (self.n_experts // g):
             raise ValueError(f"top_k ({self.top_k}) routes each token to more experts than its router.topk_groups "
                              f"groups hold; raise topk_groups or lower top_k")

@@ -144,6 +144,14 @@ class Architecture:
         return {}
 
     @classmethod
+    def mtp_names(cls, config: Any, names: Collection[str]) -> list[str]:
+        """The checkpoint tensors among ``names`` of a multi-token-prediction module (DeepSeek-V3's
+        layer past the last, Qwen3-Next's ``mtp.*``) that the reference class does not hold, so
+        neither HF's class nor zoo reads them: reading a checkpoint refuses them by name unless the
+        caller passes ``skip_mtp`` (:func:`zoo.interop.files.convert`), then lists them as ignored."""
+        return []
+
+    @classmethod
     def init_kwargs(cls, s: FamilySpec) -> dict[str, Any]:
         """The class's constructor arguments beyond its config that ``s`` decides."""
         return {}

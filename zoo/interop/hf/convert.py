@@ -53,7 +53,7 @@ from zoo.interop.hf.albert import Albert
 from zoo.interop.hf.mpnet import MPNet
 from zoo.interop.hf.clip import ClipText, ClipTextProjection, Siglip2Text, SiglipText
 from zoo.interop.hf.m2m100 import M2M100
-from zoo.interop.hf.deepseek import DeepseekV3
+from zoo.interop.hf.deepseek import DeepseekV2, DeepseekV3
 from zoo.interop.hf.deberta_v2 import DebertaV2
 from zoo.interop.hf.qwen3_next import Qwen3Next
 from zoo.spec import FamilySpec, parse_spec
@@ -66,6 +66,7 @@ _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, 
                Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, Granite, Cohere, SmolLM3, T5, Roberta, XLMRoberta, DistilBert,
                ModernBert, Olmo, Nemotron)
 _WITH_HEADS += (Electra, Albert, MPNet, M2M100, GptOss, DeepseekV3, Llama4, DebertaV2, Qwen3Next)
+_WITH_HEADS += (DeepseekV2,)
 _TOWERS = (ClipText, ClipTextProjection, SiglipText, Siglip2Text)  # text towers: head none, a pooled output
 _ALL = (*_WITH_HEADS, *_TOWERS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
@@ -81,7 +82,7 @@ def by_model_type(model_type: str | None, architectures: list[str] | None = None
     olmo2, gemma, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, olmoe, stablelm, granite, cohere,
     smollm3, t5, roberta, xlm-roberta, distilbert, modernbert, olmo, nemotron, electra, albert, mpnet, clip_text_model,
     siglip_text_model, siglip2_text_model, m2m_100, gpt_oss, deepseek_v3, llama4_text,
-    deberta-v2, qwen3_next) is ``model_type``:
+    deberta-v2, qwen3_next, deepseek_v2) is ``model_type``:
     the one of a class named in ``architectures`` (a config's: ``["LlamaModel"]``) where there is one, else the first
     (the class with the head), or None."""
     of_type = [a for a in ARCHS.values() if a.model_type == model_type]

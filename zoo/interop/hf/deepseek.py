@@ -17,15 +17,31 @@ a loaded buffer (``score_bias: true``), ``norm_topk_prob`` and ``routed_scaling_
 (``routed_scale``); the shared experts, ``n_shared_experts * moe_intermediate_size`` wide, have no
 gate. The scores' scale is 1/sqrt(qk_nope_head_dim + qk_rope_head_dim), times yarn's
 ``mscale(factor, mscale_all_dim)`` squared where the rope is scaled and ``mscale_all_dim`` is set
-(``attention.scale``, as HF computes it). HF's class has no multi-token-prediction layer:
-``num_nextn_predict_layers`` is neither read nor written, and a checkpoint's layer past the last is
-not read. HF trains without a load-balancing loss and without moving the correction bias, so
-``aux_loss_coef`` and ``bias_update`` other than 0 are refused by name.
+(``attention.scale``, as HF computes it). HF's class has no multi-token-prediction layer, nor
+has zoo: a checkpoint's layers past the last (``num_nextn_predict_layers`` of them, the release's
+``model.layers.61.*``) are refused by name unless the caller passes ``skip_mtp``
+(:meth:`DeepseekV3.mtp_names`), and the configs zoo writes say ``num_nextn_predict_layers: 0``.
+HF trains without a load-balancing loss and without moving the correction bias, so ``aux_loss_coef``
+and ``bias_update`` other than 0 are refused by name.
+
+DeepSeek-V2: ``DeepseekV2ForCausalLM`` (DeepSeek-V2, V2-Lite, V2.5; ``DeepseekV2Model`` without the
+head) has the same tensors but the correction bias, rope always on interleaved pairs (HF turns
+them as complex numbers), and its own router (HF's ``DeepseekV2TopkRouter``): a softmax over the
+experts of logits computed in fp32 (``scoring: softmax``, ``fp32_logits``), the top k of all of
+them (``topk_method: greedy``) or of the best ``topk_group`` of ``n_group`` groups, each group
+ranked by its best expert alone (``group_limited_greedy``: ``n_groups``, ``topk_groups``,
+``group_top: 1``), the weights times ``routed_scaling_factor`` and never renormalised. What HF's
+class does not read is refused but for the value it computes: ``norm_topk_prob`` true, ``mlp_bias``
+true (zoo's shared experts have no biases), the original code's ``moe_layer_freq`` other than 1
+and ``scoring_func`` other than softmax; DeepseekV2Config also wants ``hidden_size`` a multiple of
+``num_attention_heads``.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Collection
 from typing import Any
 
 from zoo.interop.claims import ANY, one_of
@@ -33,12 +49,14 @@ from zoo.interop.common import Rule, rule
 from zoo.interop.hf.base import GATED, act_name, ffn_of, fused, require, same_layers, weights
 from zoo.interop.hf.llama import LLAMA_ACTS
 from zoo.interop.hf.moe import MoEDecoder, MoEFields, at_of
-from zoo.interop.hf.table import Derived, Field, Fixed, Tokens, table, table_rules
+from zoo.interop.hf.table import Check, Derived, Drop, Field, Fixed, Refuse, Tokens, table, table_rules
 from zoo.interop.hf.traits import decoder, rope, who
 from zoo.spec import FamilySpec
 from zoo.spec.moe import MoESpec
 
-__all__ = ["DeepseekV3"]
+__all__ = ["DeepseekV2", "DeepseekV3"]
+
+_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 
 
 def mla_scale(head: int, rope_parameters: dict | None) -> float | None:
@@ -93,20 +111,25 @@ def _dense_count(c: Any, where: str) -> int:
     return k
 
 
-def _read_ffn(c: Any, where: str) -> dict:
+def _read_moe(c: Any, where: str, router: dict) -> dict:
+    """The MoE block both classes read, with the ``router`` each builds."""
     _dense_count(c, where)
-    n_experts, top_k, groups = c.n_routed_experts, c.num_experts_per_tok, c.n_group
-    require(0 < top_k <= n_experts, where, "num_experts_per_tok", top_k,
+    n_experts, top_k = c.n_routed_experts, c.num_experts_per_tok
+    require(isinstance(top_k, int) and 0 < top_k <= n_experts, where, "num_experts_per_tok", top_k,
             f"each token goes to between 1 and n_routed_experts ({n_experts}) experts")
-    require(isinstance(groups, int) and groups > 0, where, "n_group", groups, "the experts fall into a positive number of groups")
     require(c.n_shared_experts and c.n_shared_experts > 0, where, "n_shared_experts", c.n_shared_experts,
             f"{who(where)}'s MoE layers have shared experts (a zero-wide MLP zoo does not build)")
-    router = {"scoring": "sigmoid", "n_groups": groups, "topk_groups": c.topk_group,
-              "norm_topk_prob": c.norm_topk_prob, "routed_scale": c.routed_scaling_factor, "score_bias": True,
-              "aux_loss_coef": 0.0}
     expert = {**ffn_of(GATED, c.hidden_act, where, "hidden_act"), "hidden": c.moe_intermediate_size, "bias": False}
     return {"block.ffn": {"kind": "moe", "n_experts": n_experts, "top_k": top_k, "expert": expert, "router": router,
                           "shared_hidden": c.n_shared_experts * c.moe_intermediate_size, "shared_gate": False}}
+
+
+def _read_ffn(c: Any, where: str) -> dict:
+    groups = c.n_group
+    require(isinstance(groups, int) and groups > 0, where, "n_group", groups, "the experts fall into a positive number of groups")
+    return _read_moe(c, where, {"scoring": "sigmoid", "n_groups": groups, "topk_groups": c.topk_group,
+                                "norm_topk_prob": c.norm_topk_prob, "routed_scale": c.routed_scaling_factor, "score_bias": True,
+                                "aux_loss_coef": 0.0})
 
 
 def _read_dense(c: Any, where: str) -> dict:
@@ -170,6 +193,8 @@ DEEPSEEK_V3 = table(
     Field("attention_dropout", "dropout.attention"),
     Tokens({"bos_token_id": 0, "eos_token_id": 1}),
     Derived("dense layers", _read_dense, lambda s, where: {}),
+    # zoo holds no multi-token-prediction module, so the checkpoints it writes have none
+    Derived("mtp", lambda c, where: {}, lambda s, where: {"num_nextn_predict_layers": 0}),
 )
 
 
@@ -210,10 +235,20 @@ class DeepseekV3(MoEDecoder):
         if not isinstance(ffn, MoESpec):
             return super().ffn_rules(ffn, z, h)
         m = f"{h}.mlp"
-        return [rule(f"{z}.ffn.router.weight", f"{m}.gate.weight"), rule(f"{z}.ffn.expert_bias", f"{m}.gate.e_score_correction_bias"),
+        bias = [rule(f"{z}.ffn.expert_bias", f"{m}.gate.e_score_correction_bias")] if ffn.router.has_bias else []
+        return [rule(f"{z}.ffn.router.weight", f"{m}.gate.weight"), *bias,
                 rule(f"{z}.ffn.w_gate_up", f"{m}.experts.gate_up_proj"), rule(f"{z}.ffn.w_down", f"{m}.experts.down_proj"),
                 *fused(f"{z}.ffn.shared.fc1", [f"{m}.shared_experts.gate_proj", f"{m}.shared_experts.up_proj"], bias=False),
                 rule(f"{z}.ffn.shared.fc2.weight", f"{m}.shared_experts.down_proj.weight")]
+
+    @classmethod
+    def mtp_names(cls, config: Any, names: Collection[str]) -> list[str]:
+        """The layers ``num_hidden_layers`` .. + ``num_nextn_predict_layers`` - 1 of a checkpoint (the
+        release's ``model.layers.61.*``: ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head``,
+        ``embed_tokens`` and a decoder layer), which HF's class does not hold."""
+        n, m = config.num_hidden_layers, getattr(config, "num_mtp_layers", 0) or 0
+        layer = [_LAYER.match(k) for k in names]
+        return [k for k, x in zip(names, layer) if x is not None and n <= int(x.group(1)) < n + m]
 
     @classmethod
     def stored_in_parts(cls, config: Any) -> dict[str, tuple[str, ...]]:
@@ -226,3 +261,61 @@ class DeepseekV3(MoEDecoder):
         return out
 
 
+
+
+# ----------------------------------------------------------------------------------- DeepSeek-V2
+def _read_ffn_v2(c: Any, where: str) -> dict:
+    method, n = c.topk_method, c.n_routed_experts
+    require(method in ("greedy", "group_limited_greedy"), where, "topk_method", method,
+            f"{who(where)}'s router picks the top experts of all (greedy) or of the best topk_group of n_group groups "
+            f"(group_limited_greedy)")
+    require(not c.norm_topk_prob, where, "norm_topk_prob", c.norm_topk_prob,
+            f"{who(where)}'s router never renormalises the picked experts' weights (it does not read norm_topk_prob); "
+            f"set it false, which is what the class computes")
+    router = {"scoring": "softmax", "norm_topk_prob": False, "routed_scale": c.routed_scaling_factor, "aux_loss_coef": 0.0,
+              "fp32_logits": True}
+    if method == "group_limited_greedy":
+        groups, top = c.n_group, c.topk_group
+        require(isinstance(groups, int) and groups > 0 and n % groups == 0, where, "n_group", groups,
+                f"group_limited_greedy splits the {n} experts (n_routed_experts) into n_group equal groups")
+        require(isinstance(top, int) and 0 < top <= groups, where, "topk_group", top,
+                f"a token picks from between 1 and n_group ({groups}) groups")
+        router |= {"n_groups": groups, "topk_groups": top, "group_top": 1} if groups > 1 else {}
+    return _read_moe(c, where, router)
+
+
+def _write_ffn_v2(s: FamilySpec, where: str) -> dict:
+    c = _write_ffn(s, where)
+    r = next(x.block.ffn for x in s.stack_layers() if isinstance(x.block.ffn, MoESpec)).router
+    require(r.n_groups == 1 or r.group_top == 1, where, "block.ffn.router.group_top", r.group_top,
+            f"{who(where)}'s group_limited_greedy ranks each group by its best score alone (group_top: 1)")
+    return c | {"topk_method": "greedy" if r.n_groups == 1 else "group_limited_greedy"}
+
+
+FFN_CLAIMS_V2 = FFN_CLAIMS | {
+    "block.ffn.router.scoring": one_of("softmax"), "block.ffn.router.score_bias": one_of(False),
+    "block.ffn.router.norm_topk_prob": one_of(False), "block.ffn.router.group_top": ANY,
+    "block.ffn.router.fp32_logits": one_of(True)}
+
+DEEPSEEK_V2 = table(
+    DEEPSEEK_V3,
+    Fixed("position.pairs", "interleaved", why="rope on interleaved pairs (pairs: interleaved; DeepSeek-V2's complex rotation)"),
+    Derived("ffn", _read_ffn_v2, _write_ffn_v2, FFN_CLAIMS_V2),
+    Refuse("mlp_bias", False, "zoo's shared experts have no biases; DeepSeek-V2's are bias-free (mlp_bias: false)", falsy=True),
+    Refuse("moe_layer_freq", 1, "HF's DeepseekV2 makes every layer from first_k_dense_replace on a mixture of experts "
+           "(it does not read moe_layer_freq); only 1 describes it", write=False),
+    Refuse("scoring_func", "softmax", "HF's DeepseekV2 scores experts by a softmax (it does not read scoring_func)", write=False),
+    Check("block.attention.n_heads", lambda s: s.d_model % s.block.attention.n_heads == 0,
+          lambda s: f"DeepseekV2Config requires hidden_size (d_model: {s.d_model}) to be a multiple of num_attention_heads",
+          claim=None),
+    Tokens({"bos_token_id": 1, "eos_token_id": 2}),
+    Drop("mtp"),  # DeepseekV2Config has no num_nextn_predict_layers
+)
+
+
+class DeepseekV2(DeepseekV3):
+    name = "DeepseekV2ForCausalLM"
+    config_name = "DeepseekV2Config"
+    model_type = "deepseek_v2"
+    base = "DeepseekV2Model"
+    table = DEEPSEEK_V2

@@ -18,11 +18,13 @@ query and key head, partial rotary (``partial_rotary_factor``). Linear attention
 (n_heads), ``linear_num_key_heads`` (key_heads), ``linear_key_head_dim`` (head_dim),
 ``linear_value_head_dim`` (v_head_dim), ``linear_conv_kernel_dim`` (conv_kernel), its norm's eps
 ``rms_norm_eps`` and its convolution's activation ``hidden_act`` (silu). Every norm scales by
-(1 + weight). Checkpoints' multi-token prediction weights (``mtp.*``) HF drops on loading; so does zoo.
+(1 + weight). Checkpoints' multi-token prediction weights (``mtp.*``) HF drops on loading; zoo refuses
+them by name unless the caller passes ``skip_mtp`` (:meth:`Qwen3Next.mtp_names`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from zoo.interop.claims import ANY, one_of
@@ -145,6 +147,11 @@ class Qwen3Next(MoEDecoder):
                           *(rule(f"{z}.attn.{n}.weight", f"{a}.{n}.weight") for n in ("q_norm", "k_norm"))]
             rules += cls.ffn_rules(layer.block.ffn, z, h)
         return rules + [*weights("stack.norm", "model.norm", bias=False), rule("head.weight", "lm_head.weight")]
+
+    @classmethod
+    def mtp_names(cls, config: Any, names: Collection[str]) -> list[str]:
+        """The checkpoint's ``mtp.*`` tensors, which HF's class does not hold."""
+        return [k for k in names if k.startswith("mtp.")]
 
     @classmethod
     def config(cls, s: FamilySpec, given: dict) -> dict:

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.build import build, count_parameters
-from zoo.interop.common import ConversionError, Rule, check_counted, check_covered, check_used, reference_tensors, zoo_tensor
+from zoo.interop.common import ConversionError, Rule, check_counted, check_covered, check_mtp, check_used, reference_tensors, zoo_tensor
 from zoo.interop.hf.base import Architecture
 from zoo.interop.hf.convert import arch_for_spec, hf_config
 from zoo.interop.hf.mxfp4 import Packed, dequantize, packed, packed_shapes, quantization
@@ -212,10 +212,13 @@ def _parts_of(files: Files, parts: dict[str, tuple[str, ...]], prefix: str) -> d
 
 
 def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, files: Files,
-           mxfp4: bool = False) -> tuple[dict[str, Stored], list[str]]:
+           mxfp4: bool = False, skip_mtp: bool = False) -> tuple[dict[str, Stored], list[str]]:
     """({model name: checkpoint name, or its parts' names} for every model name the checkpoint fills,
     checkpoint names the class does not read), refusing a checkpoint that lacks a tensor, or whose
-    tensors do not fit."""
+    tensors do not fit, or that holds a multi-token-prediction module unless ``skip_mtp``."""
+    mtp = arch.mtp_names(config, list(files.tensors))
+    check_mtp(mtp, skip_mtp, arch.name, str(src))
+    left_out = set(mtp)
     meta = hf.state_dict(keep_vars=True)
     rename = _renamer(hf, meta)
     parts = arch.stored_in_parts(config)
@@ -227,7 +230,7 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
         in_parts |= {key for p in mapped.values() for key in (p.blocks, p.scales)}
     ignored, unconvertible = [], {}
     for key in files.tensors:
-        if key in in_parts:
+        if key in in_parts or key in left_out:
             continue
         try:
             new = rename(key)
@@ -253,6 +256,7 @@ def _match(src: Path, arch: type[Architecture], config: Any, hf: nn.Module, file
     check_counted(read, [*ignored, *unconvertible], config.to_dict(), str(src))  # what the class leaves unread aside
     if unconvertible:
         raise next(iter(unconvertible.values()))
+    ignored += mtp  # skipped by the caller's choice: listed, whatever the class's own list of unread names
     patterns = list(getattr(hf, "_keys_to_ignore_on_load_missing", None) or ())
     optional = re.compile("|".join(f"({p})" for p in patterns)) if patterns else None
     file_of, missing, twice = {}, [], []
@@ -292,9 +296,12 @@ def _keys(stored: Stored) -> tuple[str, ...]:
 
 
 def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torch.dtype | None = None,
-                  max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE, metadata: dict[str, str] | None = None) -> Streamed:
+                  max_shard_size: int | str | None = DEFAULT_MAX_SHARD_SIZE, metadata: dict[str, str] | None = None,
+                  skip_mtp: bool = False) -> Streamed:
     """The HF directory ``src`` (class ``arch``; safetensors weights, single or sharded) as the zoo
-    file ``dst``, one tensor at a time; ``metadata`` goes into the zoo file's (:func:`zoo.io.save`)."""
+    file ``dst``, one tensor at a time; ``metadata`` goes into the zoo file's (:func:`zoo.io.save`).
+    A multi-token-prediction module the class does not hold is refused, or with ``skip_mtp`` left
+    out and listed in ``ignored``."""
     import transformers
 
     files = _checkpoint(src)
@@ -307,7 +314,7 @@ def hf_dir_to_zoo(src: Path, dst: Path, arch: type[Architecture], *, dtype: torc
     hf = _meta_model(arch, config, arch.saved_init_kwargs(files.tensors))  # as saved (BertModel's pooler or none)
     if arch.made.__func__ is not Architecture.made.__func__:  # as the config reads (T5: a v1.1 config's head untied)
         arch.made(hf, parse_spec(arch.spec(config, None), source=f"from {arch.name} config"))
-    file_of, ignored = _match(src, arch, config, hf, files, mxfp4)
+    file_of, ignored = _match(src, arch, config, hf, files, mxfp4, skip_mtp)
     target = dtype or _load_dtype(config, files)
 
     def cast(t: Tensor) -> Tensor:
