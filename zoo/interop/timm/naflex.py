@@ -173,6 +173,7 @@ class NaFlex(Architecture):
     name = "NaFlexVit"
     module = "timm.models.naflexvit"
     base_model = "naflexvit_base_patch16_siglip"  # no layer scale: timm.create_model drops a None init_values
+    first_conv = "embeds.proj"
     claims = CLAIMS
     spec = staticmethod(_spec)
     rules = staticmethod(_rules)

@@ -306,7 +306,8 @@ def block_problems(s: FamilySpec) -> list[tuple]:
         ("block.norm.unit_offset", getattr(norm, "unit_offset", False), not getattr(norm, "unit_offset", False),
          "timm's norms scale by their weight"),
         ("pool.kind", pool.kind, pool.kind != "map" or (ffn.kind != "swiglu" and norm.kind == "layernorm"),
-         "timm's attention pooling has a two-layer Mlp and a LayerNorm (the blocks here have SwiGLU or RMSNorm)"),
+         "timm's attention pooling has a two-layer Mlp and a LayerNorm (the blocks here have SwiGLU or RMSNorm: "
+         f"block.ffn.kind={ffn.kind!r}, block.norm.kind={norm.kind!r})"),
         ("patch_bias", s.patch_bias, s.patch_bias != s.pre_norm, f"timm's ViT has a patch bias without pre_norm and none with it "
          f"(pre_norm is {s.pre_norm})"),
     ]
