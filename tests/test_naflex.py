@@ -143,6 +143,19 @@ def test_bad_patch_batches_name_the_field():
         fixed(good)
 
 
+@pytest.mark.parametrize("overrides", [["position.kind=learned"], ["position.kind=sincos2d"], ["pool=map"], ["position.kind=none"]])
+def test_a_patch_batch_equals_each_image_alone(overrides):
+    """Any zoo ViT whose positions are added to the tokens (here with a class token that has its own
+    position row: prefix_positions) gives each image of a mixed batch what it gives the image alone."""
+    spec = zoo.load_spec("vit-tiny-16", ["image_size=32", "patch_size=8", "d_model=48", "n_layers=2", "block.attention.n_heads=3",
+                                         "block.ffn.hidden=96", "dynamic_size=true", "reg_tokens=2", *overrides])
+    model = randomize(zoo.build(spec, seed=0))
+    pics = images((32, 32), (8, 40), (24, 16))
+    batch = PatchBatch.from_images(pics, 8, length=22)
+    alone = torch.cat([logits(model, im[None]) for im in pics])
+    assert max_diff(logits(model, batch), alone) < ATOL
+
+
 def test_patch_batches_train():
     """A few AdamW steps on patch lists of mixed sizes: the loss falls, and the padding patches' pixels
     get no gradient (they are hidden from every token)."""
