@@ -217,6 +217,14 @@ TIMM_CONFIGS["Eva:dinov3"] = dict(
     img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5, qkv_bias=False,
     init_values=1e-5, rope_type="dinov3", rope_temperature=100, rope_rotate_half=True, use_rot_pos_emb=True,
     use_abs_pos_emb=False, num_reg_tokens=4, use_fc_norm=False, dynamic_img_size=True)
+# NaFlexVit: a linear patch embedding over (row, column, channel) patches, a learned 4 x 4 position grid on the patches
+# only, a class token and 2 registers, attention pooling; and pooled by the patch mean after fc_norm with layer scale
+TIMM_CONFIGS["NaFlexVit"] = dict(
+    img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5, pos_embed_grid_size=(4, 4),
+    class_token=True, reg_tokens=2, global_pool="map")
+TIMM_CONFIGS["NaFlexVit:gap"] = dict(
+    img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5, pos_embed_grid_size=(4, 4),
+    reg_tokens=4, global_pool="avg", fc_norm=True, init_values=0.1)
 # the variants whose timm directory timm's saved-model config cannot record (a class, a norm layer): the field refused
 NO_TIMM_DIRECTORY = {"VisionTransformer:aimv2": "block.norm.kind='rmsnorm'"}
 CLASSES = [*HF_CONFIGS, *TIMM_CONFIGS]

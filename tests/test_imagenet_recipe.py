@@ -92,6 +92,17 @@ def test_single_process_run(tmp_path):
     assert [r["step"] for r in valid] == [6, 12] and {"top1", "top5", "ema_top1"} <= set(valid[0])
 
 
+@pytest.mark.slow
+@needs_fmnist
+def test_naflexvit_tiny_preset_trains(tmp_path):
+    out = tmp_path / "run"
+    res = _recipe().main([f"run.out_dir={out}", "model=naflexvit-tiny", "data.train_limit=1024", "data.valid_limit=200",
+                          "data.batch_size=64", "train.max_steps=16", "run.log_every=4", "run.eval_every=16", *TINY[1:]])
+    assert res["steps"] == 16 and res["reloaded_top1"] == res["top1"]
+    losses = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if r["split"] == "train"]
+    assert losses[-1] < losses[0]
+
+
 @pytest.mark.torchrun
 @needs_fmnist
 def test_torchrun_two_processes_gloo(tmp_path):

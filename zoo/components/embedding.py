@@ -75,6 +75,16 @@ class PatchEmbedding(nn.Module, SummaryPart):
         x = self.stem(images) if self.stem is not None else images
         return self.norm(rearrange(self.proj(x), "b d h w -> b (h w) d"))  # N = H/P * W/P patches, row by row
 
+    def flat(self, patches: Tensor) -> Tensor:
+        """Patches given as vectors [B, N, P*P*C], each one's pixels flattened by (row, column,
+        channel) (timm NaFlexVit's layout) -> [B, N, D]: the projection :meth:`forward` applies to
+        the same pixels, as one linear map (no stem: a stem convolves whole images)."""
+        if self.stem is not None:
+            raise ValueError("patches: a convolutional stem reads whole images, not lists of patches; pass images "
+                             "[B, C, H, W], or use a spec without stem")
+        w = self.proj.weight  # (D, C, P, P)
+        return self.norm(nn.functional.linear(patches, w.permute(0, 2, 3, 1).reshape(w.shape[0], -1), self.proj.bias))
+
     def image_flops(self, side: int) -> int:
         """Forward FLOPs for one image of ``side`` x ``side`` pixels: each convolution's
         multiply-adds at its output resolution."""

@@ -82,7 +82,8 @@ def _at_real(x: Tensor, slot: Tensor, padding_mask: Tensor | None, kind: str, fi
 class AttentionPool(nn.Module, SummaryPart, CountsFlops, SavesPerToken):
     """Multihead attention pooling (MAP; timm's ``AttentionPoolLatent`` with one latent): a learned
     query ``latent`` [1, 1, D] attends over the patch tokens (cross-attention ``attn``: ``q`` on the
-    latent, ``kv`` on the patches, ``out``), then ``y = y + ffn(norm(y))``."""
+    latent, ``kv`` on the patches, ``out``), then ``y = y + ffn(norm(y))``. A ``padding_mask`` hides
+    the padding patches from the query."""
 
     summary_part = "head"
 
@@ -94,7 +95,8 @@ class AttentionPool(nn.Module, SummaryPart, CountsFlops, SavesPerToken):
 
     def forward(self, x: Tensor, prefix: int, tokens: Tensor | None = None, padding_mask: Tensor | None = None) -> Tensor:
         patches = x[:, prefix:]  # (B, N, D)
-        y = self.attn(self.latent.expand(x.shape[0], -1, -1).to(x.dtype), patches)  # (B, 1, D)
+        mask = None if padding_mask is None else padding_mask[:, None, None, prefix:].bool()  # padding patches hidden
+        y = self.attn(self.latent.expand(x.shape[0], -1, -1).to(x.dtype), patches, mask=mask)  # (B, 1, D)
         y = y + self.ffn(self.norm(y))
         return y[:, 0]
 

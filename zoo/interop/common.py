@@ -5,7 +5,8 @@ A converter is a list of :class:`Rule` s. Each rule names one zoo tensor and the
 it is made of: one tensor copied (reshaped if the layouts differ, e.g. timm's ``pos_embed`` [1, N, D]
 and zoo's position table [N, D]), or several stacked along the output rows (zoo's fused ``qkv`` is
 [q | k | v]; its gated ``fc1`` is [gate | up]). ``transpose`` marks references that store [in, out]
-(GPT-2's Conv1D; per expert [E, in, out], Llama 4's experts). The same rules run backwards to split zoo tensors into the reference's.
+(GPT-2's Conv1D; per expert [E, in, out], Llama 4's experts); ``permute`` those that hold one tensor's
+axes in another order (timm NaFlexVit's linear patch embedding over (row, column, channel) patches). The same rules run backwards to split zoo tensors into the reference's.
 :func:`zoo_tensor` and :func:`reference_tensors` apply one rule, so a converter of files on disk
 (:mod:`zoo.interop.hf.stream`) reads and writes one tensor at a time with the same rules.
 """
@@ -49,6 +50,7 @@ class Rule:
     zoo: str
     ref: tuple[str, ...]
     transpose: bool = False
+    permute: tuple[int, ...] | None = None  # the reference holds the zoo tensor's axes in this order (one tensor)
 
 
 def first_expressing(candidates: Iterable[Any], express: Callable[[Any], object], refusal: str) -> Any:
@@ -68,8 +70,8 @@ def first_expressing(candidates: Iterable[Any], express: Callable[[Any], object]
     raise ConversionError(refusal + ":\n  " + "\n  ".join(reasons))
 
 
-def rule(zoo: str, *ref: str, transpose: bool = False) -> Rule:
-    return Rule(zoo, ref, transpose)
+def rule(zoo: str, *ref: str, transpose: bool = False, permute: tuple[int, ...] | None = None) -> Rule:
+    return Rule(zoo, ref, transpose, permute)
 
 
 def _rows(shape: torch.Size, transpose: bool) -> int:
@@ -87,6 +89,8 @@ def zoo_tensor(r: Rule, ref: Mapping[str, Tensor], shape: torch.Size, where: str
     if tensor.numel() != shape.numel():
         got = " + ".join(f"{name} {tuple(p.shape)}" for name, p in zip(r.ref, parts))
         raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(shape)} does not fit {got}")
+    if r.permute is not None:  # the reference's axes, in its order, back to zoo's
+        tensor = tensor.reshape([shape[i] for i in r.permute]).permute(*sorted(range(len(shape)), key=r.permute.__getitem__))
     return tensor.reshape(shape)
 
 
@@ -108,6 +112,8 @@ def reference_tensors(r: Rule, tensor: Tensor, shapes: Mapping[str, torch.Size],
     if sum(shapes[name].numel() for name in r.ref) != tensor.numel():
         want = " + ".join(f"{name} {tuple(shapes[name])}" for name in r.ref)
         raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(tensor.shape)} does not fit {want}")
+    if r.permute is not None:
+        tensor = tensor.permute(*r.permute)
     chunks = tensor.split(sizes, dim=0) if len(r.ref) > 1 else [tensor]
     out = {}
     for name, chunk in zip(r.ref, chunks):

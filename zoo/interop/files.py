@@ -156,7 +156,7 @@ def _to_timm_dir(model: nn.Module, dst: Path, dtype: torch.dtype | None, archite
         "model_args": args,
         "pretrained_cfg": {
             "input_size": [s.in_channels, s.image_size, s.image_size], "fixed_input_size": not s.dynamic_size,
-            "num_classes": s.num_classes, "first_conv": "patch_embed.proj", "classifier": "head",
+            "num_classes": s.num_classes, "first_conv": timm_arch_for_spec(s, architecture).first_conv, "classifier": "head",
         },
     }
     dst.mkdir(exist_ok=True)

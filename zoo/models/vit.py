@@ -8,6 +8,10 @@ class token and registers are put in front (timm's ``no_embed_class``). With ``d
 position table is fitted to each input's patch grid. Inside attention, the layers get each token's
 place on the grid, (row, column) and (-1, -1) for the prefix (:func:`grid_positions`), which a 2-D
 RoPE turns queries and keys by (EVA-02) and a 2-D relative bias reads its scores' bias from (BEiT).
+
+A :class:`~zoo.models.patches.PatchBatch` (images of mixed sizes as padded patch lists; NaViT, timm's
+NaFlexVit) goes where images go: each image's position table fitted to its own grid and read at its
+patches' coordinates, the padding hidden from attention and left out of pooling.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from zoo.components.stack import Stack, StackContext
 from zoo.kernels import Mask
 from zoo.models.common import build_part, build_position, build_stack, init_weights
 from zoo.models.family import Family
+from zoo.models.patches import PatchBatch
 from zoo.registry import register
 from zoo.spec import VitSpec
 
@@ -136,15 +141,48 @@ class VisionTransformer(Family):
                                       rotation=c.pos.rotation(places) if c.rotation is not None else None)
         return replace(ctx, layers=tuple(made[id(c)] for c in ctx.layers))
 
+    def embed_patches(self, batch: PatchBatch) -> tuple[Tensor, Tensor]:
+        """The first block's input [B, P + N, D] for a batch of patch lists, and the tokens' padding
+        mask [B, P + N] (True at the prefix and the valid patches)."""
+        s = self.spec
+        grids = batch.grids(s.patch_size, s.in_channels)
+        if any(layer.position is not None for layer in s.stack_layers()) or s.position.kind not in ("learned", "sincos2d", "none"):
+            raise ValueError(f"patches: patch lists take positions added to the tokens (learned, sincos2d or none), one "
+                             f"grid per image; position.kind {s.position.kind!r} or the layers' positions need one grid "
+                             f"for the batch: pass images [B, C, H, W]")
+        if not s.dynamic_size and any(g != s.grid for g in grids):
+            raise ValueError(f"patches: an image's grid {next(g for g in grids if g != s.grid)} is not the model's {s.grid} "
+                             f"(image_size / patch_size); set dynamic_size: true to fit positions to each image")
+        x = self.patch_embed.flat(batch.patches)  # (B, N, D)
+        b = x.shape[0]
+        prefix = [t.expand(b, -1, -1).to(x.dtype) for t in (self.cls_token, self.reg_token) if t is not None]
+        rows = s.n_prefix if s.prefix_positions else 0
+        added = batch.positions(grids, lambda g: self.position.fit_grid(g, trained=s.grid, prefix=rows), rows)
+        if added is not None:
+            pre, pos = added
+            x = x + pos.to(x.dtype)
+            if rows:
+                prefix = [torch.cat(prefix, dim=1) + pre.to(x.dtype)]
+        x = torch.cat([*prefix, x], dim=1)
+        mask = torch.cat([batch.valid.new_ones(b, s.n_prefix), batch.valid], dim=1)
+        return self.norm_pre(self.drop(x)), mask
+
     # ------------------------------------------------------------------------------- outputs
-    def pooled(self, images: Tensor) -> Tensor:
+    def pooled(self, images: Tensor | PatchBatch) -> Tensor:
         """The head's input [B, D]: the tokens pooled (class token, patch mean or attention pooling),
-        after the final norm or through ``fc_norm``."""
+        after the final norm or through ``fc_norm``; of images, or of a :class:`PatchBatch` (its
+        padding hidden from attention and from the pool)."""
+        if isinstance(images, PatchBatch):
+            x, mask = self.embed_patches(images)
+            x = self.stack(x, self.stack.context(self.position, x, mask, causal=False, check_length=False))
+            return self.fc_norm(self.pool(x, self.spec.n_prefix, padding_mask=mask))
         x, grid = self.embed(images)
         x = self.stack(x, self._context(x, grid))
         return self.fc_norm(self.pool(x, self.spec.n_prefix))
 
-    def forward(self, images: Tensor) -> Tensor:
+    def forward(self, images: Tensor | PatchBatch) -> Tensor:
+        """Logits [B, num_classes] (the pooled features [B, D] without a head) of images [B, C, H, W]
+        or of a :class:`PatchBatch`."""
         return self.head(self.pooled(images))  # (B, num_classes)
 
     def features(self, images: Tensor, layers: int | Sequence[int] | None = None, *, norm: bool = False,

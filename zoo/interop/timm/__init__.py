@@ -4,8 +4,8 @@
     timm_spec(timm_model) -> zoo spec         timm_architecture(spec) -> the class to_timm writes
 
 Each timm class is an :class:`~zoo.interop.timm.base.Architecture` (:mod:`zoo.interop.timm.vit`,
-:mod:`zoo.interop.timm.eva`) in the registry ``ARCHS`` (:mod:`zoo.interop.timm.convert`), keyed by
-the timm class's name. ``from_timm`` converts a model of any of them; ``to_timm`` writes the first
+:mod:`zoo.interop.timm.eva`, :mod:`zoo.interop.timm.beit`, :mod:`zoo.interop.timm.naflex`) in the
+registry ``ARCHS`` (:mod:`zoo.interop.timm.convert`), keyed by the timm class's name. ``from_timm`` converts a model of any of them; ``to_timm`` writes the first
 class whose claims (:mod:`zoo.interop.claims`) and checks express the spec, or the one
 ``architecture`` names, and when none does, the error lists each class's reason. timm keeps few
 options as attributes, so the spec is read from the modules themselves; any module zoo has no

@@ -30,6 +30,7 @@ class Architecture:
     name: ClassVar[str]  # the timm model class
     module: ClassVar[str]  # the timm module that defines it
     base_model: ClassVar[str]  # the timm model name written for it in a timm directory's config.json
+    first_conv: ClassVar[str] = "patch_embed.proj"  # its patch projection, as its pretrained_cfg names it
     claims: ClassVar[Claims] = {}  # the spec fields it expresses (zoo.interop.claims); any other is refused
 
     @classmethod

@@ -10,13 +10,14 @@ from zoo.interop.common import ConversionError, check_covered, first_expressing,
 from zoo.interop.timm.base import Architecture
 from zoo.interop.timm.beit import Beit
 from zoo.interop.timm.eva import Eva
+from zoo.interop.timm.naflex import NaFlex
 from zoo.interop.timm.vit import ViT
 from zoo.spec import FamilySpec, parse_spec
 
 __all__ = ["ARCHITECTURES", "ARCHS", "arch_for_spec", "from_timm", "timm_architecture", "timm_kwargs", "timm_spec", "to_timm"]
 
-# A spec converts by default to the first of these that expresses it: timm's plain ViT, then Eva, then Beit
-_ALL = (ViT, Eva, Beit)
+# A spec converts by default to the first of these that expresses it: timm's plain ViT, then Eva, then Beit, then NaFlexVit
+_ALL = (ViT, Eva, Beit, NaFlex)
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 ARCHITECTURES = tuple(ARCHS)
 if len(ARCHS) != len(_ALL):  # a converter bug: each entry names its own timm class

@@ -21,7 +21,7 @@ from torch import nn
 from zoo.interop.claims import ANY, Claims, one_of
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.timm.base import Architecture
-from zoo.interop.timm.parts import activation_of, embedding_rules, mlp_ratio, norm_of, norm_params, output_rules
+from zoo.interop.timm.parts import activation_of, embedding_rules, mlp_ratio, norm_of, norm_params, output_rules, refuse_unless
 from zoo.spec import FamilySpec
 
 __all__ = ["CLAIMS", "ViT"]
@@ -73,7 +73,7 @@ def _check_model(m: nn.Module) -> None:
             raise unsupported(FROM, option, value, why)
 
 
-def _layer_scale(blk: nn.Module) -> float | None:
+def _layer_scale(blk: nn.Module, where: str = FROM) -> float | None:
     """The init value of a block's LayerScales (None without them)."""
     from timm.layers import LayerScale
 
@@ -81,22 +81,22 @@ def _layer_scale(blk: nn.Module) -> float | None:
     if all(isinstance(s, nn.Identity) for s in scales):
         return None
     if not all(type(s) is LayerScale for s in scales) or blk.ls1.init_values != blk.ls2.init_values:
-        raise unsupported(FROM, "init_values", "differ", "zoo's layer scale is on both sub-layers, with one init value")
+        raise unsupported(where, "init_values", "differ", "zoo's layer scale is on both sub-layers, with one init value")
     return float(blk.ls1.init_values)
 
 
-def _qk_norm(attn: nn.Module) -> dict | None:
+def _qk_norm(attn: nn.Module, where: str = FROM) -> dict | None:
     """A timm Attention's qk-norm as a zoo QKNormSpec mapping (None without one)."""
     norms = (attn.q_norm, attn.k_norm)
     if all(isinstance(n, nn.Identity) for n in norms):
         return None
     if not all(isinstance(n, nn.LayerNorm) and n.elementwise_affine and n.bias is not None
                and tuple(n.normalized_shape) == (attn.head_dim,) for n in norms) or attn.q_norm.eps != attn.k_norm.eps:
-        raise unsupported(FROM, "qk_norm", type(attn.q_norm).__name__, "zoo's timm qk-norm is one LayerNorm (with bias) per head size")
+        raise unsupported(where, "qk_norm", type(attn.q_norm).__name__, "zoo's timm qk-norm is one LayerNorm (with bias) per head size")
     return {"kind": "layernorm", "scope": "head", "eps": attn.q_norm.eps}
 
 
-def _check_block(blk: nn.Module, i: int) -> None:
+def _check_block(blk: nn.Module, i: int, where: str = FROM) -> None:
     from timm.layers import Attention, Mlp, SwiGLU
     from timm.models.vision_transformer import Block
 
@@ -118,10 +118,10 @@ def _check_block(blk: nn.Module, i: int) -> None:
         checks.append(("act_layer", type(blk.mlp.act).__name__, type(blk.mlp.act) is nn.SiLU, "zoo's SwiGLU gates with SiLU"))
     for option, value, ok, why in checks:
         if not ok:
-            raise unsupported(FROM, f"blocks.{i}: {option}", value, why)
+            raise unsupported(where, f"blocks.{i}: {option}", value, why)
 
 
-def _map_pool(m: nn.Module, heads: int, hidden: int, act: type) -> dict:
+def _map_pool(m: nn.Module, heads: int, hidden: int, act: type, where: str = FROM) -> dict:
     """timm's AttentionPoolLatent as a zoo MapPoolSpec mapping (the checks name what zoo lacks)."""
     from timm.layers import Mlp
 
@@ -145,64 +145,76 @@ def _map_pool(m: nn.Module, heads: int, hidden: int, act: type) -> dict:
         ("attn_pool.qkv_bias", p.q.bias is not None, len({lin.bias is not None for lin in linears}) == 1,
          "zoo's attention pooling has biases on all its linears or on none"),
     ]
-    for option, value, ok, why in checks:
-        if not ok:
-            raise unsupported(FROM, option, value, why)
+    refuse_unless(checks, where)
     fc1 = p.mlp.fc1.out_features
     return {"kind": "map", "n_heads": None if p.num_heads == heads else p.num_heads,
             "hidden": None if fc1 == hidden else fc1, "bias": p.q.bias is not None}
 
 
-def _spec(m: nn.Module) -> dict:
-    """The zoo spec (a mapping) of a timm VisionTransformer (refusing what zoo cannot express)."""
-    _check_model(m)
+def body_spec(m: nn.Module, norms: list[nn.Module], where: str = FROM) -> dict:
+    """The spec fields (a mapping) of what a timm model built of timm's ``Block`` s has after its
+    embeddings (VisionTransformer, NaFlexVit): ``block``, ``pool``, and ``dropout`` but its
+    ``embedding``; ``norms``: the model's other norms (final, pre, patch), of the blocks' kind and eps."""
     for i, blk in enumerate(m.blocks):
-        _check_block(blk, i)
-    b0, pe = m.blocks[0], m.patch_embed
-    (ih, iw), (ph, pw) = pe.img_size, pe.patch_size
-    if ih != iw or ph != pw:
-        raise unsupported(FROM, "img_size/patch_size", (pe.img_size, pe.patch_size), "zoo's ViT takes square images and patches")
+        _check_block(blk, i, where)
+    b0 = m.blocks[0]
     per_block = {(blk.attn.num_heads, blk.mlp.fc2.in_features, type(blk.mlp.act), blk.attn.attn_drop.p, blk.attn.proj_drop.p,
                   blk.mlp.drop1.p, blk.mlp.drop2.p, blk.attn.qkv.bias is not None, blk.attn.proj.bias is not None,
-                  _fc1(blk.mlp).bias is not None, blk.mlp.fc2.bias is not None, _layer_scale(blk),
-                  repr(_qk_norm(blk.attn)), type(blk.mlp).__name__) for blk in m.blocks}
+                  _fc1(blk.mlp).bias is not None, blk.mlp.fc2.bias is not None, _layer_scale(blk, where),
+                  repr(_qk_norm(blk.attn, where)), type(blk.mlp).__name__) for blk in m.blocks}
     if len(per_block) > 1:
-        raise unsupported(FROM, "blocks", "differ", "zoo's ViT repeats one block spec")
+        raise unsupported(where, "blocks", "differ", "zoo's ViT repeats one block spec")
     heads, hidden, act, attn_drop, proj_drop, drop1, drop2, qkv_bias, proj_bias, fc1_bias, fc2_bias, scale, _, mlp = per_block.pop()
     if not qkv_bias == proj_bias == fc1_bias == fc2_bias:
-        raise unsupported(FROM, "qkv_bias", qkv_bias, f"zoo's biases come on qkv and every projection together (proj_bias is {proj_bias})")
+        raise unsupported(where, "qkv_bias", qkv_bias, f"zoo's biases come on qkv and every projection together (proj_bias is {proj_bias})")
     if not proj_drop == drop1 == drop2:
-        raise unsupported(FROM, "proj_drop_rate", (proj_drop, drop1, drop2), "zoo's residual and MLP dropout here must match")
+        raise unsupported(where, "proj_drop_rate", (proj_drop, drop1, drop2), "zoo's residual and MLP dropout here must match")
     if b0.attn.head_dim * b0.attn.num_heads != m.embed_dim:
-        raise unsupported(FROM, "attn_head_dim", b0.attn.head_dim, "zoo's ViT head size is embed_dim / num_heads")
-    norms = [m.norm if not isinstance(m.norm, nn.Identity) else m.fc_norm] + [n for blk in m.blocks for n in (blk.norm1, blk.norm2)]
-    norms += [] if isinstance(m.norm_pre, nn.Identity) else [m.norm_pre]
-    norms += [] if isinstance(pe.norm, nn.Identity) else [pe.norm]
+        raise unsupported(where, "attn_head_dim", b0.attn.head_dim, "zoo's ViT head size is embed_dim / num_heads")
+    norms = norms + [n for blk in m.blocks for n in (blk.norm1, blk.norm2)]
     pool = {"token": {"kind": "cls"}, "avg": {"kind": "mean"}}.get(m.global_pool)
     if m.global_pool == "map":
         if mlp == "SwiGLU" or not isinstance(m.attn_pool.norm, nn.LayerNorm):
-            raise unsupported(FROM, "global_pool", "map", "zoo's attention pooling with SwiGLU or RmsNorm blocks is not timm's")
-        pool = _map_pool(m, heads, hidden, act)
+            raise unsupported(where, "global_pool", "map", "zoo's attention pooling with SwiGLU or RmsNorm blocks is not timm's")
+        pool = _map_pool(m, heads, hidden, act, where)
         norms.append(m.attn_pool.norm)
+    return {
+        "pool": pool,
+        "block": {
+            "attention": {"kind": "mha", "n_heads": heads, "bias": qkv_bias, "qk_norm": _qk_norm(b0.attn, where)},
+            "ffn": {**({"kind": "swiglu"} if mlp == "SwiGLU" else activation_of(b0.mlp.act, where)), "hidden": hidden,
+                    "bias": fc1_bias},
+            "norm": norm_of(norms, where),
+            "kind": "pre",
+            "layer_scale": scale,
+        },
+        "dropout": {"residual": proj_drop, "attention": attn_drop, "ffn": proj_drop},
+    }
+
+
+def _spec(m: nn.Module) -> dict:
+    """The zoo spec (a mapping) of a timm VisionTransformer (refusing what zoo cannot express)."""
+    _check_model(m)
+    pe = m.patch_embed
+    (ih, iw), (ph, pw) = pe.img_size, pe.patch_size
+    if ih != iw or ph != pw:
+        raise unsupported(FROM, "img_size/patch_size", (pe.img_size, pe.patch_size), "zoo's ViT takes square images and patches")
+    norms = [m.norm if not isinstance(m.norm, nn.Identity) else m.fc_norm]
+    norms += [] if isinstance(m.norm_pre, nn.Identity) else [m.norm_pre]
+    norms += [] if isinstance(pe.norm, nn.Identity) else [pe.norm]
+    body = body_spec(m, norms)
     return {
         "family": "vit", "image_size": ih, "patch_size": ph, "in_channels": pe.proj.in_channels,
         "head": {"kind": "linear", "num_classes": m.head.out_features} if isinstance(m.head, nn.Linear) else {"kind": "none"},
         "d_model": m.embed_dim, "n_layers": len(m.blocks),
         "class_token": m.cls_token is not None, "reg_tokens": m.num_reg_tokens,
         "prefix_positions": not m.no_embed_class or m.pos_embed is None,  # without positions the flag means nothing
-        "pool": pool, "fc_norm": not isinstance(m.fc_norm, nn.Identity), "dynamic_size": m.dynamic_img_size,
+        "pool": body["pool"], "fc_norm": not isinstance(m.fc_norm, nn.Identity), "dynamic_size": m.dynamic_img_size,
         "pre_norm": not isinstance(m.norm_pre, nn.Identity), "patch_bias": pe.proj.bias is not None,
         "patch_norm": not isinstance(pe.norm, nn.Identity),
         "position": {"kind": "none" if m.pos_embed is None else "learned"},
-        "block": {
-            "attention": {"kind": "mha", "n_heads": heads, "bias": qkv_bias, "qk_norm": _qk_norm(b0.attn)},
-            "ffn": {**({"kind": "swiglu"} if mlp == "SwiGLU" else activation_of(b0.mlp.act, FROM)), "hidden": hidden,
-                    "bias": fc1_bias},
-            "norm": norm_of(norms, FROM),
-            "kind": "pre",
-            "layer_scale": scale,
-        },
-        "dropout": {"embedding": m.pos_drop.p, "residual": proj_drop, "attention": attn_drop, "ffn": proj_drop},
+        "block": body["block"],
+        "dropout": {"embedding": m.pos_drop.p, **body["dropout"]},
         "init": {"scheme": "trunc_normal", "std": 0.02},
     }
 
@@ -213,7 +225,13 @@ def _fc1(mlp: nn.Module) -> nn.Module:
 
 
 def _rules(s: FamilySpec, m: nn.Module | None = None) -> list[Rule]:
-    rules = embedding_rules(s)
+    return embedding_rules(s) + body_rules(s) + output_rules(s)
+
+
+def body_rules(s: FamilySpec) -> list[Rule]:
+    """zoo <-> timm names of the blocks (timm's ``Block``) and of the attention pooling, alike in
+    VisionTransformer and NaFlexVit."""
+    rules = []
     bias, norm_bias = s.block.attention.bias, len(norm_params(s)) > 1
     glu = s.block.ffn.kind == "swiglu"  # timm's SwiGLU: fc1_g (the gate) and fc1_x; zoo's fc1 is [gate | up]
     names = [("attn_norm", "norm1", norm_bias), ("attn.qkv", "attn.qkv", bias), ("attn.out", "attn.proj", bias),
@@ -237,7 +255,7 @@ def _rules(s: FamilySpec, m: nn.Module | None = None) -> list[Rule]:
                 ("norm", "norm", True), ("ffn.fc1", "mlp.fc1", s.pool.bias), ("ffn.fc2", "mlp.fc2", s.pool.bias)]
         for z, t, has_bias in pool:
             rules += [rule(f"pool.{z}.{p}", f"attn_pool.{t}.{p}") for p in ("weight", "bias")[: 1 + has_bias]]
-    return rules + output_rules(s)
+    return rules
 
 
 def _kwargs(s: FamilySpec) -> dict:
@@ -247,31 +265,13 @@ def _kwargs(s: FamilySpec) -> dict:
 
     att, ffn, norm, d = s.block.attention, s.block.ffn, s.block.norm, s.d_model
     qk, pool = att.qk_norm, s.pool
-    problems = [
-        ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads, "timm's ViT has multi-head attention only"),
-        ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
-         d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's ViT head size is d_model / n_heads"),
-        ("block.ffn.bias", ffn.bias, ffn.bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
-        ("block.attention.out_bias", att.out_bias, att.has_out_bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
-        ("dropout.ffn", s.dropout.ffn, s.dropout.ffn == s.dropout.residual, "timm's proj_drop_rate covers the MLP and the residuals"),
-        ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and norm.kind == "layernorm" and qk.scope == "head"
-                                                       and qk.eps == norm.eps),
-         f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps}), beside LayerNorm blocks"),
-        ("block.norm.unit_offset", getattr(norm, "unit_offset", False), not getattr(norm, "unit_offset", False),
-         "timm's norms scale by their weight"),
-        ("pool.kind", pool.kind, pool.kind != "map" or (ffn.kind != "swiglu" and norm.kind == "layernorm"),
-         "timm's attention pooling has a two-layer Mlp and a LayerNorm (the blocks here have SwiGLU or RMSNorm)"),
-        ("patch_bias", s.patch_bias, s.patch_bias != s.pre_norm, f"timm's ViT has a patch bias without pre_norm and none with it "
-         f"(pre_norm is {s.pre_norm})"),
-    ]
+    problems = block_problems(s)
     if pool.kind == "map":
         problems += [
             ("pool.n_heads", pool.n_heads, pool.n_heads in (None, att.n_heads), "timm's attention pooling has the blocks' heads"),
             ("pool.hidden", pool.hidden, pool.hidden in (None, ffn.hidden_size(d)), "timm's attention pooling MLP is the blocks' size"),
         ]
-    for option, value, ok, why in problems:
-        if not ok:
-            raise unsupported(TO, option, value, why)
+    refuse_unless(problems, TO)
     act = {"relu": "relu", "silu": "silu", "quick_gelu": "quick_gelu", "swiglu": "silu"}.get(ffn.kind) or (
         "gelu_tanh" if ffn.approximate == "tanh" else "gelu")
     norm_layer = functools.partial(RmsNorm if norm.kind == "rmsnorm" else nn.LayerNorm, eps=norm.eps)
@@ -286,6 +286,31 @@ def _kwargs(s: FamilySpec) -> dict:
         init_values=s.block.layer_scale, qk_norm=qk is not None, pre_norm=s.pre_norm,
         **({"embed_norm_layer": norm_layer} if s.patch_norm else {}), **({"mlp_layer": SwiGLU} if ffn.kind == "swiglu" else {}),
     )
+
+
+def block_problems(s: FamilySpec) -> list[tuple]:
+    """The ``(field, value, ok, why)`` checks of what timm's ``Block`` s, their MLP and the patch
+    bias (none with ``pre_norm``) cannot express (VisionTransformer, NaFlexVit), for ``refuse_unless``."""
+    att, ffn, norm, d = s.block.attention, s.block.ffn, s.block.norm, s.d_model
+    qk, pool = att.qk_norm, s.pool
+    return [
+        ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads, "timm's ViT has multi-head attention only"),
+        ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
+         d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's ViT head size is d_model / n_heads"),
+        ("block.ffn.bias", ffn.bias, ffn.bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
+        ("block.attention.out_bias", att.out_bias, att.has_out_bias == att.bias, "timm sets the qkv, projection and MLP biases together"),
+        ("dropout.ffn", s.dropout.ffn, s.dropout.ffn == s.dropout.residual, "timm's proj_drop_rate covers the MLP and the residuals"),
+        ("block.attention.qk_norm", qk, qk is None or (qk.kind == "layernorm" and norm.kind == "layernorm" and qk.scope == "head"
+                                                       and qk.eps == norm.eps),
+         f"timm's qk-norm is a LayerNorm over each head with the blocks' eps ({norm.eps}), beside LayerNorm blocks"),
+        ("block.norm.unit_offset", getattr(norm, "unit_offset", False), not getattr(norm, "unit_offset", False),
+         "timm's norms scale by their weight"),
+        ("pool.kind", pool.kind, pool.kind != "map" or (ffn.kind != "swiglu" and norm.kind == "layernorm"),
+         "timm's attention pooling has a two-layer Mlp and a LayerNorm (the blocks here have SwiGLU or RMSNorm: "
+         f"block.ffn.kind={ffn.kind!r}, block.norm.kind={norm.kind!r})"),
+        ("patch_bias", s.patch_bias, s.patch_bias != s.pre_norm, f"timm's ViT has a patch bias without pre_norm and none with it "
+         f"(pre_norm is {s.pre_norm})"),
+    ]
 
 
 class ViT(Architecture):
