@@ -5,7 +5,9 @@ A converter is a list of :class:`Rule` s. Each rule names one zoo tensor and the
 it is made of: one tensor copied (reshaped if the layouts differ, e.g. timm's ``pos_embed`` [1, N, D]
 and zoo's position table [N, D]), or several stacked along the output rows (zoo's fused ``qkv`` is
 [q | k | v]; its gated ``fc1`` is [gate | up]). ``transpose`` marks references that store [in, out]
-(GPT-2's Conv1D; per expert [E, in, out], Llama 4's experts). The same rules run backwards to split zoo tensors into the reference's.
+(GPT-2's Conv1D; per expert [E, in, out], Llama 4's experts). ``part`` makes a zoo tensor one slice of a reference
+tensor that holds every layer's (timm's RoPE-Mixed ``rope.freqs`` [2, depth, H, K/2]). The same rules run backwards to
+split zoo tensors into the reference's.
 :func:`zoo_tensor` and :func:`reference_tensors` apply one rule, so a converter of files on disk
 (:mod:`zoo.interop.hf.stream`) reads and writes one tensor at a time with the same rules.
 """
@@ -44,11 +46,14 @@ def name_list(names: Iterable[str], indent: str = "    ", width: int = 100) -> s
 
 @dataclass(frozen=True)
 class Rule:
-    """zoo tensor ``zoo`` = reference tensors ``ref`` stacked along rows (dim 0), in order."""
+    """zoo tensor ``zoo`` = reference tensors ``ref`` stacked along rows (dim 0), in order; with
+    ``part`` (dim, index), the slice ``index`` along ``dim`` of the one reference tensor (the rules
+    of every index together fill it)."""
 
     zoo: str
     ref: tuple[str, ...]
     transpose: bool = False
+    part: tuple[int, int] | None = None
 
 
 def first_expressing(candidates: Iterable[Any], express: Callable[[Any], object], refusal: str) -> Any:
@@ -68,8 +73,10 @@ def first_expressing(candidates: Iterable[Any], express: Callable[[Any], object]
     raise ConversionError(refusal + ":\n  " + "\n  ".join(reasons))
 
 
-def rule(zoo: str, *ref: str, transpose: bool = False) -> Rule:
-    return Rule(zoo, ref, transpose)
+def rule(zoo: str, *ref: str, transpose: bool = False, part: tuple[int, int] | None = None) -> Rule:
+    if part is not None and (len(ref) != 1 or transpose):
+        raise ValueError(f"rule {zoo!r}: a part is a slice of one reference tensor, not transposed")
+    return Rule(zoo, ref, transpose, part)
 
 
 def _rows(shape: torch.Size, transpose: bool) -> int:
@@ -83,6 +90,8 @@ def zoo_tensor(r: Rule, ref: Mapping[str, Tensor], shape: torch.Size, where: str
     if missing:
         raise ConversionError(f"{where}: the reference has no tensor {missing[0]!r} (for zoo's {r.zoo!r})")
     parts = [ref[name].transpose(-2, -1) if r.transpose else ref[name] for name in r.ref]
+    if r.part is not None:
+        parts = [parts[0].select(*r.part)]
     tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
     if tensor.numel() != shape.numel():
         got = " + ".join(f"{name} {tuple(p.shape)}" for name, p in zip(r.ref, parts))
@@ -104,6 +113,9 @@ def zoo_state(ref: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Mapping[
 def reference_tensors(r: Rule, tensor: Tensor, shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
     """The reference's tensors (names and ``shapes`` of the reference model) that rule ``r`` makes
     from the zoo tensor ``tensor``: one rule at a time, as :func:`zoo_tensor`."""
+    if r.part is not None:
+        raise ConversionError(f"{where}: zoo's {r.zoo!r} is a slice of {r.ref[0]!r}; convert the whole model "
+                              f"(reference_state) to write it")
     sizes = [_rows(shapes[name], r.transpose) for name in r.ref]
     if sum(shapes[name].numel() for name in r.ref) != tensor.numel():
         want = " + ".join(f"{name} {tuple(shapes[name])}" for name in r.ref)
@@ -120,9 +132,25 @@ def reference_tensors(r: Rule, tensor: Tensor, shapes: Mapping[str, torch.Size],
 
 def reference_state(zoo: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
     """The reference's state dict (names and ``shapes`` of the reference model) from zoo's."""
-    out = {}
+    out: dict[str, Tensor] = {}
+    filled: dict[str, set[int]] = {}  # a tensor made of parts: the slices written
     for r in rules:
-        out.update(reference_tensors(r, zoo[r.zoo], shapes, where))
+        if r.part is None:
+            out.update(reference_tensors(r, zoo[r.zoo], shapes, where))
+            continue
+        (name,), (dim, index) = r.ref, r.part
+        tensor = zoo[r.zoo]
+        whole = out.setdefault(name, tensor.new_empty(shapes[name]))
+        if whole[(slice(None),) * dim + (index,)].numel() != tensor.numel():
+            raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(tensor.shape)} does not fit slice {index} of "
+                                  f"{name} {tuple(shapes[name])} along dimension {dim}")
+        whole.select(dim, index).copy_(tensor.reshape(whole.select(dim, index).shape))
+        filled.setdefault(name, set()).add(index)
+    for name, got in filled.items():
+        dim = next(r.part[0] for r in rules if r.part is not None and r.ref[0] == name)
+        if len(got) != shapes[name][dim]:
+            raise ConversionError(f"{where}: the reference's {name!r} has {shapes[name][dim]} slices along dimension "
+                                  f"{dim}, but zoo fills {len(got)}")
     return out
 
 
