@@ -208,6 +208,17 @@ TIMM_CONFIGS["Eva:dinov3"] = dict(
     img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5, qkv_bias=False,
     init_values=1e-5, rope_type="dinov3", rope_temperature=100, rope_rotate_half=True, use_rot_pos_emb=True,
     use_abs_pos_emb=False, num_reg_tokens=4, use_fc_norm=False, dynamic_img_size=True)
+# RoPE-Mixed (vit_*_patch16_rope_mixed_224): learned frequencies per layer and head, x by the column; AttentionRope's q,
+# k and v biases; any image size
+TIMM_CONFIGS["Eva:rope_mixed"] = dict(
+    img_size=32, patch_size=8, embed_dim=36, depth=3, num_heads=3, mlp_ratio=2.0, num_classes=5, attn_type="rope",
+    init_values=1e-5, global_pool="token", use_abs_pos_emb=False, use_rot_pos_emb=True,
+    rope_grid_indexing="xy", rope_temperature=10.0, rope_type="mixed", dynamic_img_size=True)
+# RoPE-Mixed beside learned positions left off the class token (vit_*_patch16_rope_mixed_ape_224)
+TIMM_CONFIGS["Eva:rope_mixed_ape"] = dict(
+    img_size=32, patch_size=8, embed_dim=36, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5, attn_type="rope",
+    init_values=1e-5, global_pool="token", no_embed_class=True, use_abs_pos_emb=True, use_rot_pos_emb=True,
+    rope_grid_indexing="xy", rope_temperature=10.0, rope_type="mixed")
 # the variants whose timm directory timm's saved-model config cannot record (a class, a norm layer): the field refused
 NO_TIMM_DIRECTORY = {"VisionTransformer:aimv2": "block.norm.kind='rmsnorm'"}
 CLASSES = [*HF_CONFIGS, *TIMM_CONFIGS]
