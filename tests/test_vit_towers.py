@@ -48,6 +48,8 @@ TOWERS = {  # (timm model, its arguments besides SMALL)
                                                                                               "dynamic_img_size": True}),
     "rope-mixed ape, split q, k, v with their biases, ij indexing": (MIXED_APE, {"qkv_fused": False,
                                                                                  "rope_grid_indexing": "ij"}),
+    "eva02 with AttentionRope's grouped-query attention": (EVA, {"attn_type": "rope", "qkv_fused": False, "num_heads": 4,
+                                                                 "num_kv_heads": 2}),
 }
 
 
@@ -71,7 +73,7 @@ def test_tower_converts_both_ways_and_through_files(name, kw, tmp_path):
         back = to_timm(model).eval()
         assert type(back) is type(ref) and max_diff(back(x), model(x)) < ATOL
     sa, sb = ref.state_dict(), back.state_dict()
-    if kw.get("qkv_fused") is False:  # written fused: [q | k | v] rows
+    if kw.get("qkv_fused") is False and "num_kv_heads" not in kw:  # written fused: [q | k | v] rows (GQA: split)
         for i in range(len(ref.blocks)):
             q, k, v = (sa.pop(f"blocks.{i}.attn.{n}_proj.weight") for n in "qkv")
             sa[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q, k, v])
@@ -173,6 +175,10 @@ def test_rope_mixed_preset_is_timms_vit_base_rope_mixed():
         from_timm(timm.create_model(MIXED, pretrained=False, **SMALL, rope_shift_coords=0.5))
     with pytest.raises(ConversionError, match="num_kv_heads"):
         from_timm(timm.create_model(MIXED, pretrained=False, **SMALL, qkv_fused=False, num_kv_heads=1))
+    gqa = zoo.build("vit-base-16-rope-mixed", ["n_layers=1", "block.attention.kind=gqa", "block.attention.n_kv_heads=4"],
+                    device="meta")
+    with pytest.raises(ConversionError, match="n_kv_heads=4 is not supported: .* not beside rope2d_mixed"):
+        to_timm(gqa, "Eva")
 
 
 def test_bad_specs_and_refusals_name_the_field():

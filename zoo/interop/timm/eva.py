@@ -5,8 +5,8 @@ positions and/or 2-D RoPE on the patch grid (``RotaryEmbeddingCat``: ``rope2d``,
 as ``ref_grid``; DINOv3's ``RotaryEmbeddingDinoV3``: ``rope2d`` with ``coords: centered``; RoPE-Mixed's
 learned frequencies, ``RotaryEmbeddingMixed``: ``rope2d_mixed``, ``vit_*_patch16_rope_mixed[_ape]_224``;
 the class token not turned), q and v biases without a k bias (``EvaAttention``: ``key_bias: false``) or
-on all three (``attn_type='rope'``, timm's ``AttentionRope``),
-a two-layer GELU MLP or SwiGLU, packed (``GluMlp``) or split (``SwiGLU``), with or without the norm
+on all three (``attn_type='rope'``, timm's ``AttentionRope``, and its grouped-query attention,
+``num_kv_heads``, written on split q, k, v projections), a two-layer GELU MLP or SwiGLU, packed (``GluMlp``) or split (``SwiGLU``), with or without the norm
 on its hidden activation (``scale_mlp``: ``ffn.norm``), fused or separate q, k, v projections,
 layer scale on both branches, class token and registers, class-token or mean pooling with the final
 norm or ``fc_norm``, a linear head or none, a norm before the blocks (without a patch bias), and
@@ -101,6 +101,8 @@ def _rope_mixed(m: nn.Module) -> dict:
         ("rope_grid_indexing", r.grid_indexing, r.grid_indexing in ("xy", "ij"), "zoo's rope2d_mixed indexes xy or ij"),
         ("rope_rotate_half", True, not any(getattr(b.attn, "rotate_half", False) for b in m.blocks),
          "RoPE-Mixed turns interleaved pairs"),
+        ("num_kv_heads", True, all(getattr(b.attn, "num_kv_heads", heads) == heads for b in m.blocks),
+         "RoPE-Mixed's frequencies are per query head, and timm turns the keys by them too"),
     ], FROM)
     return {"kind": "rope2d_mixed", "base": float(r.temperature), "indexing": r.grid_indexing}
 
@@ -151,8 +153,6 @@ def _block(blk: nn.Module, i: int) -> tuple:
         ("qk_norm", True, isinstance(a.q_norm, nn.Identity) and isinstance(a.k_norm, nn.Identity),
          "zoo reads timm's Eva without qk-norm"),
         ("mlp bias", False, all(lin.bias is not None for lin in _mlp_linears(mlp)), "zoo's Eva MLP has biases"),
-        ("num_kv_heads", getattr(a, "num_kv_heads", a.num_heads), getattr(a, "num_kv_heads", a.num_heads) == a.num_heads,
-         "zoo reads timm's Eva with multi-head attention"),
         ("proj_bias", False, a.proj.bias is not None, "zoo's Eva attention has an output bias"),
     ], where)
     if type(mlp) is GluMlp:
@@ -171,7 +171,8 @@ def _block(blk: nn.Module, i: int) -> tuple:
     if len(set(drops)) > 1:
         raise unsupported(where, "proj_drop_rate", drops, "zoo's residual and MLP dropout here must match")
     scale = None if blk.gamma_1 is None else float(blk.init_values)
-    return (a.num_heads, a.head_dim, qkv_bias, own, repr(ffn), a.attn_drop.p, drops[0], scale), ffn
+    kv_heads = getattr(a, "num_kv_heads", a.num_heads)  # AttentionRope's grouped-query attention
+    return (a.num_heads, a.head_dim, qkv_bias, own, kv_heads, repr(ffn), a.attn_drop.p, drops[0], scale), ffn
 
 
 def _mlp_linears(mlp: nn.Module) -> list[nn.Module]:
@@ -184,7 +185,7 @@ def _spec(m: nn.Module) -> dict:
     blocks = [_block(blk, i) for i, blk in enumerate(m.blocks)]
     if len({key for key, _ in blocks}) > 1:
         raise unsupported(FROM, "blocks", "differ", "zoo's ViT repeats one block spec")
-    (heads, head_dim, qkv_bias, k_bias, _, attn_drop, proj_drop, scale), ffn = blocks[0]
+    (heads, head_dim, qkv_bias, k_bias, kv_heads, _, attn_drop, proj_drop, scale), ffn = blocks[0]
     if head_dim * heads != m.embed_dim:
         raise unsupported(FROM, "attn_head_dim", head_dim, "zoo's ViT head size is embed_dim / num_heads")
     pe, rope = m.patch_embed, _rope(m)
@@ -205,7 +206,8 @@ def _spec(m: nn.Module) -> dict:
         "fc_norm": not isinstance(m.fc_norm, nn.Identity), "pre_norm": not isinstance(m.norm_pre, nn.Identity),
         "patch_bias": pe.proj.bias is not None, "dynamic_size": m.dynamic_img_size, "position": position, "layers": layers,
         "block": {
-            "attention": {"kind": "mha", "n_heads": heads, "bias": qkv_bias, "key_bias": k_bias or not qkv_bias,
+            "attention": {"kind": "mha" if kv_heads == heads else "gqa", "n_heads": heads, "n_kv_heads": kv_heads,
+                          "bias": qkv_bias, "key_bias": k_bias or not qkv_bias,
                           "out_bias": None if qkv_bias else True},
             "ffn": ffn, "norm": {"kind": "layernorm", "eps": layernorm_eps(norms, FROM)}, "kind": "pre", "layer_scale": scale,
         },
@@ -272,7 +274,9 @@ def _kwargs(s: FamilySpec) -> dict:
     att, ffn, d = s.block.attention, s.block.ffn, s.d_model
     rope = _rope_of(s)
     refuse_unless([
-        ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads, "timm's Eva has multi-head attention only"),
+        ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads or (not att.bias or att.key_bias)
+         and (rope is None or rope.kind != "rope2d_mixed"), "timm's Eva groups key/value heads in AttentionRope, with "
+         "q, k and v biases or none, and not beside rope2d_mixed (whose frequencies are per query head)"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's Eva head size is d_model / n_heads"),
         ("block.attention.out_bias", att.out_bias, att.has_out_bias, "timm's Eva has a bias on the output projection"),
@@ -281,11 +285,13 @@ def _kwargs(s: FamilySpec) -> dict:
          f"it (pre_norm is {s.pre_norm})"),
     ], TO)
     pos, mixed = s.position.kind, rope is not None and rope.kind == "rope2d_mixed"
+    gqa = att.n_kv_heads if att.n_kv_heads != att.n_heads else None  # AttentionRope on split q, k, v projections
     cat = rope is not None and not mixed
     return dict(
         img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes or 0,
         global_pool=_POOLS[s.pool.kind], embed_dim=d, depth=s.n_layers, num_heads=att.n_heads, qkv_bias=att.bias,
-        qkv_fused=True, mlp_ratio=mlp_ratio(d, ffn.hidden_size(d)), swiglu_mlp=ffn.kind == "swiglu", scale_mlp=ffn.norm,
+        qkv_fused=gqa is None, num_kv_heads=gqa, mlp_ratio=mlp_ratio(d, ffn.hidden_size(d)), swiglu_mlp=ffn.kind == "swiglu",
+        scale_mlp=ffn.norm,
         pos_drop_rate=s.dropout.embedding, proj_drop_rate=s.dropout.residual, attn_drop_rate=s.dropout.attention,
         norm_layer=functools.partial(nn.LayerNorm, eps=s.block.norm.eps), init_values=s.block.layer_scale,
         class_token=s.class_token, num_reg_tokens=s.reg_tokens, no_embed_class=not s.prefix_positions,
@@ -294,7 +300,7 @@ def _kwargs(s: FamilySpec) -> dict:
         rope_type="mixed" if mixed else "dinov3" if cat and rope.coords == "centered" else "cat",
         rope_rotate_half=cat and rope.pairs == "half", rope_grid_indexing=rope.indexing if mixed else "ij",
         ref_feat_shape=None if not cat or rope.ref_grid is None else (rope.ref_grid, rope.ref_grid),
-        attn_type="rope" if att.bias and att.key_bias else "eva",
+        attn_type="rope" if att.bias and att.key_bias or gqa else "eva",
         use_pre_transformer_norm=s.pre_norm, use_post_transformer_norm=not s.fc_norm, use_fc_norm=s.fc_norm,
         dynamic_img_size=s.dynamic_size,
     )
