@@ -177,7 +177,8 @@ def test_rope_mixed_preset_is_timms_vit_base_rope_mixed():
         from_timm(timm.create_model(MIXED, pretrained=False, **SMALL, qkv_fused=False, num_kv_heads=1))
     gqa = zoo.build("vit-base-16-rope-mixed", ["n_layers=1", "block.attention.kind=gqa", "block.attention.n_kv_heads=4"],
                     device="meta")
-    with pytest.raises(ConversionError, match="n_kv_heads=4 is not supported: .* not beside rope2d_mixed"):
+    refused = r"position.kind='rope2d_mixed' is not supported: .* n_kv_heads \(4\) must equal n_heads"
+    with pytest.raises(ConversionError, match=refused):
         to_timm(gqa, "Eva")
 
 

@@ -6,9 +6,9 @@ as ``ref_grid``; DINOv3's ``RotaryEmbeddingDinoV3``: ``rope2d`` with ``coords: c
 learned frequencies, ``RotaryEmbeddingMixed``: ``rope2d_mixed``, ``vit_*_patch16_rope_mixed[_ape]_224``;
 the class token not turned), q and v biases without a k bias (``EvaAttention``: ``key_bias: false``) or
 on all three (``attn_type='rope'``, timm's ``AttentionRope``, and its grouped-query attention,
-``num_kv_heads``, written on split q, k, v projections), a two-layer GELU MLP or SwiGLU, packed (``GluMlp``) or split (``SwiGLU``), with or without the norm
-on its hidden activation (``scale_mlp``: ``ffn.norm``), fused or separate q, k, v projections,
-layer scale on both branches, class token and registers, class-token or mean pooling with the final
+``num_kv_heads``, written on split q, k, v projections), a two-layer GELU MLP or SwiGLU, packed
+(``GluMlp``) or split (``SwiGLU``), with or without the norm on its hidden activation (``scale_mlp``:
+``ffn.norm``), fused or separate q, k, v projections, layer scale on both branches, class token and registers, class-token or mean pooling with the final
 norm or ``fc_norm``, a linear head or none, a norm before the blocks (without a patch bias), and
 ``dynamic_img_size``. zoo writes the fused q, k, v layout and, without ``scale_mlp``, the packed SwiGLU
 (timm's defaults); anything else is refused by name.
@@ -37,7 +37,8 @@ CLAIMS: Claims = {
     "head.kind": one_of("linear", "none"), "head.num_classes": ANY, "class_token": ANY, "reg_tokens": ANY,
     "prefix_positions": ANY, "pool.kind": one_of("cls", "mean"), "fc_norm": ANY, "pre_norm": ANY, "patch_bias": ANY,
     "dynamic_size": ANY, "position.kind": one_of("learned", "none", "rope2d", "rope2d_mixed"), "position.base": ANY,
-    "position.ref_grid": ANY, "position.coords": ANY, "position.pairs": ANY, "position.indexing": ANY, "layers": ANY, "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"),
+    "position.ref_grid": ANY, "position.coords": ANY, "position.pairs": ANY, "position.indexing": ANY, "layers": ANY,
+    "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"),
     "block.attention.n_heads": ANY, "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY,
     "block.attention.v_head_dim": ANY, "block.attention.bias": ANY, "block.attention.out_bias": ANY,
     "block.attention.key_bias": ANY, "block.ffn.kind": one_of("gelu", "swiglu"), "block.ffn.hidden": ANY,
@@ -273,10 +274,13 @@ def _kwargs(s: FamilySpec) -> dict:
     still cannot express."""
     att, ffn, d = s.block.attention, s.block.ffn, s.d_model
     rope = _rope_of(s)
+    mixed, grouped = rope is not None and rope.kind == "rope2d_mixed", att.n_kv_heads != att.n_heads
     refuse_unless([
-        ("block.attention.n_kv_heads", att.n_kv_heads, att.n_kv_heads == att.n_heads or (not att.bias or att.key_bias)
-         and (rope is None or rope.kind != "rope2d_mixed"), "timm's Eva groups key/value heads in AttentionRope, with "
-         "q, k and v biases or none, and not beside rope2d_mixed (whose frequencies are per query head)"),
+        ("block.attention.key_bias", att.key_bias, not grouped or not att.bias or att.key_bias,
+         f"timm's Eva groups key/value heads (n_kv_heads is {att.n_kv_heads}) in AttentionRope, with q, k and v biases "
+         f"or none"),
+        ("position.kind", "rope2d_mixed", not grouped or not mixed, f"RoPE-Mixed's frequencies are per query head and timm's "
+         f"Eva turns the keys by them too: n_kv_heads ({att.n_kv_heads}) must equal n_heads"),
         ("block.attention.head_dim", (att.qk_size(d), att.v_size(d)),
          d % att.n_heads == 0 and att.qk_size(d) == att.v_size(d) == d // att.n_heads, "timm's Eva head size is d_model / n_heads"),
         ("block.attention.out_bias", att.out_bias, att.has_out_bias, "timm's Eva has a bias on the output projection"),
@@ -284,8 +288,7 @@ def _kwargs(s: FamilySpec) -> dict:
         ("patch_bias", s.patch_bias, s.patch_bias != s.pre_norm, f"timm's Eva has a patch bias without the pre-norm and none with "
          f"it (pre_norm is {s.pre_norm})"),
     ], TO)
-    pos, mixed = s.position.kind, rope is not None and rope.kind == "rope2d_mixed"
-    gqa = att.n_kv_heads if att.n_kv_heads != att.n_heads else None  # AttentionRope on split q, k, v projections
+    pos, gqa = s.position.kind, att.n_kv_heads if grouped else None  # GQA: AttentionRope on split q, k, v projections
     cat = rope is not None and not mixed
     return dict(
         img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes or 0,
