@@ -133,21 +133,20 @@ def reference_tensors(r: Rule, tensor: Tensor, shapes: Mapping[str, torch.Size],
 def reference_state(zoo: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
     """The reference's state dict (names and ``shapes`` of the reference model) from zoo's."""
     out: dict[str, Tensor] = {}
-    filled: dict[str, set[int]] = {}  # a tensor made of parts: the slices written
+    filled: dict[tuple[str, int], set[int]] = {}  # a tensor made of parts, its dimension: the slices written
     for r in rules:
         if r.part is None:
             out.update(reference_tensors(r, zoo[r.zoo], shapes, where))
             continue
         (name,), (dim, index) = r.ref, r.part
         tensor = zoo[r.zoo]
-        whole = out.setdefault(name, tensor.new_empty(shapes[name]))
-        if whole[(slice(None),) * dim + (index,)].numel() != tensor.numel():
+        piece = out.setdefault(name, tensor.new_empty(shapes[name])).select(dim, index)
+        if piece.numel() != tensor.numel():
             raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(tensor.shape)} does not fit slice {index} of "
                                   f"{name} {tuple(shapes[name])} along dimension {dim}")
-        whole.select(dim, index).copy_(tensor.reshape(whole.select(dim, index).shape))
-        filled.setdefault(name, set()).add(index)
-    for name, got in filled.items():
-        dim = next(r.part[0] for r in rules if r.part is not None and r.ref[0] == name)
+        piece.copy_(tensor.reshape(piece.shape))
+        filled.setdefault((name, dim), set()).add(index)
+    for (name, dim), got in filled.items():
         if len(got) != shapes[name][dim]:
             raise ConversionError(f"{where}: the reference's {name!r} has {shapes[name][dim]} slices along dimension "
                                   f"{dim}, but zoo fills {len(got)}")
