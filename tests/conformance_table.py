@@ -225,6 +225,21 @@ TIMM_CONFIGS["NaFlexVit"] = dict(
 TIMM_CONFIGS["NaFlexVit:gap"] = dict(
     img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5, pos_embed_grid_size=(4, 4),
     reg_tokens=4, global_pool="avg", fc_norm=True, init_values=0.1)
+# RoPE-Mixed (vit_*_patch16_rope_mixed_224): learned frequencies per layer and head, x by the column; AttentionRope's q,
+# k and v biases; any image size
+TIMM_CONFIGS["Eva:rope_mixed"] = dict(
+    img_size=32, patch_size=8, embed_dim=36, depth=3, num_heads=3, mlp_ratio=2.0, num_classes=5, attn_type="rope",
+    init_values=1e-5, global_pool="token", use_abs_pos_emb=False, use_rot_pos_emb=True,
+    rope_grid_indexing="xy", rope_temperature=10.0, rope_type="mixed", dynamic_img_size=True)
+# RoPE-Mixed beside learned positions left off the class token (vit_*_patch16_rope_mixed_ape_224)
+TIMM_CONFIGS["Eva:rope_mixed_ape"] = dict(
+    img_size=32, patch_size=8, embed_dim=36, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5, attn_type="rope",
+    init_values=1e-5, global_pool="token", no_embed_class=True, use_abs_pos_emb=True, use_rot_pos_emb=True,
+    rope_grid_indexing="xy", rope_temperature=10.0, rope_type="mixed")
+# AttentionRope's grouped-query attention (num_kv_heads, on split q, k, v projections) beside EVA-02's rope2d
+TIMM_CONFIGS["Eva:gqa"] = dict(
+    img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4, num_kv_heads=2, mlp_ratio=2.0, num_classes=5,
+    attn_type="rope", qkv_fused=False, use_rot_pos_emb=True, use_abs_pos_emb=False, ref_feat_shape=(8, 8))
 # the variants whose timm directory timm's saved-model config cannot record (a class, a norm layer): the field refused
 NO_TIMM_DIRECTORY = {"VisionTransformer:aimv2": "block.norm.kind='rmsnorm'"}
 CLASSES = [*HF_CONFIGS, *TIMM_CONFIGS]

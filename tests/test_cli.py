@@ -25,7 +25,7 @@ def test_presets_table(capsys):
 def test_list_show_schema(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "position: alibi, learned, none, relative_bias, relative_bias2d, relative_embedding, rope, rope2d, sincos2d, sinusoidal" in out
+    assert "position: alibi, learned, none, relative_bias, relative_bias2d, relative_embedding, rope, rope2d, rope2d_mixed, sincos2d, sinusoidal" in out
     assert main(["show", "llama-small", "--set", "n_layers=3"]) == 0
     text = capsys.readouterr().out
     spec = zoo.load_spec(zoo.spec.read_yaml(text, "show"))

@@ -32,6 +32,7 @@ EXACT = {
     "aimv2-large-14": 309_197_824,  # timm aimv2_large_patch14_224 (its default num_classes is 0)
     "vit-small-16-dinov3": 21_586_944,  # timm vit_small_patch16_dinov3 (its default num_classes is 0)
     "naflexvit-base-16-gap": 86_633_704,  # timm naflexvit_base_patch16_gap
+    "vit-base-16-rope-mixed": 86_444_008,  # timm vit_base_patch16_rope_mixed_224
     # HF {Llama,Qwen3,Gemma2,Gemma3,Phi3,Mixtral,Qwen3Moe,Olmoe,Qwen2Moe}ForCausalLM from the releases' configs
     # (tests/test_presets_hf.py)
     "llama-3.2-1b": 1_235_814_400,
@@ -156,6 +157,7 @@ def test_counts_equal_reference_classes():
             "aimv2-large-14": timm.create_model("aimv2_large_patch14_224"),
             "vit-small-16-dinov3": timm.create_model("vit_small_patch16_dinov3"),
             "naflexvit-base-16-gap": timm.create_model("naflexvit_base_patch16_gap"),
+            "vit-base-16-rope-mixed": timm.create_model("vit_base_patch16_rope_mixed_224"),
         }
     for name, ref in refs.items():
         assert n_params(name) == sum(p.numel() for p in ref.parameters()), name

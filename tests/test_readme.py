@@ -15,7 +15,7 @@ def test_tour_runs(capsys):
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "['alibi', 'learned', 'none', 'relative_bias', 'relative_bias2d', 'relative_embedding', 'rope', 'rope2d', 'sincos2d', 'sinusoidal']" in out
+    assert "['alibi', 'learned', 'none', 'relative_bias', 'relative_bias2d', 'relative_embedding', 'rope', 'rope2d', 'rope2d_mixed', 'sincos2d', 'sinusoidal']" in out
     assert "124439808" in out
     assert "did you mean 'swiglu'" in out
 

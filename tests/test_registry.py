@@ -28,7 +28,7 @@ def _restore_registries():
 
 def test_names():
     assert zoo.registry("position").names() == ["alibi", "learned", "none", "relative_bias", "relative_bias2d", "relative_embedding",
-                                                "rope", "rope2d", "sincos2d", "sinusoidal"]
+                                                "rope", "rope2d", "rope2d_mixed", "sincos2d", "sinusoidal"]
     assert zoo.registry("attention").names() == ["disentangled", "gated_deltanet", "gqa", "mha", "mla", "mqa"]
     assert zoo.registry("ffn").names() == ["geglu", "gelu", "moe", "quick_gelu", "relu", "relu2", "silu", "swiglu"]
     assert zoo.registry("norm").names() == ["layernorm", "rmsnorm"]

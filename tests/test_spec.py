@@ -79,7 +79,7 @@ def test_rules_name_the_field_and_fix(overrides, message):
     "preset,overrides,message",
     [
         ("vit-tiny-16", ["patch_size=15"], r"image_size \(224\) must be divisible by patch_size \(15\)"),
-        ("vit-tiny-16", ["position.kind=rope"], "position.kind: 'rope' does not apply to family vit; use one of learned, none, relative_bias2d, rope2d, sincos2d"),
+        ("vit-tiny-16", ["position.kind=rope"], "position.kind: 'rope' does not apply to family vit; use one of learned, none, relative_bias2d, rope2d, rope2d_mixed, sincos2d"),
         ("vit-tiny-16", ["position.kind=sincos2d", "d_model=198", "block.attention.n_heads=3"], "sincos2d .* d_model \\(198\\) must be divisible by 4"),
         ("vit-tiny-16", ["class_token=false"], "pool: cls needs class_token: true"),
         ("vit-tiny-16", ["stem.channels=[24, 48]", "stem.strides=[2]"], "stem.strides: one stride per conv layer, got 1 strides for 2"),
@@ -94,7 +94,7 @@ def test_rules_name_the_field_and_fix(overrides, message):
          "layers.0.block.attention.window: sliding-window attention is self-attention of a decoder or an encoder, which "
          "family encoder_decoder"),
         ("vit-tiny-16", ["layers=[{at: 0, position: {kind: rope}}]"],
-         "layers.0.position: 'rope' does not apply to family vit; a layer's own position is one of none, relative_bias2d, rope2d"),
+         "layers.0.position: 'rope' does not apply to family vit; a layer's own position is one of none, relative_bias2d, rope2d, rope2d_mixed"),
         ("vit-tiny-16", ["layers=[{at: 1, position: {kind: alibi}}]"], "layers.0.position: 'alibi' does not apply to family vit"),
         ("gpt2-small", ["position.kind=rope", "layers=[{at: 0, position: {kind: rope2d}}]"],
          "layers.0.position: 'rope2d' does not apply to family decoder; a layer's own position is one of alibi, none, "),

@@ -25,6 +25,7 @@ ATOL = 1e-4
 SMALL = dict(embed_dim=48, depth=2, num_heads=3, img_size=32, patch_size=8)  # a 4 x 4 grid, heads of 16
 CLIP, EVA, AIMV2 = "vit_base_patch16_clip_224", "eva02_tiny_patch14_224", "aimv2_large_patch14_224"
 DINOV3 = "vit_small_patch16_dinov3"
+MIXED, MIXED_APE = "vit_small_patch16_rope_mixed_224", "vit_small_patch16_rope_mixed_ape_224"
 
 TOWERS = {  # (timm model, its arguments besides SMALL)
     "clip, head": (CLIP, {"num_classes": 5}),
@@ -43,6 +44,12 @@ TOWERS = {  # (timm model, its arguments besides SMALL)
     "dinov3 qkvb, token pool": ("vit_small_patch16_dinov3_qkvb", {"global_pool": "token"}),
     "dinov3 s+: split SwiGLU": ("vit_small_plus_patch16_dinov3", {}),
     "eva02 turning halves (rope_rotate_half)": (EVA, {"rope_rotate_half": True}),
+    "rope-mixed: learned frequencies per layer and head, AttentionRope, dynamic size": (MIXED, {"num_classes": 4,
+                                                                                              "dynamic_img_size": True}),
+    "rope-mixed ape, split q, k, v with their biases, ij indexing": (MIXED_APE, {"qkv_fused": False,
+                                                                                 "rope_grid_indexing": "ij"}),
+    "eva02 with AttentionRope's grouped-query attention": (EVA, {"attn_type": "rope", "qkv_fused": False, "num_heads": 4,
+                                                                 "num_kv_heads": 2}),
 }
 
 
@@ -66,11 +73,14 @@ def test_tower_converts_both_ways_and_through_files(name, kw, tmp_path):
         back = to_timm(model).eval()
         assert type(back) is type(ref) and max_diff(back(x), model(x)) < ATOL
     sa, sb = ref.state_dict(), back.state_dict()
-    if kw.get("qkv_fused") is False:  # written fused: [q | k | v] rows
+    if kw.get("qkv_fused") is False and "num_kv_heads" not in kw:  # written fused: [q | k | v] rows (GQA: split)
         for i in range(len(ref.blocks)):
             q, k, v = (sa.pop(f"blocks.{i}.attn.{n}_proj.weight") for n in "qkv")
             sa[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q, k, v])
-            sa[f"blocks.{i}.attn.q_bias"], sa[f"blocks.{i}.attn.v_bias"] = (sa.pop(f"blocks.{i}.attn.{n}_proj.bias") for n in "qv")
+            if f"blocks.{i}.attn.k_proj.bias" in sa:  # AttentionRope's (attn_type='rope'): q, k and v biases
+                sa[f"blocks.{i}.attn.qkv.bias"] = torch.cat([sa.pop(f"blocks.{i}.attn.{n}_proj.bias") for n in "qkv"])
+            else:
+                sa[f"blocks.{i}.attn.q_bias"], sa[f"blocks.{i}.attn.v_bias"] = (sa.pop(f"blocks.{i}.attn.{n}_proj.bias") for n in "qv")
     if type(ref.blocks[0].mlp) is not type(back.blocks[0].mlp):  # Eva's split SwiGLU, written packed: [gate | up]
         for i in range(len(ref.blocks)):
             for p in ("weight", "bias"):
@@ -148,7 +158,28 @@ def test_dinov3_preset_is_timms_vit_small_dinov3():
     with pytest.raises(ConversionError, match="rope_grid_offset"):
         from_timm(timm.create_model(DINOV3, pretrained=False, **SMALL, rope_grid_offset=0.5))
     with pytest.raises(ConversionError, match="rope_type"):
-        from_timm(timm.create_model(DINOV3, pretrained=False, **SMALL, rope_type="mixed", rope_rotate_half=False))
+        from_timm(timm.create_model(DINOV3, pretrained=False, **SMALL, rope_type="mrope"))
+
+
+def test_rope_mixed_preset_is_timms_vit_base_rope_mixed():
+    with torch.device("meta"):
+        ref = timm.create_model("vit_base_patch16_rope_mixed_224")
+        ape = timm.create_model("vit_base_patch16_rope_mixed_ape_224")
+    assert timm_spec(ref) == zoo.load_spec("vit-base-16-rope-mixed").model_copy(update={"name": None})
+    model = zoo.build("vit-base-16-rope-mixed", device="meta")
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    with_ape = zoo.load_spec("vit-base-16-rope-mixed", ["position.kind=learned", "prefix_positions=false",
+                                                       'layers=[{at: "0:", position: {kind: rope2d_mixed}}]'])
+    assert timm_spec(ape) == with_ape.model_copy(update={"name": None})
+    with pytest.raises(ConversionError, match="rope_shift/jitter/rescale_coords"):
+        from_timm(timm.create_model(MIXED, pretrained=False, **SMALL, rope_shift_coords=0.5))
+    with pytest.raises(ConversionError, match="num_kv_heads"):
+        from_timm(timm.create_model(MIXED, pretrained=False, **SMALL, qkv_fused=False, num_kv_heads=1))
+    gqa = zoo.build("vit-base-16-rope-mixed", ["n_layers=1", "block.attention.kind=gqa", "block.attention.n_kv_heads=4"],
+                    device="meta")
+    refused = r"position.kind='rope2d_mixed' is not supported: .* n_kv_heads \(4\) must equal n_heads"
+    with pytest.raises(ConversionError, match=refused):
+        to_timm(gqa, "Eva")
 
 
 def test_bad_specs_and_refusals_name_the_field():

@@ -194,7 +194,7 @@ def test_dynamic_size_needs_positions_it_can_fit():
         zoo.register("position", "fixed_grid", spec=FixedSpec)(_learned)
         assert zoo.build("vit-tiny-16", [*TINY, "position.kind=fixed_grid"], device="meta")
         with pytest.raises(SpecError, match="dynamic_size: positions of kind 'fixed_grid' cannot be fitted to another grid; "
-                                            "use position.kind learned, none, rope2d, sincos2d, or set dynamic_size: false"):
+                                            "use position.kind learned, none, rope2d, rope2d_mixed, sincos2d, or set dynamic_size: false"):
             zoo.load_spec("vit-tiny-16", [*TINY, "position.kind=fixed_grid", "dynamic_size=true"])
     finally:
         for current, old in zip((registry._specs, registry._builders), saved):

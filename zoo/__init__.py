@@ -4,7 +4,7 @@
 >>> spec = zoo.load_spec("gpt2-small", overrides=["position.kind=rope"])
 >>> model = zoo.build(spec)
 >>> zoo.registry("position").names()
-['alibi', 'learned', 'none', 'relative_bias', 'relative_bias2d', 'relative_embedding', 'rope', 'rope2d', 'sincos2d', 'sinusoidal']
+['alibi', 'learned', 'none', 'relative_bias', 'relative_bias2d', 'relative_embedding', 'rope', 'rope2d', 'rope2d_mixed', 'sincos2d', 'sinusoidal']
 """
 
 from zoo._version import __version__

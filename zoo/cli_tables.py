@@ -129,6 +129,7 @@ def summary_table(s, spec) -> Table:
             kv = f", KV cache {human_bytes(row['kv_cache_bytes'] * s.batch)} ({row['kv_tokens']} tokens)" if "kv_cache_bytes" in row else ""
             window = f", window {row['window']}" if row["window"] is not None else ""
             window += f", {row['sinks']} sink logits" if "sinks" in row else ""
+            window += f", {row['position_parameters']:,} position parameters" if "position_parameters" in row else ""
             kv = f", state {human_bytes(row['state_bytes'] * s.batch)}" if "state_bytes" in row else kv
             table.add_row(f"  {stack}{row['layer']}", f"{row['parameters']:,}",
                           f"{human_flops(row['flops'] // (s.seq if s.unit == 'token' else 1))} per {s.unit}{window}{kv}")

@@ -209,6 +209,9 @@ def _layers(model: nn.Module, seq: int, bytes_per_element: int) -> tuple[dict, .
             sinks = getattr(getattr(block, "attn", None), "sinks", None)
             if sinks is not None:  # attention sinks (gpt-oss): a learned logit per head
                 row["sinks"] = sinks.numel()
+            own = _own_position(stack, i)
+            if own is not None:  # a position of the layer's own with weights (RoPE-Mixed's frequencies, BEiT's bias)
+                row["position_parameters"] = sum(p.numel() for p in own.parameters())
             if cached is not None and cached[0] is stack:
                 kept = getattr(stack, "kept", stack.windows)[i]  # a chunk's keys too
                 held = tokens if kept is None else min(tokens, kept - 1)
@@ -218,6 +221,17 @@ def _layers(model: nn.Module, seq: int, bytes_per_element: int) -> tuple[dict, .
                     row.update(kv_tokens=0, state_bytes=state * bytes_per_element)
             rows.append(row)
     return tuple(rows)
+
+
+def _own_position(stack: nn.Module, i: int) -> nn.Module | None:
+    """Layer ``i``'s position module where no other layer shares it and it has weights, else None."""
+    variants, of = getattr(stack, "variants", None), getattr(stack, "variant_of", None)
+    if variants is None or of is None or variants[of[i]][1] < 0:
+        return None
+    own = variants[of[i]][1]
+    alone = sum(variants[v][1] == own for v in of) == 1
+    module = stack.positions[own]
+    return module if alone and any(True for _ in module.parameters()) else None
 
 
 # ---------------------------------------------------------------------------------------- summary

@@ -52,13 +52,13 @@ from zoo.components.position import (
 )
 from zoo.components.relbias2d import GridRelativeBias
 from zoo.components.rope import RotaryPosition
-from zoo.components.rope2d import GridRotaryPosition
+from zoo.components.rope2d import GridRotaryPosition, MixedGridRotaryPosition
 from zoo.components.stack import Stack, StackContext
 
 __all__ = [
     "Attention", "attention_mask", "Block", "BlockContext", "build_norm", "build_sublayers", "LayerScale", "PreNormBlock", "PostNormBlock",
     "PostSublayerNormBlock", "ParallelBlock", "Stack", "StackContext", "TokenEmbedding", "PatchEmbedding", "MLP",
     "GatedMLP", "Linear", "Dropout", "RMSNorm", "Position", "NoPosition", "LearnedPosition", "SinusoidalPosition",
-    "RotaryPosition", "GridRotaryPosition", "GridRelativeBias", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
+    "RotaryPosition", "GridRotaryPosition", "MixedGridRotaryPosition", "GridRelativeBias", "AlibiPosition", "SinCos2dPosition", "ClsPool", "MeanPool", "AttentionPool", "LMHead",
     "MLMHead", "ClassifierHead", "LatentAttention", "MoE", "load_balancing_loss", "router_z_loss", "GatedDeltaNet",
 ]

@@ -8,6 +8,11 @@ pairs (2i, 2i + 1), at the frequencies base^(-j/(K/4)) for j < K/4. DINOv3's var
 ``RotaryEmbeddingDinoV3``: ``coords="centered"``, ``pairs="half"``) turns by the patch centres mapped
 to [-1, 1], 2 pi over the periods base^(j/(K/4)), dimension i with i + K/2.
 
+RoPE-Mixed (Heo et al. 2024, "Rotary Position Embedding for Vision"; timm's ``RotaryEmbeddingMixed``,
+:class:`MixedGridRotaryPosition`) learns the frequencies: each layer holds, for each head, K/2
+frequency pairs (f_x, f_y) and turns the interleaved pair (2j, 2j + 1) by column * f_x[j] + row *
+f_y[j] (``indexing="xy"``; ``"ij"`` swaps the axes), so a pair may turn along any direction of the grid.
+
 Shapes: B batch, H query heads, G key/value heads, T tokens, K head size.
 """
 
@@ -16,13 +21,13 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from zoo.components.position import Position
 from zoo.protocols import DerivedBuffers
 from zoo.registry import register
 
-__all__ = ["GridRotaryPosition", "grid_positions"]
+__all__ = ["GridRotaryPosition", "MixedGridRotaryPosition", "grid_positions", "mixed_frequencies"]
 
 
 def grid_positions(grid: tuple[int, int], prefix: int, device: torch.device | None = None) -> Tensor:
@@ -93,6 +98,62 @@ class GridRotaryPosition(Position, DerivedBuffers):
             return (x * cos + turned(x) * sin).to(x.dtype)
 
         return turn(q), turn(k)
+
+
+def mixed_frequencies(head_dim: int, n_heads: int, *, base: float = 10.0, generator: torch.Generator | None = None,
+                      device: torch.device | None = None) -> Tensor:
+    """RoPE-Mixed's initial frequencies [2, H, K/2] (timm's ``init_random_2d_freqs`` for one layer):
+    magnitudes base^(-4i/K) for i < K/4, each head turned by a random angle a: f_x = [m cos a, m cos(a +
+    pi/2)], f_y = [m sin a, m sin(a + pi/2)]."""
+    mag = 1.0 / (base ** (torch.arange(0, head_dim, 4, dtype=torch.float32, device=device) / head_dim))  # (K/4,)
+    angles = torch.rand(n_heads, 1, generator=generator, dtype=torch.float32, device=device) * 2 * torch.pi  # (H, 1)
+    fx = torch.cat([mag * torch.cos(angles), mag * torch.cos(angles + torch.pi / 2)], dim=-1)  # (H, K/2)
+    fy = torch.cat([mag * torch.sin(angles), mag * torch.sin(angles + torch.pi / 2)], dim=-1)
+    return torch.stack([fx, fy])  # (2, H, K/2)
+
+
+class MixedGridRotaryPosition(Position):
+    """One layer's RoPE-Mixed (see the module docstring): ``freqs`` [2, H, K/2], learned, the
+    frequencies of the x axis then of the y axis (timm's ``RotaryEmbeddingMixed.freqs[:, layer]``).
+    The class token and the registers are not turned; any grid is turned by its own indices."""
+
+    def __init__(self, head_dim: int, n_heads: int, *, base: float = 10.0, indexing: str = "xy") -> None:
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"MixedGridRotaryPosition: the head size must be divisible by 4, got {head_dim}")
+        self.head_dim, self.n_heads, self.base, self.indexing = head_dim, n_heads, base, indexing
+        self.freqs = nn.Parameter(mixed_frequencies(head_dim, n_heads, base=base))
+
+    def fit_grid(self, grid: tuple[int, int], *, trained: tuple[int, int], prefix: int) -> Tensor | None:
+        return None  # adds nothing: the turns follow each input's grid
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        if positions.dim() != 2 or positions.shape[-1] != 2:
+            raise ValueError(f"rope2d_mixed turns by (row, column) grid positions [T, 2], got {tuple(positions.shape)}; "
+                             f"it applies to a ViT's patch grid")
+        if k.shape[1] != self.n_heads:
+            raise ValueError(f"rope2d_mixed: frequencies for {self.n_heads} heads cannot turn {k.shape[1]} key/value heads; "
+                             f"set block.attention.n_kv_heads to n_heads")
+        on_grid = positions[:, :1] >= 0  # (T, 1): the prefix tokens are not turned
+        coords = positions.clamp(min=0).to(torch.float32)  # (T, 2) row, column
+        t_x, t_y = (coords[:, 1], coords[:, 0]) if self.indexing == "xy" else (coords[:, 0], coords[:, 1])
+        f = self.freqs.float()
+        angles = t_x[:, None] * f[0][:, None, :] + t_y[:, None] * f[1][:, None, :]  # (H, T, K/2), as timm adds them
+        sin = torch.where(on_grid, angles.sin(), 0.0).repeat_interleave(2, -1)  # (H, T, K)
+        cos = torch.where(on_grid, angles.cos(), 1.0).repeat_interleave(2, -1)
+
+        def turn(x: Tensor) -> Tensor:  # (B, H, T, K)
+            return (x * cos + _turn_pairs(x) * sin).to(x.dtype)
+
+        return turn(q), turn(k)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.n_heads}, head_dim={self.head_dim}, base={self.base}, indexing={self.indexing!r}"
+
+
+@register("position", "rope2d_mixed")
+def _rope2d_mixed(spec, *, head_dim: int, n_heads: int, **_) -> Position:
+    return MixedGridRotaryPosition(head_dim, n_heads, base=spec.base, indexing=spec.indexing)
 
 
 @register("position", "rope2d")

@@ -6,7 +6,10 @@ it is made of: one tensor copied (reshaped if the layouts differ, e.g. timm's ``
 and zoo's position table [N, D]), or several stacked along the output rows (zoo's fused ``qkv`` is
 [q | k | v]; its gated ``fc1`` is [gate | up]). ``transpose`` marks references that store [in, out]
 (GPT-2's Conv1D; per expert [E, in, out], Llama 4's experts); ``permute`` those that hold one tensor's
-axes in another order (timm NaFlexVit's linear patch embedding over (row, column, channel) patches). The same rules run backwards to split zoo tensors into the reference's.
+axes in another order (timm NaFlexVit's linear patch embedding over (row, column, channel) patches).
+``part`` makes a zoo tensor one slice of a reference tensor that holds every layer's (timm's
+RoPE-Mixed ``rope.freqs`` [2, depth, H, K/2]). The same rules run backwards to split zoo tensors
+into the reference's.
 :func:`zoo_tensor` and :func:`reference_tensors` apply one rule, so a converter of files on disk
 (:mod:`zoo.interop.hf.stream`) reads and writes one tensor at a time with the same rules.
 """
@@ -45,12 +48,15 @@ def name_list(names: Iterable[str], indent: str = "    ", width: int = 100) -> s
 
 @dataclass(frozen=True)
 class Rule:
-    """zoo tensor ``zoo`` = reference tensors ``ref`` stacked along rows (dim 0), in order."""
+    """zoo tensor ``zoo`` = reference tensors ``ref`` stacked along rows (dim 0), in order; with
+    ``part`` (dim, index), the slice ``index`` along ``dim`` of the one reference tensor (the rules
+    of every index together fill it)."""
 
     zoo: str
     ref: tuple[str, ...]
     transpose: bool = False
     permute: tuple[int, ...] | None = None  # the reference holds the zoo tensor's axes in this order (one tensor)
+    part: tuple[int, int] | None = None
 
 
 def first_expressing(candidates: Iterable[Any], express: Callable[[Any], object], refusal: str) -> Any:
@@ -70,8 +76,11 @@ def first_expressing(candidates: Iterable[Any], express: Callable[[Any], object]
     raise ConversionError(refusal + ":\n  " + "\n  ".join(reasons))
 
 
-def rule(zoo: str, *ref: str, transpose: bool = False, permute: tuple[int, ...] | None = None) -> Rule:
-    return Rule(zoo, ref, transpose, permute)
+def rule(zoo: str, *ref: str, transpose: bool = False, permute: tuple[int, ...] | None = None,
+         part: tuple[int, int] | None = None) -> Rule:
+    if part is not None and (len(ref) != 1 or transpose or permute):
+        raise ValueError(f"rule {zoo!r}: a part is a slice of one reference tensor, not transposed nor permuted")
+    return Rule(zoo, ref, transpose, permute, part)
 
 
 def _rows(shape: torch.Size, transpose: bool) -> int:
@@ -85,6 +94,8 @@ def zoo_tensor(r: Rule, ref: Mapping[str, Tensor], shape: torch.Size, where: str
     if missing:
         raise ConversionError(f"{where}: the reference has no tensor {missing[0]!r} (for zoo's {r.zoo!r})")
     parts = [ref[name].transpose(-2, -1) if r.transpose else ref[name] for name in r.ref]
+    if r.part is not None:
+        parts = [parts[0].select(*r.part)]
     tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
     if tensor.numel() != shape.numel():
         got = " + ".join(f"{name} {tuple(p.shape)}" for name, p in zip(r.ref, parts))
@@ -108,6 +119,9 @@ def zoo_state(ref: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Mapping[
 def reference_tensors(r: Rule, tensor: Tensor, shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
     """The reference's tensors (names and ``shapes`` of the reference model) that rule ``r`` makes
     from the zoo tensor ``tensor``: one rule at a time, as :func:`zoo_tensor`."""
+    if r.part is not None:
+        raise ConversionError(f"{where}: zoo's {r.zoo!r} is a slice of {r.ref[0]!r}; convert the whole model "
+                              f"(reference_state) to write it")
     sizes = [_rows(shapes[name], r.transpose) for name in r.ref]
     if sum(shapes[name].numel() for name in r.ref) != tensor.numel():
         want = " + ".join(f"{name} {tuple(shapes[name])}" for name in r.ref)
@@ -126,9 +140,24 @@ def reference_tensors(r: Rule, tensor: Tensor, shapes: Mapping[str, torch.Size],
 
 def reference_state(zoo: Mapping[str, Tensor], rules: Iterable[Rule], shapes: Mapping[str, torch.Size], where: str) -> dict[str, Tensor]:
     """The reference's state dict (names and ``shapes`` of the reference model) from zoo's."""
-    out = {}
+    out: dict[str, Tensor] = {}
+    filled: dict[tuple[str, int], set[int]] = {}  # a tensor made of parts, its dimension: the slices written
     for r in rules:
-        out.update(reference_tensors(r, zoo[r.zoo], shapes, where))
+        if r.part is None:
+            out.update(reference_tensors(r, zoo[r.zoo], shapes, where))
+            continue
+        (name,), (dim, index) = r.ref, r.part
+        tensor = zoo[r.zoo]
+        piece = out.setdefault(name, tensor.new_empty(shapes[name])).select(dim, index)
+        if piece.numel() != tensor.numel():
+            raise ConversionError(f"{where}: zoo's {r.zoo!r} {tuple(tensor.shape)} does not fit slice {index} of "
+                                  f"{name} {tuple(shapes[name])} along dimension {dim}")
+        piece.copy_(tensor.reshape(piece.shape))
+        filled.setdefault((name, dim), set()).add(index)
+    for (name, dim), got in filled.items():
+        if len(got) != shapes[name][dim]:
+            raise ConversionError(f"{where}: the reference's {name!r} has {shapes[name][dim]} slices along dimension "
+                                  f"{dim}, but zoo fills {len(got)}")
     return out
 
 

@@ -102,6 +102,7 @@ from zoo.spec.parts import (
     Relu2FFNSpec,
     ReluFFNSpec,
     RMSNormSpec,
+    Rope2dMixedSpec,
     Rope2dSpec,
     RopeSpec,
     SiluFFNSpec,
@@ -129,7 +130,7 @@ __all__ = [
     "Llama3ScalingSpec", "LongRopeScalingSpec", "DisentangledSpec", "MLASpec", "RelativeEmbeddingSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "MoERouterSpec", "MoESpec", "ModelSpec", "NoHeadSpec",
     "NoPositionSpec", "NormSpec", "ParallelBlockSpec", "PoolSpec", "PositionSpec", "PostBlockSpec",
     "PostSublayerBlockSpec", "PreBlockSpec", "QKNormSpec", "QuickGeluFFNSpec", "RMSNormSpec", "Rate", "RelativeBias2dSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
-    "Rope2dSpec", "RopeScalingSpec", "RopeSpec", "SandwichBlockSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",
+    "Rope2dMixedSpec", "Rope2dSpec", "RopeScalingSpec", "RopeSpec", "SandwichBlockSpec", "SiluFFNSpec", "SinCos2dSpec", "SinusoidalSpec", "Spec", "SpecError", "SpecNote", "SwiGLUSpec",
     "TextSpec", "VitSpec", "YarnScalingSpec", "apply_overrides", "json_schema", "load_spec", "parse_spec",
     "preset_names", "preset_path", "read_yaml", "select_layers", "to_yaml",
 ]

@@ -30,6 +30,7 @@ from zoo.spec.positions import (  # the positions' specs live apart; re-exported
     PositionSpec,
     RelativeBias2dSpec,
     RelativeBiasSpec,
+    Rope2dMixedSpec,
     Rope2dSpec,
     RopeSpec,
     SinCos2dSpec,
@@ -41,7 +42,7 @@ __all__ = [
     "ClsPoolSpec", "FFNBaseSpec", "FFNSpec", "GatedFFNSpec", "GeGLUSpec", "GeluFFNSpec", "HeadSpec", "LMHeadSpec", "LayerNormSpec",
     "LearnedSpec", "LinearHeadSpec", "MLMHeadSpec", "MapPoolSpec", "MeanPoolSpec", "NoHeadSpec", "NoPositionSpec",
     "NormSpec", "PoolSpec", "PositionSpec", "QKNormSpec", "TemperatureSpec", "QuickGeluFFNSpec", "RMSNormSpec", "RelativeBias2dSpec", "RelativeBiasSpec", "Relu2FFNSpec", "ReluFFNSpec",
-    "Rope2dSpec", "RopeSpec", "SiluFFNSpec",
+    "Rope2dMixedSpec", "Rope2dSpec", "RopeSpec", "SiluFFNSpec",
     "SinCos2dSpec", "SinusoidalSpec", "SwiGLUSpec", "checked_cap", "checked_multiplier",
 ]
 

@@ -1,5 +1,5 @@
-"""The specs of positions: none, sinusoidal, learned, rope, rope2d, alibi, relative_bias, relative_bias2d, sincos2d
-(each a kind of the ``position`` registry; a model spec's ``position`` field takes any of them).
+"""The specs of positions: none, sinusoidal, learned, rope, rope2d, rope2d_mixed, alibi, relative_bias, relative_bias2d,
+sincos2d (each a kind of the ``position`` registry; a model spec's ``position`` field takes any of them).
 
 A position declares what the models and checks need to know of it as class variables (its
 ``layouts``, whether it ``adds`` a table, acts ``in_layers``, is ``resizable``), so no model or check
@@ -15,7 +15,7 @@ from zoo.spec.base import ComponentSpec, Dispatch, register_specs
 from zoo.spec.rope import AnyRopeScaling
 
 __all__ = ["AlibiSpec", "AnyPosition", "LearnedSpec", "NoPositionSpec", "PositionSpec", "RelativeBias2dSpec", "RelativeBiasSpec",
-           "Rope2dSpec", "RopeSpec", "SinCos2dSpec", "SinusoidalSpec"]
+           "Rope2dMixedSpec", "Rope2dSpec", "RopeSpec", "SinCos2dSpec", "SinusoidalSpec"]
 
 
 class PositionSpec(ComponentSpec):
@@ -203,6 +203,34 @@ class Rope2dSpec(PositionSpec):
         return []
 
 
+class Rope2dMixedSpec(PositionSpec):
+    """RoPE-Mixed (Heo et al. 2024; timm's ``RotaryEmbeddingMixed``, ``rope_type='mixed'``): 2-D rotary
+    embeddings whose frequencies are learned, per layer and per head. Each layer holds ``freqs`` [2, H,
+    K/2]: the interleaved pair (2j, 2j + 1) of head h turns by x * freqs[0, h, j] + y * freqs[1, h, j],
+    x the patch's column and y its row (``indexing: xy``; ``ij``: x the row, y the column). They start
+    at the magnitudes base^(-4i/K), i < K/4, each head's pointed along a random direction a and its
+    second quarter along a + 90 degrees (timm's ``init_random_2d_freqs``). The class token and the
+    registers are not turned; any grid is turned by its own indices (nothing to resample). Each
+    layer has a module of its own (``per_layer``)."""
+
+    kind: Literal["rope2d_mixed"] = "rope2d_mixed"
+    layouts: ClassVar[frozenset[str]] = frozenset({"grid"})
+    in_layers: ClassVar[bool] = True
+    resizable: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = True
+    base: PositiveFloat = Field(10.0, description="the initial frequencies' base (timm's rope_temperature; RoPE-Mixed: 10)")
+    indexing: Literal["xy", "ij"] = Field(
+        "xy", description="which coordinate each frequency table multiplies: xy, freqs[0] the column and freqs[1] the "
+        "row (timm's rope_grid_indexing='xy', RoPE-ViT's checkpoints); ij, freqs[0] the row"
+    )
+
+    def problems(self, *, d_model: int, head_dim: int, field: str) -> list[str]:
+        if head_dim % 4:
+            return [f"{field}.kind: rope2d_mixed starts from magnitudes for every fourth dimension, so the query/key "
+                    f"head size must be divisible by 4, got {head_dim}; change n_heads or set block.attention.head_dim"]
+        return []
+
+
 class AlibiSpec(PositionSpec):
     """Linear biases on attention scores (Press et al. 2022)."""
 
@@ -269,4 +297,5 @@ AnyPosition = Annotated[ComponentSpec, Dispatch("position")]
 register_specs("position", PositionSpec, {"none": NoPositionSpec, "sinusoidal": SinusoidalSpec, "learned": LearnedSpec,
                                           "rope": RopeSpec, "alibi": AlibiSpec, "relative_bias": RelativeBiasSpec,
                                           "relative_bias2d": RelativeBias2dSpec,
-                                          "sincos2d": SinCos2dSpec, "rope2d": Rope2dSpec})
+                                          "sincos2d": SinCos2dSpec, "rope2d": Rope2dSpec,
+                                          "rope2d_mixed": Rope2dMixedSpec})
