@@ -54,7 +54,7 @@ from zoo.interop.hf.mpnet import MPNet
 from zoo.interop.hf.clip import ClipText, ClipTextProjection, Siglip2Text, SiglipText
 from zoo.interop.hf.m2m100 import M2M100
 from zoo.interop.hf.deepseek import DeepseekV3
-from zoo.interop.hf.deberta_v2 import DebertaV2
+from zoo.interop.hf.deberta_v2 import DebertaV2, DebertaV2Classifier
 from zoo.interop.hf.qwen3_next import Qwen3Next
 from zoo.spec import FamilySpec, parse_spec
 
@@ -66,8 +66,9 @@ _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, 
                Mixtral, Qwen2Moe, Qwen3Moe, Olmoe, StableLm, Granite, Cohere, SmolLM3, T5, Roberta, XLMRoberta, DistilBert,
                ModernBert, Olmo, Nemotron)
 _WITH_HEADS += (Electra, Albert, MPNet, M2M100, GptOss, DeepseekV3, Llama4, DebertaV2, Qwen3Next)
+_CLASSIFIERS = (DebertaV2Classifier,)  # *ForSequenceClassification: head none, a classifier
 _TOWERS = (ClipText, ClipTextProjection, SiglipText, Siglip2Text)  # text towers: head none, a pooled output
-_ALL = (*_WITH_HEADS, *_TOWERS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
+_ALL = (*_WITH_HEADS, *_CLASSIFIERS, *_TOWERS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name and base
     raise TypeError(f"two converters name one HF class among {[a.name for a in _ALL]}")
