@@ -4,11 +4,14 @@
         [-> dropout -> linear -> activation [-> norm]] -> dropout -> linear -> logits [B, num_labels]
 
 The state-dict names: ``pooler.0`` (the pooler's linear), ``pooler.2`` (its norm, where it has one),
-``out`` (the linear to the labels). Shapes: B batch, T tokens, D model width.
+``out`` (the linear to the labels). A row whose first slot is padding is refused where the first
+token is pooled: HF's reference classifies the padding token's state, computed with the token hidden
+from itself, where zoo's lets a padding token attend to itself. Shapes: B batch, T tokens, D model width.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from zoo.components.dropout import Dropout
@@ -44,6 +47,10 @@ class Classifier(nn.Module, SummaryPart):
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:  # (B, T, D) -> (B, num_labels)
         if not self.mean:
+            if padding_mask is not None and not torch.compiler.is_compiling() and not bool(padding_mask[:, 0].all()):
+                row = int((~padding_mask[:, 0].bool()).nonzero()[0])
+                raise ValueError(f"padding_mask: the classifier pools the first token, a padding token in row {row}; "
+                                 f"pad on the right (or set classifier.pool: mean)")
             pooled = x[:, 0]
         elif padding_mask is None:
             pooled = x.mean(1)

@@ -21,7 +21,7 @@ from zoo.interop.hf.table import Derived, Entry, Fixed, apply_read, table, table
 from zoo.interop.hf.traits import who
 from zoo.spec import FamilySpec, LMHeadSpec
 
-__all__ = ["HF_ACTIVATIONS", "SequenceClassifier", "activation", "dropout", "labels", "sequence_classifier"]
+__all__ = ["HF_ACTIVATIONS", "SequenceClassifier", "activation", "dropout", "fixed_pooler", "labels", "sequence_classifier"]
 
 # HF's activation names <-> ClassifierSpec.activation
 HF_ACTIVATIONS = {"tanh": "tanh", "gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
@@ -136,12 +136,13 @@ class SequenceClassifier(Architecture):
 
 def sequence_classifier(lm: type[Architecture], name: str, *entries: Entry | tuple, dense: str | None, out: str = "classifier",
                         norm: str | None = None) -> type[Architecture]:
-    """The converter of HF's class ``name``: ``lm``'s table and :func:`labels` with the head's ``entries``
-    (its dropout, its activation, ...); the tensors as :class:`SequenceClassifier` says."""
-    entries_ = table(lm.table, labels(), *entries)
-    claims = {p: claim for p, claim in table_claims(entries_).items() if p.split(".")[0] != "head"}
-    claims |= {"head.kind": one_of("none")}
-    attrs = {"name": name, "lm": lm, "base": None, "table": entries_, "claims": claims, "dense": dense, "out": out,
+    """The converter of HF's class ``name``: ``lm``'s table and claims (but the LM head's) with
+    :func:`labels` and the head's ``entries`` (its dropout, its activation, ...); the tensors as
+    :class:`SequenceClassifier` says."""
+    head = table(labels(), *entries)
+    claims = {p: claim for p, claim in lm.claims.items() if p.split(".")[0] != "head"}
+    claims |= table_claims(head) | {"head.kind": one_of("none")}
+    attrs = {"name": name, "lm": lm, "base": None, "table": table(lm.table, head), "claims": claims, "dense": dense, "out": out,
              "norm": norm, "__module__": lm.__module__,
              "__doc__": f"{name}: {lm.name}'s backbone with a classifier (:class:`SequenceClassifier`)."}
     return type(name.replace("ForSequenceClassification", "Classifier"), (SequenceClassifier, lm), attrs)
