@@ -198,6 +198,8 @@ CLASSIFIER_OF = {  # HF class -> (its masked-LM class, what its config sets besi
     "ElectraForSequenceClassification": ("ElectraForMaskedLM", dict(num_labels=1, problem_type="regression")),
     "DistilBertForSequenceClassification": ("DistilBertForMaskedLM", dict(_LABELS, seq_classif_dropout=0.3)),
     "AlbertForSequenceClassification": ("AlbertForMaskedLM", dict(_LABELS, classifier_dropout_prob=0.15)),
+    "ModernBertForSequenceClassification": ("ModernBertForMaskedLM", dict(_LABELS, classifier_pooling="mean",
+                                                                         classifier_activation="silu", classifier_dropout=0.1)),
     "MPNetForSequenceClassification": ("MPNetForMaskedLM", dict(id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1})),
 }
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], **kw, "architectures": [name]})

@@ -36,7 +36,7 @@ class Classifier(nn.Module, SummaryPart):
         self.mean = spec.pool == "mean"
         self.pre_drop = Dropout(spec.pooler_dropout)
         if spec.pooler:
-            layers = [Linear(dim, dim), ACTIVATIONS[spec.activation]()]
+            layers = [Linear(dim, dim, bias=spec.pooler_bias), ACTIVATIONS[spec.activation]()]
             if spec.norm:
                 layers.append(registry("norm").builder(norm.kind)(norm, dim=dim))
             self.pooler = nn.Sequential(*layers)

@@ -7,7 +7,8 @@
 
 BERT's and ALBERT's pooler is linear and tanh; RoBERTa's and MPNet's head drops the first token before
 its dense layer too (``pooler_dropout``); ELECTRA's and DeBERTa's activation is GELU, DistilBERT's
-ReLU; ModernBERT's normalises the pooled vector (``norm``, the blocks' kind) and may pool the mean.
+ReLU; ModernBERT's normalises the pooled vector (``norm``, the blocks' kind), may leave out the
+dense layer's bias (``pooler_bias``) and may pool the mean.
 The labels' names (HF's ``id2label``), their ids where they are not the names' positions
 (``label2id``) and the loss a trainer takes (``problem_type``) travel with the spec: they change no
 logit, and an exported config states them as the checkpoint did."""
@@ -38,6 +39,7 @@ class ClassifierSpec(Spec):
                                          "or the mean of the real tokens' (mean: ModernBERT's classifier_pooling)")
     pooler_dropout: Rate = Field(0.0, description="dropout on the pooled vector before the pooler's linear (RoBERTa, "
                                  "ELECTRA, MPNet: their classifier dropout; DeBERTa's pooler_dropout)")
+    pooler_bias: bool = Field(True, description="a bias on the pooler's linear (ModernBERT's classifier_bias)")
     labels: list[str] | None = Field(None, description="the labels' names in id order (HF's id2label); null: "
                                      "LABEL_0, LABEL_1, ...")
     label_ids: dict[str, int] | None = Field(None, description="name -> id where it is not the labels' order (HF's "
@@ -55,7 +57,8 @@ class ClassifierSpec(Spec):
             problems.append("classifier.problem_type: single_label_classification needs num_labels >= 2; use "
                             "regression for one output")
         if not self.pooler:
-            changed = [f for f, default in (("activation", "tanh"), ("norm", False), ("pooler_dropout", 0.0))
+            changed = [f for f, default in (("activation", "tanh"), ("norm", False), ("pooler_dropout", 0.0),
+                                                                     ("pooler_bias", True))
                        if getattr(self, f) != default]
             if changed:
                 problems.append(f"classifier.{changed[0]}: belongs to the pooler, and pooler is false; set pooler: true "

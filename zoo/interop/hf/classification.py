@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from zoo.interop.claims import ANY, one_of
 from zoo.interop.common import Rule, unsupported
 from zoo.interop.hf.base import Architecture, require, weights
-from zoo.interop.hf.table import Derived, Entry, Fixed, apply_read, table, table_claims
+from zoo.interop.hf.table import Derived, Drop, Entry, Fixed, apply_read, table, table_claims
 from zoo.interop.hf.traits import who
 from zoo.spec import FamilySpec, LMHeadSpec
 
@@ -128,21 +128,21 @@ class SequenceClassifier(Architecture):
         c = s.classifier
         rules = super().rules(s)  # the backbone's: head none, no pooler of its own
         if c.pooler:
-            rules += weights("classifier.pooler.0", cls.dense)
+            rules += weights("classifier.pooler.0", cls.dense, bias=c.pooler_bias)
         if c.norm:
             rules += weights("classifier.pooler.2", cls.norm, bias=s.block.norm.bias)
         return rules + weights("classifier.out", cls.out)
 
 
-def sequence_classifier(lm: type[Architecture], name: str, *entries: Entry | tuple, dense: str | None, out: str = "classifier",
+def sequence_classifier(lm: type[Architecture], name: str, *entries: Entry | Drop | tuple, dense: str | None, out: str = "classifier",
                         norm: str | None = None) -> type[Architecture]:
     """The converter of HF's class ``name``: ``lm``'s table and claims (but the LM head's) with
-    :func:`labels` and the head's ``entries`` (its dropout, its activation, ...); the tensors as
-    :class:`SequenceClassifier` says."""
-    head = table(labels(), *entries)
+    :func:`labels` and the head's ``entries`` (its dropout, its activation, ...; a
+    :class:`~zoo.interop.hf.table.Drop` removes an entry of ``lm``'s that the head reads otherwise);
+    the tensors as :class:`SequenceClassifier` says."""
     claims = {p: claim for p, claim in lm.claims.items() if p.split(".")[0] != "head"}
-    claims |= table_claims(head) | {"head.kind": one_of("none")}
-    attrs = {"name": name, "lm": lm, "base": None, "table": table(lm.table, head), "claims": claims, "dense": dense, "out": out,
+    claims |= table_claims(table(labels(), *entries)) | {"head.kind": one_of("none")}
+    attrs = {"name": name, "lm": lm, "base": None, "table": table(lm.table, labels(), *entries), "claims": claims, "dense": dense, "out": out,
              "norm": norm, "__module__": lm.__module__,
              "__doc__": f"{name}: {lm.name}'s backbone with a classifier (:class:`SequenceClassifier`)."}
     return type(name.replace("ForSequenceClassification", "Classifier"), (SequenceClassifier, lm), attrs)

@@ -34,7 +34,7 @@ from zoo.interop.hf.llama import Llama
 from zoo.interop.hf.marian import Marian
 from zoo.interop.hf.mistral import Mistral
 from zoo.interop.hf.mixtral import Mixtral
-from zoo.interop.hf.modernbert import ModernBert
+from zoo.interop.hf.modernbert import ModernBert, ModernBertClassifier
 from zoo.interop.hf.nemotron import Nemotron
 from zoo.interop.hf.olmo import Olmo
 from zoo.interop.hf.olmo2 import Olmo2
@@ -67,7 +67,7 @@ _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, 
                ModernBert, Olmo, Nemotron)
 _WITH_HEADS += (Electra, Albert, MPNet, M2M100, GptOss, DeepseekV3, Llama4, DebertaV2, Qwen3Next)
 _CLASSIFIERS = (DebertaV2Classifier, BertClassifier, RobertaClassifier, XLMRobertaClassifier, ElectraClassifier,
-                DistilBertClassifier, AlbertClassifier, MPNetClassifier)  # *ForSequenceClassification: head none, a classifier
+                DistilBertClassifier, AlbertClassifier, MPNetClassifier, ModernBertClassifier)  # *ForSequenceClassification: head none, a classifier
 _TOWERS = (ClipText, ClipTextProjection, SiglipText, Siglip2Text)  # text towers: head none, a pooled output
 _ALL = (*_WITH_HEADS, *_CLASSIFIERS, *_TOWERS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
