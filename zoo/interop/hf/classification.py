@@ -134,16 +134,16 @@ class SequenceClassifier(Architecture):
         return rules + weights("classifier.out", cls.out)
 
 
-def sequence_classifier(lm: type[Architecture], name: str, *entries: Entry | Drop | tuple, dense: str | None, out: str = "classifier",
-                        norm: str | None = None) -> type[Architecture]:
+def sequence_classifier(lm: type[Architecture], name: str, *entries: Entry | Drop | tuple, dense: str | None,
+                        out: str = "classifier", norm: str | None = None) -> type[Architecture]:
     """The converter of HF's class ``name``: ``lm``'s table and claims (but the LM head's) with
     :func:`labels` and the head's ``entries`` (its dropout, its activation, ...; a
     :class:`~zoo.interop.hf.table.Drop` removes an entry of ``lm``'s that the head reads otherwise);
     the tensors as :class:`SequenceClassifier` says."""
     claims = {p: claim for p, claim in lm.claims.items() if p.split(".")[0] != "head"}
     claims |= table_claims(table(labels(), *entries)) | {"head.kind": one_of("none")}
-    attrs = {"name": name, "lm": lm, "base": None, "table": table(lm.table, labels(), *entries), "claims": claims, "dense": dense, "out": out,
-             "norm": norm, "__module__": lm.__module__,
+    attrs = {"name": name, "lm": lm, "base": None, "table": table(lm.table, labels(), *entries), "claims": claims,
+             "dense": dense, "out": out, "norm": norm, "__module__": lm.__module__,
              "__doc__": f"{name}: {lm.name}'s backbone with a classifier (:class:`SequenceClassifier`)."}
     return type(name.replace("ForSequenceClassification", "Classifier"), (SequenceClassifier, lm), attrs)
 
