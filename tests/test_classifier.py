@@ -114,3 +114,20 @@ def test_a_spec_file_with_a_classifier_loads_as_written(tmp_path):
     assert zoo.load(path).spec == spec
     with pytest.raises(SpecError, match="classifier.labels"):
         zoo.load_spec("bert-mini", [*TINY, "classifier={num_labels: 3, labels: [a]}"])
+
+
+@pytest.mark.parametrize("preset, name, classifier", [
+    ("deberta-v3-base", "DebertaV2ForSequenceClassification", "{num_labels: 3, activation: gelu}"),
+    ("electra-base-discriminator", "ElectraForSequenceClassification",
+     "{num_labels: 3, activation: gelu, pooler_dropout: 0.1}"),
+    ("modernbert-base", "ModernBertForSequenceClassification",
+     "{num_labels: 3, activation: gelu, norm: true, pooler_bias: false, dropout: 0.0}"),
+    ("albert-base-v2", "AlbertForSequenceClassification", "{num_labels: 3}"),
+])
+def test_a_real_size_classifier_has_its_hf_class_parameter_count(preset, name, classifier):
+    """On the meta device: the preset with a classifier, and the HF class built from the config zoo writes."""
+    spec = zoo.load_spec(preset, ["head=none", f"classifier={classifier}"])
+    model = zoo.build(spec, device="meta")
+    with torch.device("meta"):
+        ref = getattr(transformers, name)(hf_config(spec, name))
+    assert zoo.count_parameters(model) == sum(p.numel() for p in ref.parameters()) > 10_000_000
