@@ -69,7 +69,7 @@ GLOSSARY: dict[str, str] = {
     "LinearHeadSpec.num_classes": "size of the classification output",
     "LayerPattern.at": "the layers it selects",
     "ClassifierSpec.num_labels": "number of classes",
-    "ClassifierSpec.pooler": "linear + tanh on the first token before the classifier",
+    "ClassifierSpec.pooler": "a linear layer and its activation (tanh by default) on the pooled token before the classifier",
     "ClassifierSpec.dropout": "dropout before the classifier's linear",
     "AttentionSpec.kind": "mha (n_kv_heads = n_heads), gqa (n_kv_heads divides n_heads) or mqa (one key/value head)",
     "AttentionSpec.n_heads": "query heads H",

@@ -106,9 +106,10 @@ def load_data(cfg: ClassifyConfig) -> tuple[Labelled, Labelled, str]:
     return train, valid, source
 
 
-def build_model(cfg: ClassifyConfig, n_labels: int, train: Labelled, out: Path, dist, resume: bool):
-    """(classifier model, tokenizer, pad id, init report or None)."""
-    classifier = f"classifier={{num_labels: {n_labels}, dropout: {cfg.train.dropout}}}"
+def build_model(cfg: ClassifyConfig, names: list[str], train: Labelled, out: Path, dist, resume: bool):
+    """(classifier model, tokenizer, pad id, init report or None); the classifier names the labels
+    (what an HF export writes as ``id2label``)."""
+    classifier = f"classifier={{num_labels: {len(names)}, dropout: {cfg.train.dropout}, labels: {json.dumps(names)}}}"
     if cfg.init is not None:
         start = pretrained(cfg.init, families=("encoder",), recipe="classify.py", work_dir=out / "init", dist=dist,
                            overrides=[*cfg.model_overrides, classifier, "head=none"], seed=cfg.run.seed)
@@ -139,7 +140,7 @@ def train(cfg: ClassifyConfig, resume: str | None, dist) -> dict:
     names = sorted(set(train_data.labels))
     label_id = {n: i for i, n in enumerate(names)}
     seed_everything(cfg.run.seed)
-    encoder, tok, pad_id, start, tok_dir = build_model(cfg, len(names), train_data, out, dist, ckpt_path is not None)
+    encoder, tok, pad_id, start, tok_dir = build_model(cfg, names, train_data, out, dist, ckpt_path is not None)
     spec = encoder.spec
     max_len = min(cfg.data.max_len, spec.max_seq_len)
     train_enc = encode_labelled(tok, train_data, label_id, max_len)

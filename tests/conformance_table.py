@@ -196,6 +196,23 @@ HF_CONFIGS["Qwen3NextForCausalLM"] = ("Qwen3NextConfig", dict(
                                                                                  "partial_rotary_factor": 0.5}))
 BACKBONE_OF |= {"Qwen3NextModel": "Qwen3NextForCausalLM"}
 HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], "architectures": [name]}) for name, lm in BACKBONE_OF.items()}
+# sequence classifiers: their masked-LM class's config with labels named, a problem type, head dropouts of their own
+_LABELS = dict(id2label={0: "neg", 1: "neu", 2: "pos"}, label2id={"neg": 0, "neu": 1, "pos": 2})
+CLASSIFIER_OF = {  # HF class -> (its masked-LM class, what its config sets beside that one's)
+    "DebertaV2ForSequenceClassification": ("DebertaV2ForMaskedLM", dict(_LABELS, pooler_dropout=0.05, cls_dropout=0.2,
+                                                                       problem_type="multi_label_classification")),
+    "BertForSequenceClassification": ("BertForMaskedLM", dict(_LABELS, classifier_dropout=0.2)),
+    "RobertaForSequenceClassification": ("RobertaForMaskedLM", dict(_LABELS, classifier_dropout=0.0)),
+    "XLMRobertaForSequenceClassification": ("XLMRobertaForMaskedLM", dict(num_labels=4)),
+    "ElectraForSequenceClassification": ("ElectraForMaskedLM", dict(num_labels=1, problem_type="regression")),
+    "DistilBertForSequenceClassification": ("DistilBertForMaskedLM", dict(_LABELS, seq_classif_dropout=0.3)),
+    "AlbertForSequenceClassification": ("AlbertForMaskedLM", dict(_LABELS, classifier_dropout_prob=0.15)),
+    "ModernBertForSequenceClassification": ("ModernBertForMaskedLM", dict(_LABELS, classifier_pooling="mean",
+                                                                         classifier_activation="silu", classifier_dropout=0.1)),
+    "MPNetForSequenceClassification": ("MPNetForMaskedLM", dict(id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1})),
+}
+HF_CONFIGS |= {name: (HF_CONFIGS[lm][0], {**HF_CONFIGS[lm][1], **kw, "architectures": [name]})
+               for name, (lm, kw) in CLASSIFIER_OF.items()}
 
 TIMM_CONFIGS = {  # timm class -> its arguments
     "VisionTransformer": dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5),

@@ -189,6 +189,8 @@ def candidates(cls: type, field: str, value: Any) -> list[Any]:
                     [{"at": -1, "block": {"ffn": {"kind": "moe", "n_experts": 3, "top_k": 2, "expert": {"kind": "swiglu", "hidden": 8}}}}]]
         elif origin is list:
             out += [[8], [8, 8]] + ([[2 * v for v in value]] if value else [])
+        elif origin is dict:  # a mapping of names to numbers (a classifier's label ids)
+            out.append({"x": 0})
         elif isinstance(t, type) and issubclass(t, Spec) and value is None:
             out.append({"channels": [8]} if "channels" in t.model_fields else {})
     if type(None) in types and value is not None:

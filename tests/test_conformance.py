@@ -6,7 +6,9 @@ random, fp32, eval mode), is checked for:
 - the weight round trip: reference -> zoo -> reference gives back the same state dict, bit for bit;
 - outputs both ways: the converted zoo model, and the reference converted back from it, give the
   reference's logits (or hidden states, or a ViT's classes) within 1e-4 at real tokens, unpadded and
-  with right and left padding where the class takes a mask (tests/conformance_checks.py);
+  with right and left padding where the class takes a mask (tests/conformance_checks.py); a sequence
+  classifier's logits (``model.classify``) row by row, a row whose first slot is padding refused by
+  zoo where the first token is pooled;
 - cached greedy decoding: ``zoo.generate`` equals the reference's ``generate(do_sample=False)`` for
   the classes that generate (decoders with a head, encoder-decoders: these untied, as a tied random
   one repeats its last token), unpadded and padded, past the windows; and beam search (4 beams;
@@ -50,7 +52,7 @@ pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("aten_linears")]
 
 # to_hf's class where it is not the reference's: the first that computes the spec
 DEFAULT_CLASS = {"XLMRobertaForMaskedLM": "RobertaForMaskedLM", "XLMRobertaModel": "RobertaModel",
-                 "Siglip2TextModel": "SiglipTextModel"}
+                 "Siglip2TextModel": "SiglipTextModel", "XLMRobertaForSequenceClassification": "RobertaForSequenceClassification"}
 # the classes that generate: decoders with a head, encoder-decoders
 GENERATORS = [n for n in HF_CONFIGS if n.endswith(("ForCausalLM", "LMHeadModel"))
               or (table_config(n).is_encoder_decoder and n not in BACKBONE_OF)]

@@ -122,7 +122,7 @@ def test_classify_from_scratch_on_text_pairs(tmp_path, capsys):
     exported = tmp_path / "out" / "model"
     model = zoo.load(exported / "model.safetensors")
     assert model.spec.type_vocab_size == 2 and model.spec.classifier.num_labels == 2
-    assert json.loads((exported / "labels.json").read_text()) == ["False", "True"]
+    assert json.loads((exported / "labels.json").read_text()) == ["False", "True"] == model.spec.classifier.labels
     from tokenizers import Tokenizer
 
     enc = Tokenizer.from_file(str(exported / "tokenizer.json")).encode("small", "large")

@@ -8,7 +8,8 @@ field added to zoo later can never be exported silently to a class that computes
 
 Paths are dotted spec paths (``block.attention.window``); a claim on a path covers everything under
 it. ``name`` and ``init`` never change what a converted model computes (its weights are copied), so
-they are free.
+they are free. An optional part (null by default) whose fields the claims name is walked field by
+field against its class's defaults (the claims of an encoder's ``classifier.*``).
 """
 
 from __future__ import annotations
@@ -99,12 +100,23 @@ def _unclaimed(value: Any, default: Any, path: str, claims: Claims) -> Iterable[
         return
     if path.split(".")[0] in FREE or _dump(value) == _dump(default):
         return
+    if isinstance(value, Spec) and default is None and any(k.startswith(path + ".") for k in claims):
+        default = _part_default(value)  # an optional part the claims reach into (an encoder's classifier)
     if isinstance(value, Spec) and isinstance(default, Spec):  # a part: the fields that differ
         for field in type(value).model_fields:
             child = f"{path}.{field}" if path else field
             yield from _unclaimed(getattr(value, field), _default_of(value, field, default), child, claims)
         return
     yield path, value, ""
+
+
+def _part_default(value: Spec) -> Spec | None:
+    """The defaults of ``value``'s class, where every field has one: what an optional part's fields
+    are compared with once it is set."""
+    try:
+        return type(value)()
+    except ValueError:
+        return None
 
 
 def claims_family(claims: Claims, family: str) -> bool:

@@ -16,7 +16,9 @@ without any classifier (sentence-embedding and retrieval checkpoints keep the pr
 so a zoo model of such a checkpoint has a pooler and no labels to classify into; a ``classifier``
 with ``num_labels`` would invent a layer the checkpoint lacks. The classifier keeps its own pooler
 (``classifier.pooler``), which fine-tuning recipes train with the classifier; the state-dict names
-differ (``pooler.dense.*`` here, HF's names; ``classifier.pooler.0.*`` there).
+differ (``pooler.dense.*`` here, HF's names; ``classifier.pooler.0.*`` there). The classifier
+(:mod:`zoo.components.classifier`) is what HF's ``*ForSequenceClassification`` heads compute: BERT's
+pooler and ALBERT's, RoBERTa's and ELECTRA's head, DeBERTa's ContextPooler, DistilBERT's, ModernBERT's.
 
 Shapes: B batch, T tokens, D model width, V vocabulary.
 """
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.components import parts
+from zoo.components.classifier import Classifier
 from zoo.components.dropout import Dropout
 from zoo.components.linear import Linear
 from zoo.models.common import (
@@ -43,21 +46,6 @@ from zoo.models.family import Family
 from zoo.protocols import SummaryPart
 from zoo.registry import register
 from zoo.spec import EncoderSpec
-
-
-class Classifier(nn.Module, SummaryPart):
-    """First token [-> linear -> tanh (BERT's pooler)] -> dropout -> linear to the labels."""
-
-    summary_part = "head"
-
-    def __init__(self, dim: int, num_labels: int, *, pooler: bool, dropout: float) -> None:
-        super().__init__()
-        self.pooler = nn.Sequential(Linear(dim, dim), nn.Tanh()) if pooler else nn.Identity()
-        self.drop = Dropout(dropout)
-        self.out = Linear(dim, num_labels)
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, num_labels)
-        return self.out(self.drop(self.pooler(x[:, 0])))
 
 
 class Pooler(nn.Module, SummaryPart):
@@ -99,7 +87,7 @@ class Encoder(Family):
         p = spec.projection
         self.projection = Linear(d, p.dim, bias=p.bias) if p is not None else None
         c = spec.classifier
-        self.classifier = Classifier(d, c.num_labels, pooler=c.pooler, dropout=c.dropout) if c else None
+        self.classifier = Classifier(c, d, spec.block.norm) if c else None
         init_weights(self, spec)
 
     def encode(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None, *,
@@ -135,7 +123,7 @@ class Encoder(Family):
     def classify(self, tokens: Tensor, padding_mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         if self.classifier is None:
             raise ValueError("classify: this encoder has no classification head; set classifier: {num_labels: N} in its spec")
-        return self.classifier(self.encode(tokens, padding_mask, token_types))
+        return self.classifier(self.encode(tokens, padding_mask, token_types), padding_mask)
 
     def hidden_states_refused(self) -> str | None:
         return None
@@ -157,8 +145,8 @@ class Encoder(Family):
         return y if self.projection is None else self.projection(y)
 
     def flops(self, seq: int) -> int:
-        """The family's FLOPs, and the pooled output's projection (once a sample)."""
-        return super().flops(seq) + parts.flops(self.projection, 1)
+        """The family's FLOPs, and the pooled output's projection and the classifier (once a sample each)."""
+        return super().flops(seq) + parts.flops(self.projection, 1) + parts.flops(self.classifier, 1)
 
 
 @register("family", "encoder")

@@ -11,6 +11,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from zoo.registry import registry
 from zoo.spec.base import Dispatch, Rate, Spec, register_specs
+from zoo.spec.classifier import ClassifierSpec
 from zoo.spec.blocks import AnyBlock, BlockSpec, Layer, LayerPattern, PreBlockSpec, layer_key, resolve
 from zoo.spec.pooling import ProjectionSpec, pool_problems
 from zoo.spec.sharing import factorised_problems, shared_layers_field, sharing_problems, weight_layers
@@ -272,15 +273,6 @@ class DecoderSpec(TextSpec):
     family: Literal["decoder"] = "decoder"
     shared_layers: PositiveInt | None = shared_layers_field()
     init: InitSpec = Field(default_factory=lambda: InitSpec(scheme="normal", std=0.02, scaled_residual=True))
-
-
-class ClassifierSpec(Spec):
-    """Sequence classification: pool the first token (optionally through a tanh ``pooler`` linear,
-    as BERT), dropout, linear to ``num_labels``."""
-
-    num_labels: PositiveInt = 2
-    pooler: bool = True
-    dropout: Rate = 0.1
 
 
 class EncoderSpec(TextSpec):

@@ -16,7 +16,11 @@ Refused by name: ``inner_group_num`` other than 1 (several layers per group, whi
 pattern does not express), a ``hidden_act`` that is not a GELU (the head applies it, and zoo's head
 has GELU only), and ``hidden_dropout_prob`` other than 0 (ALBERT drops the embeddings and the
 attention's output but not the FFN's, where zoo's ``dropout.residual`` drops both; the v2 releases
-train without dropout)."""
+train without dropout).
+
+``AlbertForSequenceClassification`` <-> ``head: none`` with a ``classifier``
+(:mod:`zoo.interop.hf.classification`): the backbone's pooler (dense, tanh), dropout
+(``classifier_dropout_prob``), the linear ``classifier``."""
 
 from __future__ import annotations
 
@@ -28,13 +32,14 @@ from torch import Tensor, nn
 from zoo.interop.claims import ANY, one_of
 from zoo.interop.common import Rule, unsupported
 from zoo.interop.hf.base import require, fused, weights
+from zoo.interop.hf.classification import dropout, fixed_pooler, sequence_classifier
 from zoo.interop.hf.bert import BERT, Bert, bert_embeddings
 from zoo.interop.hf.electra import factorised
 from zoo.interop.hf.table import Derived, Drop, Refuse, table
 from zoo.interop.hf.traits import who
 from zoo.spec import FamilySpec
 
-__all__ = ["Albert"]
+__all__ = ["Albert", "AlbertClassifier"]
 
 _GELUS = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
@@ -124,3 +129,8 @@ class Albert(Bert):
     @classmethod
     def extra_to(cls, state: Mapping[str, Tensor], s: FamilySpec, shapes: dict) -> dict[str, Tensor]:
         return {"predictions.bias": state["head.proj.bias"].detach()} if s.head.kind == "mlm" else {}
+
+
+# the backbone's pooler (dense, tanh), dropout, the labels' linear
+AlbertClassifier = sequence_classifier(Albert, "AlbertForSequenceClassification", fixed_pooler("tanh"),
+                                       dropout("classifier_dropout_prob", fallback=None), dense="albert.pooler")

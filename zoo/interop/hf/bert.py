@@ -1,7 +1,9 @@
 """BERT: ``BertForMaskedLM`` <-> a zoo encoder (Post-Norm, masked-LM head); its backbone ``BertModel``
 (what sentence-embedding, retrieval and reranking checkpoints ship) <-> the same encoder with
 ``head: none``, and with HF's pooler (``add_pooling_layer``, the default) as ``pooler: true``
-(:class:`~zoo.interop.hf.base.Headless`)."""
+(:class:`~zoo.interop.hf.base.Headless`); ``BertForSequenceClassification`` <-> ``head: none`` with a
+``classifier`` (:mod:`zoo.interop.hf.classification`): the pooler's dense layer and tanh, dropout
+(``classifier_dropout``, else ``hidden_dropout_prob``), the linear ``classifier``."""
 
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ from torch import Tensor, nn
 from zoo.interop.claims import ANY, one_of
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.hf.base import Architecture, fused, require, weights
+from zoo.interop.hf.classification import dropout, fixed_pooler, sequence_classifier
 from zoo.interop.hf.table import Check, Claim, Derived, Field, Fixed, Refuse, table
 from zoo.interop.hf.traits import hidden_dropout, layernorm, mha
 from zoo.spec import FamilySpec
 
-__all__ = ["BERT", "Bert", "bert_layers"]
+__all__ = ["BERT", "Bert", "BertClassifier", "bert_layers"]
 
 
 
@@ -119,3 +122,8 @@ def bert_layers(s: FamilySpec, prefix: str) -> list[Rule]:
             *weights(f"{z}.ffn_norm", f"{h}.output.LayerNorm"),
         ]
     return rules
+
+
+# the backbone's pooler (dense, tanh), dropout, the labels' linear
+BertClassifier = sequence_classifier(Bert, "BertForSequenceClassification", fixed_pooler("tanh"), dropout("classifier_dropout"),
+                                     dense="bert.pooler.dense")

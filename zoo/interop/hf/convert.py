@@ -20,9 +20,9 @@ from zoo.interop.common import (
 )
 from zoo.interop.hf.bart import Bart, MBart
 from zoo.interop.hf.base import Architecture
-from zoo.interop.hf.bert import Bert
+from zoo.interop.hf.bert import Bert, BertClassifier
 from zoo.interop.hf.cohere import Cohere
-from zoo.interop.hf.distilbert import DistilBert
+from zoo.interop.hf.distilbert import DistilBert, DistilBertClassifier
 from zoo.interop.hf.gemma import Gemma
 from zoo.interop.hf.gemma2 import Gemma2
 from zoo.interop.hf.gemma3 import Gemma3
@@ -34,7 +34,7 @@ from zoo.interop.hf.llama import Llama
 from zoo.interop.hf.marian import Marian
 from zoo.interop.hf.mistral import Mistral
 from zoo.interop.hf.mixtral import Mixtral
-from zoo.interop.hf.modernbert import ModernBert
+from zoo.interop.hf.modernbert import ModernBert, ModernBertClassifier
 from zoo.interop.hf.nemotron import Nemotron
 from zoo.interop.hf.olmo import Olmo
 from zoo.interop.hf.olmo2 import Olmo2
@@ -47,14 +47,14 @@ from zoo.interop.hf.smollm3 import SmolLM3
 from zoo.interop.hf.llama4 import Llama4
 from zoo.interop.hf.stablelm import StableLm
 from zoo.interop.hf.t5 import T5
-from zoo.interop.hf.roberta import Roberta, XLMRoberta
-from zoo.interop.hf.electra import Electra
-from zoo.interop.hf.albert import Albert
-from zoo.interop.hf.mpnet import MPNet
+from zoo.interop.hf.roberta import Roberta, RobertaClassifier, XLMRoberta, XLMRobertaClassifier
+from zoo.interop.hf.electra import Electra, ElectraClassifier
+from zoo.interop.hf.albert import Albert, AlbertClassifier
+from zoo.interop.hf.mpnet import MPNet, MPNetClassifier
 from zoo.interop.hf.clip import ClipText, ClipTextProjection, Siglip2Text, SiglipText
 from zoo.interop.hf.m2m100 import M2M100
 from zoo.interop.hf.deepseek import DeepseekV2, DeepseekV3
-from zoo.interop.hf.deberta_v2 import DebertaV2
+from zoo.interop.hf.deberta_v2 import DebertaV2, DebertaV2Classifier
 from zoo.interop.hf.qwen3_next import Qwen3Next
 from zoo.spec import FamilySpec, parse_spec
 
@@ -67,8 +67,10 @@ _WITH_HEADS = (GPT2, Bert, Llama, Marian, Bart, MBart, Mistral, Qwen2, GPTNeoX, 
                ModernBert, Olmo, Nemotron)
 _WITH_HEADS += (Electra, Albert, MPNet, M2M100, GptOss, DeepseekV3, Llama4, DebertaV2, Qwen3Next)
 _WITH_HEADS += (DeepseekV2,)
+_CLASSIFIERS = (DebertaV2Classifier, BertClassifier, RobertaClassifier, XLMRobertaClassifier, ElectraClassifier,
+                DistilBertClassifier, AlbertClassifier, MPNetClassifier, ModernBertClassifier)  # *ForSequenceClassification: head none, a classifier
 _TOWERS = (ClipText, ClipTextProjection, SiglipText, Siglip2Text)  # text towers: head none, a pooled output
-_ALL = (*_WITH_HEADS, *_TOWERS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
+_ALL = (*_WITH_HEADS, *_CLASSIFIERS, *_TOWERS, *(a.headless() for a in _WITH_HEADS if a.base is not None))
 ARCHS: dict[str, type[Architecture]] = {a.name: a for a in _ALL}
 if len(ARCHS) != len(_ALL):  # a converter bug: a subclass must set its own name and base
     raise TypeError(f"two converters name one HF class among {[a.name for a in _ALL]}")

@@ -18,8 +18,14 @@ besides the relative table), ``conv_kernel_size`` (v2-xlarge's convolution besid
 exact GELU (``hidden_act: gelu``), LayerNorm, the decoder tied to the embeddings with its bias.
 Distances are between zoo's positions (real tokens counted) where HF's are between slots: the same
 between the real tokens of a row padded on one side. HF zeroes padding tokens' embeddings, which
-no real token reads. ``DebertaV2ForSequenceClassification`` is not converted: its pooler's
-activation (``pooler_hidden_act``, GELU) is not zoo classifier's tanh."""
+no real token reads.
+
+``DebertaV2ForSequenceClassification`` <-> the same encoder with ``head: none`` and a ``classifier``
+(:mod:`zoo.interop.hf.classification`): its ContextPooler drops the first token
+(``pooler_dropout``: ``classifier.pooler_dropout``), maps it with ``pooler.dense`` and
+``pooler_hidden_act`` (``classifier.activation``, exact GELU by default), then ``cls_dropout`` (else
+``hidden_dropout_prob``) and the linear ``classifier``. Refused: ``pooler_hidden_size`` other than
+``hidden_size`` (the classifier reads hidden_size features)."""
 
 from __future__ import annotations
 
@@ -29,11 +35,12 @@ from zoo.interop.claims import ANY, one_of
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.hf.base import require, weights
 from zoo.interop.hf.bert import BERT, Bert
-from zoo.interop.hf.table import Derived, Drop, Refuse, table
+from zoo.interop.hf.classification import activation, dropout, sequence_classifier
+from zoo.interop.hf.table import Derived, Drop, Field, Fixed, Refuse, table
 from zoo.interop.hf.traits import who
 from zoo.spec import FamilySpec
 
-__all__ = ["DebertaV2"]
+__all__ = ["DebertaV2", "DebertaV2Classifier"]
 
 _TERMS = ("c2p", "p2c")
 
@@ -147,3 +154,19 @@ class DebertaV2(Bert):
         q = "cls.predictions"
         return rules + [*weights("head.transform.0", f"{q}.transform.dense"),
                         *weights("head.transform.2", f"{q}.transform.LayerNorm"), *weights("head.proj", f"{q}.decoder")]
+
+
+def _pooler_size(c: Any, where: str) -> dict:
+    size = getattr(c, "pooler_hidden_size", c.hidden_size)
+    require(size == c.hidden_size, where, "pooler_hidden_size", size,
+            f"the classifier reads hidden_size ({c.hidden_size}) features, so the pooler is hidden_size wide")
+    return {}
+
+
+# the ContextPooler: dropout, dense, pooler_hidden_act; then cls_dropout and the labels' linear
+DebertaV2Classifier = sequence_classifier(
+    DebertaV2, "DebertaV2ForSequenceClassification",
+    Fixed("classifier.pooler", True, why="the ContextPooler's dense layer and activation (pooler: true)"),
+    activation("pooler_hidden_act"), Field("pooler_dropout", "classifier.pooler_dropout"), dropout("cls_dropout"),
+    Derived("pooler_hidden_size", _pooler_size, lambda s, where: {}),
+    dense="pooler.dense")

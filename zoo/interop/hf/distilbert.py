@@ -9,7 +9,11 @@ HF reads like a learned one: it converts as a learned table holding those values
 
 Dropout: DistilBERT drops the embeddings and the FFN's output (``dropout``) but not the attention's
 output; zoo's ``dropout.residual`` drops both sub-layers' outputs, so a model converted with
-``dropout`` above 0 trains with the attention's output dropped too (evaluation is the same)."""
+``dropout`` above 0 trains with the attention's output dropped too (evaluation is the same).
+
+``DistilBertForSequenceClassification`` <-> ``head: none`` with a ``classifier``
+(:mod:`zoo.interop.hf.classification`): the first token through ``pre_classifier`` and ReLU,
+dropout (``seq_classif_dropout``), the linear ``classifier``."""
 
 from __future__ import annotations
 
@@ -17,12 +21,13 @@ from typing import Any
 
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.hf.base import Architecture, fused, weights
+from zoo.interop.hf.classification import dropout, fixed_pooler, sequence_classifier
 from zoo.interop.hf.bert import BERT
 from zoo.interop.hf.table import Check, Derived, Drop, Field, Fixed, Tokens, find, table
 from zoo.interop.hf.traits import hidden_dropout, mha
 from zoo.spec import FamilySpec
 
-__all__ = ["DistilBert"]
+__all__ = ["DistilBert", "DistilBertClassifier"]
 
 EPS = 1e-12  # DistilBERT's LayerNorms, fixed in its code
 
@@ -72,3 +77,8 @@ class DistilBert(Architecture):
             return rules
         return rules + [*weights("head.transform.0", "vocab_transform"), *weights("head.transform.2", "vocab_layer_norm"),
                         *weights("head.proj", "vocab_projector")]
+
+
+# pre_classifier, ReLU, dropout, classifier
+DistilBertClassifier = sequence_classifier(DistilBert, "DistilBertForSequenceClassification", fixed_pooler("relu"),
+                                           dropout("seq_classif_dropout", fallback=None), dense="pre_classifier")

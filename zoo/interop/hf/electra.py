@@ -11,7 +11,11 @@ hidden states to ``embedding_size`` (``generator_predictions.dense``), applies e
 zoo's mlm head with its transform to ``embedding.dim``.
 
 ``ElectraForPreTraining`` (the discriminator with its head: a dense layer, ``hidden_act`` and a
-one-unit projection per token) is not converted: zoo has no such head."""
+one-unit projection per token) is not converted: zoo has no such head.
+``ElectraForSequenceClassification`` <-> ``head: none`` with a ``classifier``
+(:mod:`zoo.interop.hf.classification`): the head ``classifier`` drops the first token, maps it with
+``dense`` and exact GELU (whatever ``hidden_act`` is), drops it again (both at ``classifier_dropout``,
+else ``hidden_dropout_prob``) and ``out_proj``."""
 
 from __future__ import annotations
 
@@ -20,12 +24,13 @@ from typing import Any
 from zoo.interop.claims import ANY
 from zoo.interop.common import Rule
 from zoo.interop.hf.base import require, weights
+from zoo.interop.hf.classification import dropout, fixed_pooler, sequence_classifier
 from zoo.interop.hf.bert import BERT, Bert, bert_embeddings, bert_layers
 from zoo.interop.hf.table import Derived, Drop, Fixed, table
 from zoo.interop.hf.traits import two_layer_ffn, who
 from zoo.spec import FamilySpec
 
-__all__ = ["ACTS", "Electra", "factorised"]
+__all__ = ["ACTS", "Electra", "ElectraClassifier", "factorised"]
 
 # zoo's two-layer FFNs <-> HF's activation names
 ACTS = {("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_new", ("relu", "none"): "relu", ("silu", "none"): "silu"}
@@ -84,3 +89,9 @@ class Electra(Bert):
     @classmethod
     def extra_to(cls, state, s, shapes) -> dict:
         return {}
+
+
+# ElectraClassificationHead: dropout, dense, exact GELU, dropout, out_proj
+ElectraClassifier = sequence_classifier(Electra, "ElectraForSequenceClassification", fixed_pooler("gelu"),
+                                        dropout("classifier_dropout", pooler=True), dense="classifier.dense",
+                                        out="classifier.out_proj")

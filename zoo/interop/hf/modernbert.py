@@ -15,7 +15,15 @@ GELU and a norm, then the decoder (``decoder_bias``), tied to the embedding::
              {at: [1, 2, 4, 5, ...], block: {attention: {window: 128}}, position: {kind: rope, base: 10000.0}}]
 
 HF numbers positions 0, 1, ... along the padded row (eager and SDPA attention; its flash-attention
-path unpads), zoo counts real tokens: the same for right padding."""
+path unpads), zoo counts real tokens: the same for right padding.
+
+``ModernBertForSequenceClassification`` <-> ``head: none`` with a ``classifier``
+(:mod:`zoo.interop.hf.classification`): the first token or the real tokens' mean
+(``classifier_pooling``: ``classifier.pool``), the head's ``dense`` (with a bias where
+``classifier_bias``: ``classifier.pooler_bias``), ``classifier_activation`` (any of zoo's classifier
+activations here: ``classifier.activation``) and ``norm`` (the blocks' LayerNorm: ``classifier.norm``),
+dropout (``classifier_dropout``) and the linear ``classifier``. Its config's ``decoder_bias`` is the
+masked-LM head's, which it has not: written as HF's default."""
 
 from __future__ import annotations
 
@@ -24,11 +32,12 @@ from typing import Any
 from zoo.interop.claims import ANY, one_of
 from zoo.interop.common import Rule, unsupported
 from zoo.interop.hf.base import Architecture, require, weights
-from zoo.interop.hf.table import Derived, Field, Fixed, Refuse, Tokens, table
+from zoo.interop.hf.classification import activation, dropout, sequence_classifier
+from zoo.interop.hf.table import Derived, Drop, Field, Fixed, Refuse, Tokens, table
 from zoo.interop.hf.traits import gated_ffn, mha, one_bias
 from zoo.spec import FamilySpec
 
-__all__ = ["ModernBert"]
+__all__ = ["ModernBert", "ModernBertClassifier"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -135,3 +144,13 @@ class ModernBert(Architecture):
             return rules
         return rules + [*weights("head.transform.0", "head.dense", bias=s.head.transform_bias),
                         *weights("head.transform.2", "head.norm", bias=n), *weights("head.proj", "decoder", bias=s.head.bias)]
+
+
+# the first token or the mean, dense, classifier_activation, the blocks' norm, dropout, the labels' linear
+ModernBertClassifier = sequence_classifier(
+    ModernBert, "ModernBertForSequenceClassification", Drop("classifier"), Drop("head"),
+    Fixed("classifier.pooler", True, why="the head's dense layer, activation and norm (pooler: true)"),
+    Fixed("classifier.norm", True, why="the head's norm after its activation (norm: true)"),
+    activation("classifier_activation"), Field("classifier_bias", "classifier.pooler_bias"),
+    Field("classifier_pooling", "classifier.pool"), dropout("classifier_dropout", fallback=None),
+    dense="head.dense", norm="head.norm")

@@ -14,7 +14,11 @@ refused. The relative distances are the token slots' (HF's) where zoo's are the 
 same between the real tokens of a row padded on one side, which are all that attend to each other.
 
 The head (``lm_head``): dense, exact GELU, LayerNorm, the decoder tied to the embeddings with its
-bias (``lm_head.bias``, tied to the decoder's)."""
+bias (``lm_head.bias``, tied to the decoder's).
+
+``MPNetForSequenceClassification`` <-> ``head: none`` with a ``classifier``
+(:mod:`zoo.interop.hf.classification`): RoBERTa's head (dropout, ``dense``, tanh, dropout,
+``out_proj``), both dropouts at ``hidden_dropout_prob``, the blocks' rate."""
 
 from __future__ import annotations
 
@@ -23,13 +27,14 @@ from typing import Any
 from zoo.interop.claims import ANY
 from zoo.interop.common import Rule, rule, unsupported
 from zoo.interop.hf.base import fused, require, weights
+from zoo.interop.hf.classification import dropout, fixed_pooler, sequence_classifier
 from zoo.interop.hf.bert import BERT
 from zoo.interop.hf.roberta import Roberta
 from zoo.interop.hf.table import Derived, Drop, Fixed, Tokens, table
 from zoo.interop.hf.traits import who
 from zoo.spec import FamilySpec
 
-__all__ = ["MPNet"]
+__all__ = ["MPNet", "MPNetClassifier"]
 
 PAD = 1  # MPNetEmbeddings' padding_idx, fixed
 BUCKETS, DISTANCE = 32, 128  # what HF's compute_position_bias uses
@@ -99,3 +104,8 @@ class MPNet(Roberta):
             return rules
         return rules + [*weights("head.transform.0", "lm_head.dense"), *weights("head.transform.2", "lm_head.layer_norm"),
                         *weights("head.proj", "lm_head.decoder")]
+
+
+# RoBERTa's head, its dropout the blocks' (hidden_dropout_prob)
+MPNetClassifier = sequence_classifier(MPNet, "MPNetForSequenceClassification", fixed_pooler("tanh"),
+                                      dropout(None, pooler=True), dense="classifier.dense", out="classifier.out_proj")

@@ -7,7 +7,12 @@ fairseq's positions: HF numbers the real tokens from ``pad_token_id + 1`` and gi
 ``position.padding_idx``; the table has ``max_position_embeddings`` rows and serves
 ``max_position_embeddings - pad_token_id - 1`` tokens (``max_seq_len``: 512 for roberta-base's 514).
 HF tells padding from the token ids (those equal to ``pad_token_id``), zoo from ``padding_mask``:
-the same positions where the mask marks exactly the padding tokens."""
+the same positions where the mask marks exactly the padding tokens.
+
+``RobertaForSequenceClassification`` / ``XLMRobertaForSequenceClassification`` <-> ``head: none`` with
+a ``classifier`` (:mod:`zoo.interop.hf.classification`): no pooler; the head ``classifier`` drops the
+first token, maps it with ``dense`` and tanh, drops it again (both at ``classifier_dropout``, else
+``hidden_dropout_prob``: ``classifier.pooler_dropout`` and ``classifier.dropout``) and ``out_proj``."""
 
 from __future__ import annotations
 
@@ -19,12 +24,13 @@ from torch import Tensor, nn
 from zoo.interop.claims import ANY, Claims
 from zoo.interop.common import Rule
 from zoo.interop.hf.base import require, weights
+from zoo.interop.hf.classification import dropout, fixed_pooler, sequence_classifier
 from zoo.interop.hf.bert import BERT, Bert, bert_embeddings, bert_layers
 from zoo.interop.hf.table import Derived, Drop, Tokens, table
 from zoo.interop.hf.traits import who
 from zoo.spec import FamilySpec
 
-__all__ = ["Roberta", "XLMRoberta"]
+__all__ = ["Roberta", "RobertaClassifier", "XLMRoberta", "XLMRobertaClassifier"]
 
 
 def _positions(c: Any, where: str) -> dict:
@@ -94,3 +100,11 @@ class XLMRoberta(Roberta):
     config_name = "XLMRobertaConfig"
     model_type = "xlm-roberta"
     base = "XLMRobertaModel"
+
+
+# RobertaClassificationHead: dropout, dense, tanh, dropout, out_proj
+_HEAD = (fixed_pooler("tanh"), dropout("classifier_dropout", pooler=True))
+RobertaClassifier = sequence_classifier(Roberta, "RobertaForSequenceClassification", *_HEAD, dense="classifier.dense",
+                                        out="classifier.out_proj")
+XLMRobertaClassifier = sequence_classifier(XLMRoberta, "XLMRobertaForSequenceClassification", *_HEAD,
+                                           dense="classifier.dense", out="classifier.out_proj")
