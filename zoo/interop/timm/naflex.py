@@ -23,33 +23,19 @@ import functools
 
 from torch import nn
 
-from zoo.interop.claims import ANY, Claims, one_of
+from zoo.interop.claims import Claims, one_of
 from zoo.interop.common import Rule, rule
 from zoo.interop.timm.base import Architecture
 from zoo.interop.timm.parts import mlp_ratio, norm_params, output_rules, refuse_unless
-from zoo.interop.timm.vit import body_rules, body_spec, block_problems
+from zoo.interop.timm.vit import CLAIMS as VIT_CLAIMS
+from zoo.interop.timm.vit import TIMM_POOLS, block_problems, body_rules, body_spec
 from zoo.spec import FamilySpec
 
 __all__ = ["NaFlex"]
 
 FROM, TO = "timm NaFlexVit -> zoo", "zoo -> timm NaFlexVit"
-_POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm global_pool
-
-# The spec fields timm's NaFlexVit expresses (zoo.interop.claims); any other is refused.
-CLAIMS: Claims = {
-    "family": one_of("vit"), "image_size": ANY, "patch_size": ANY, "in_channels": ANY, "d_model": ANY, "n_layers": ANY,
-    "head.kind": one_of("linear", "none"), "head.num_classes": ANY, "class_token": ANY, "reg_tokens": ANY,
-    "prefix_positions": ANY, "pool.kind": one_of("cls", "mean", "map"), "pool.n_heads": ANY, "pool.hidden": ANY,
-    "pool.bias": one_of(True), "fc_norm": ANY, "pre_norm": ANY, "patch_bias": ANY, "patch_norm": ANY,
-    "dynamic_size": one_of(True), "position.kind": one_of("learned", "none"),
-    "block.kind": one_of("pre"), "block.attention.kind": one_of("mha", "gqa", "mqa"), "block.attention.n_heads": ANY,
-    "block.attention.n_kv_heads": ANY, "block.attention.head_dim": ANY, "block.attention.v_head_dim": ANY,
-    "block.attention.bias": ANY, "block.attention.out_bias": ANY, "block.attention.qk_norm": ANY,
-    "block.ffn.kind": one_of("gelu", "relu", "silu", "quick_gelu", "swiglu"), "block.ffn.hidden": ANY, "block.ffn.bias": ANY,
-    "block.ffn.approximate": ANY, "block.norm.kind": one_of("layernorm", "rmsnorm"), "block.norm.eps": ANY,
-    "block.norm.bias": one_of(True), "block.layer_scale": ANY,
-    "dropout.embedding": ANY, "dropout.residual": ANY, "dropout.attention": ANY, "dropout.ffn": ANY,
-}
+# The spec fields timm's NaFlexVit expresses (zoo.interop.claims): VisionTransformer's, always at any image size.
+CLAIMS: Claims = {**VIT_CLAIMS, "dynamic_size": one_of(True)}
 
 
 def _check_model(m: nn.Module) -> None:
@@ -154,7 +140,7 @@ def _kwargs(s: FamilySpec) -> dict:
         pos_embed="learned" if s.position.kind == "learned" else "none", pos_embed_grid_size=(grid, grid),
         pos_embed_interp_mode="bicubic", pos_embed_antialias=True, pos_embed_align_corners=False,
         pos_embed_ar_preserving=False, pos_embed_use_grid_sample=False,
-        pre_norm=s.pre_norm, final_norm=True, fc_norm=s.fc_norm, global_pool=_POOLS[pool.kind],
+        pre_norm=s.pre_norm, final_norm=True, fc_norm=s.fc_norm, global_pool=TIMM_POOLS[pool.kind],
         norm_layer=norm_layer, act_layer=act, embed_proj_type="linear", patchify_channels_last=True,
         pos_drop_rate=s.dropout.embedding, proj_drop_rate=s.dropout.residual, attn_drop_rate=s.dropout.attention,
     )

@@ -27,7 +27,7 @@ from zoo.spec import FamilySpec
 __all__ = ["CLAIMS", "ViT"]
 
 FROM, TO = "timm VisionTransformer -> zoo", "zoo -> timm VisionTransformer"
-_POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm global_pool
+TIMM_POOLS = {"cls": "token", "mean": "avg", "map": "map"}  # zoo pool kind -> timm global_pool
 
 # The spec fields timm's VisionTransformer expresses (zoo.interop.claims); any other is refused.
 CLAIMS: Claims = {
@@ -277,7 +277,7 @@ def _kwargs(s: FamilySpec) -> dict:
     norm_layer = functools.partial(RmsNorm if norm.kind == "rmsnorm" else nn.LayerNorm, eps=norm.eps)
     return dict(
         img_size=s.image_size, patch_size=s.patch_size, in_chans=s.in_channels, num_classes=s.num_classes or 0,
-        global_pool=_POOLS[pool.kind], embed_dim=d, depth=s.n_layers, num_heads=att.n_heads,
+        global_pool=TIMM_POOLS[pool.kind], embed_dim=d, depth=s.n_layers, num_heads=att.n_heads,
         mlp_ratio=mlp_ratio(d, ffn.hidden_size(d)), qkv_bias=att.bias, proj_bias=att.bias, class_token=s.class_token,
         pos_embed="learn" if s.position.kind == "learned" else "none", fc_norm=s.fc_norm,
         norm_layer=norm_layer, act_layer=act,
