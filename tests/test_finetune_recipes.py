@@ -146,7 +146,7 @@ def test_a_pretrained_encoder_converted_to_hf_beats_scratch(tmp_path, capsys):
                     "layers: [{at: 0, block: {attn_norm: false}}]\n")
     quiet = ("run.progress=false", "run.plot=false", "run.log_every=100")
     assert mlm.main([f"model={spec}", "data.limit=20000", "data.vocab_size=2000", "train.steps=600",
-                     "train.batch_size=64", "train.max_len=32", "optim.lr=1e-3", "finetune.enabled=false",
+                     "train.batch_size=32", "train.max_len=32", "optim.lr=1e-3", "finetune.enabled=false",
                      f"run.out_dir={tmp_path / 'mlm'}", "run.eval_every=600", "run.checkpoint_every=600", *quiet]) == 0
     exported = tmp_path / "mlm" / "model"
     assert zoo_main(["convert", str(exported / "model.safetensors"), "-o", str(tmp_path / "hf")]) == 0
