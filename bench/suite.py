@@ -45,7 +45,8 @@ def counts(summary: str) -> dict[str, int]:
     return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed)", summary)}
 
 
-def run_tier(name: str) -> dict:
+def run_tier(name: str, log: Path) -> dict:
+    """One tier's wall time and counts; a failing tier's whole pytest output goes to ``log``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIERS[name]]
     start = time.perf_counter()
@@ -53,9 +54,11 @@ def run_tier(name: str) -> dict:
     seconds = time.perf_counter() - start
     lines = proc.stdout.strip().splitlines()
     failed = [line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    if proc.returncode != 0:
+        log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
     return {"command": "python -m pytest -q " + " ".join(f'"{a}"' if " " in a else a for a in TIERS[name]),
             "seconds": round(seconds, 1), "returncode": proc.returncode, **counts(lines[-1] if lines else ""),
-            **({"not_passed": failed} if failed else {})}
+            **({"not_passed": failed} if failed else {}), **({"log": str(log)} if proc.returncode != 0 else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     info = {**machine(), "cpu_generation": cpu_family_model()}
     tiers = {}
     for name in args.tiers:
-        tiers[name] = run_tier(name)
+        tiers[name] = run_tier(name, Path(args.output).with_suffix(f".{name}.log"))
         print(f"{name}: {tiers[name]}", flush=True)
     record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": info, "tiers": tiers}
     Path(args.output).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
