@@ -82,10 +82,7 @@ def _spec(m: nn.Module) -> dict:
     """The zoo spec (a mapping) of a timm NaFlexVit (refusing what zoo cannot express)."""
     _check_model(m)
     e = m.embeds
-    norms = [m.norm if not isinstance(m.norm, nn.Identity) else m.fc_norm]
-    norms += [] if isinstance(m.norm_pre, nn.Identity) else [m.norm_pre]
-    norms += [] if isinstance(e.norm, nn.Identity) else [e.norm]
-    body = body_spec(m, norms, FROM)
+    body = body_spec(m, e.norm, FROM)
     return {
         "family": "vit", "image_size": e.pos_embed_grid_size[0] * e.patch_size[0], "patch_size": e.patch_size[0],
         "in_channels": e.in_chans,

@@ -151,10 +151,11 @@ def _map_pool(m: nn.Module, heads: int, hidden: int, act: type, where: str = FRO
             "hidden": None if fc1 == hidden else fc1, "bias": p.q.bias is not None}
 
 
-def body_spec(m: nn.Module, norms: list[nn.Module], where: str = FROM) -> dict:
+def body_spec(m: nn.Module, patch_norm: nn.Module, where: str = FROM) -> dict:
     """The spec fields (a mapping) of what a timm model built of timm's ``Block`` s has after its
     embeddings (VisionTransformer, NaFlexVit): ``block``, ``pool``, and ``dropout`` but its
-    ``embedding``; ``norms``: the model's other norms (final, pre, patch), of the blocks' kind and eps."""
+    ``embedding``; its norms (final, pre, the patch embedding's ``patch_norm``, the blocks') of one
+    kind and eps."""
     for i, blk in enumerate(m.blocks):
         _check_block(blk, i, where)
     b0 = m.blocks[0]
@@ -171,7 +172,9 @@ def body_spec(m: nn.Module, norms: list[nn.Module], where: str = FROM) -> dict:
         raise unsupported(where, "proj_drop_rate", (proj_drop, drop1, drop2), "zoo's residual and MLP dropout here must match")
     if b0.attn.head_dim * b0.attn.num_heads != m.embed_dim:
         raise unsupported(where, "attn_head_dim", b0.attn.head_dim, "zoo's ViT head size is embed_dim / num_heads")
-    norms = norms + [n for blk in m.blocks for n in (blk.norm1, blk.norm2)]
+    norms = [m.norm if not isinstance(m.norm, nn.Identity) else m.fc_norm]
+    norms += [n for n in (m.norm_pre, patch_norm) if not isinstance(n, nn.Identity)]
+    norms += [n for blk in m.blocks for n in (blk.norm1, blk.norm2)]
     pool = {"token": {"kind": "cls"}, "avg": {"kind": "mean"}}.get(m.global_pool)
     if m.global_pool == "map":
         if mlp == "SwiGLU" or not isinstance(m.attn_pool.norm, nn.LayerNorm):
@@ -199,10 +202,7 @@ def _spec(m: nn.Module) -> dict:
     (ih, iw), (ph, pw) = pe.img_size, pe.patch_size
     if ih != iw or ph != pw:
         raise unsupported(FROM, "img_size/patch_size", (pe.img_size, pe.patch_size), "zoo's ViT takes square images and patches")
-    norms = [m.norm if not isinstance(m.norm, nn.Identity) else m.fc_norm]
-    norms += [] if isinstance(m.norm_pre, nn.Identity) else [m.norm_pre]
-    norms += [] if isinstance(pe.norm, nn.Identity) else [pe.norm]
-    body = body_spec(m, norms)
+    body = body_spec(m, pe.norm)
     return {
         "family": "vit", "image_size": ih, "patch_size": ph, "in_channels": pe.proj.in_channels,
         "head": {"kind": "linear", "num_classes": m.head.out_features} if isinstance(m.head, nn.Linear) else {"kind": "none"},
