@@ -31,21 +31,27 @@ def hf_moe(norm: bool, groups: int, topk_groups: int, shared: int):
     return hf
 
 
-def zoo_moe(hf, norm: bool, groups: int, topk_groups: int, shared: int):
-    spec = MoESpec.model_validate({"n_experts": E, "top_k": K, "expert": {"kind": "swiglu", "hidden": F},
-                                   "router": {"scoring": "sigmoid", "n_groups": groups, "topk_groups": topk_groups,
-                                              "score_bias": True, "routed_scale": 2.5, "norm_topk_prob": norm},
+def moe_of(hf, router: dict, shared: int):
+    """A zoo MoE layer with ``router``'s settings and ``shared`` shared experts, holding the weights of
+    HF's DeepSeek MoE layer ``hf`` (V3's correction bias where it has one)."""
+    spec = MoESpec.model_validate({"n_experts": E, "top_k": K, "expert": {"kind": "swiglu", "hidden": F}, "router": router,
                                    "shared_hidden": F * shared, "shared_gate": False})
     moe = zoo.registry("ffn").builder("moe")(spec, dim=D, dropout=0.0)
     s = hf.shared_experts
     with torch.no_grad():
         moe.router.weight.copy_(hf.gate.weight)
-        moe.expert_bias.copy_(hf.gate.e_score_correction_bias)
+        if hasattr(hf.gate, "e_score_correction_bias"):
+            moe.expert_bias.copy_(hf.gate.e_score_correction_bias)
         moe.w_gate_up.copy_(hf.experts.gate_up_proj)
         moe.w_down.copy_(hf.experts.down_proj)
         moe.shared.fc1.weight.copy_(torch.cat([s.gate_proj.weight, s.up_proj.weight]))
         moe.shared.fc2.weight.copy_(s.down_proj.weight)
     return moe
+
+
+def zoo_moe(hf, norm: bool, groups: int, topk_groups: int, shared: int):
+    return moe_of(hf, {"scoring": "sigmoid", "n_groups": groups, "topk_groups": topk_groups, "score_bias": True,
+                       "routed_scale": 2.5, "norm_topk_prob": norm}, shared)
 
 
 @pytest.mark.parametrize("norm,groups,topk_groups,shared", [(True, 4, 2, 1), (False, 2, 1, 2), (True, 1, 1, 1)])
@@ -130,19 +136,8 @@ def hf_v2_moe(method: str, groups: int | None, topk_groups: int | None):
 
 
 def zoo_v2_moe(hf, groups: int, topk_groups: int, group_top: int = 1, fp32_logits: bool = True):
-    spec = MoESpec.model_validate({"n_experts": E, "top_k": K, "expert": {"kind": "swiglu", "hidden": F},
-                                   "router": {"n_groups": groups, "topk_groups": topk_groups, "group_top": group_top,
-                                              "routed_scale": 1.6, "norm_topk_prob": False, "fp32_logits": fp32_logits},
-                                   "shared_hidden": F * 2, "shared_gate": False})
-    moe = zoo.registry("ffn").builder("moe")(spec, dim=D, dropout=0.0)
-    s = hf.shared_experts
-    with torch.no_grad():
-        moe.router.weight.copy_(hf.gate.weight)
-        moe.w_gate_up.copy_(hf.experts.gate_up_proj)
-        moe.w_down.copy_(hf.experts.down_proj)
-        moe.shared.fc1.weight.copy_(torch.cat([s.gate_proj.weight, s.up_proj.weight]))
-        moe.shared.fc2.weight.copy_(s.down_proj.weight)
-    return moe
+    return moe_of(hf, {"n_groups": groups, "topk_groups": topk_groups, "group_top": group_top, "routed_scale": 1.6,
+                       "norm_topk_prob": False, "fp32_logits": fp32_logits}, 2)
 
 
 @pytest.mark.parametrize("method,groups,topk_groups", [("greedy", None, None), ("group_limited_greedy", 4, 2),
