@@ -49,6 +49,15 @@ def _turn_halves(x: Tensor) -> Tensor:
     return torch.cat([-b, a], dim=-1)
 
 
+def grid_coords(positions: Tensor, kind: str) -> tuple[Tensor, Tensor]:
+    """(which tokens are on the grid [T, 1] (the prefix tokens, at -1, are not turned), their (row,
+    column) [T, 2] in float32, the prefix's 0) from a ViT's grid ``positions`` [T, 2]."""
+    if positions.dim() != 2 or positions.shape[-1] != 2:
+        raise ValueError(f"{kind} turns by (row, column) grid positions [T, 2], got {tuple(positions.shape)}; "
+                         f"it applies to a ViT's patch grid")
+    return positions[:, :1] >= 0, positions.clamp(min=0).to(torch.float32)
+
+
 class GridRotaryPosition(Position, DerivedBuffers):
     """2-D RoPE over (row, column) grid positions (see the module docstring); ``ref_grid``: the side
     the coordinates of any grid are stretched to (timm's ``ref_feat_shape``), None: raw indices."""
@@ -76,11 +85,7 @@ class GridRotaryPosition(Position, DerivedBuffers):
         return None  # adds nothing: the turns follow each input's grid
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        if positions.dim() != 2 or positions.shape[-1] != 2:
-            raise ValueError(f"rope2d turns by (row, column) grid positions [T, 2], got {tuple(positions.shape)}; "
-                             f"it applies to a ViT's patch grid")
-        on_grid = positions[:, :1] >= 0  # (T, 1): the prefix tokens are not turned
-        coords = positions.clamp(min=0).to(torch.float32)  # (T, 2)
+        on_grid, coords = grid_coords(positions, "rope2d")
         size = (positions.amax(dim=0) + 1).to(torch.float32)  # (2,) the grid's h, w
         if self.coords == "centered":  # DINOv3: centres in [-1, 1], turned by 2 pi coord / base^exponent
             coords = 2.0 * ((coords + 0.5) / size) - 1.0
@@ -128,14 +133,10 @@ class MixedGridRotaryPosition(Position):
         return None  # adds nothing: the turns follow each input's grid
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        if positions.dim() != 2 or positions.shape[-1] != 2:
-            raise ValueError(f"rope2d_mixed turns by (row, column) grid positions [T, 2], got {tuple(positions.shape)}; "
-                             f"it applies to a ViT's patch grid")
         if k.shape[1] != self.n_heads:
             raise ValueError(f"rope2d_mixed: frequencies for {self.n_heads} heads cannot turn {k.shape[1]} key/value heads; "
                              f"set block.attention.n_kv_heads to n_heads")
-        on_grid = positions[:, :1] >= 0  # (T, 1): the prefix tokens are not turned
-        coords = positions.clamp(min=0).to(torch.float32)  # (T, 2) row, column
+        on_grid, coords = grid_coords(positions, "rope2d_mixed")
         t_x, t_y = (coords[:, 1], coords[:, 0]) if self.indexing == "xy" else (coords[:, 0], coords[:, 1])
         f = self.freqs.float()
         angles = t_x[:, None] * f[0][:, None, :] + t_y[:, None] * f[1][:, None, :]  # (H, T, K/2), as timm adds them
